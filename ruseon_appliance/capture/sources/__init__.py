@@ -1,0 +1,1 @@
+"""Camera sources, one module per kind, all with the same interface."""

@@ -1,0 +1,394 @@
+"""The appliance's one typed configuration.
+
+Precedence, lowest first: built-in defaults, the TOML file (default ``/etc/ruseon/ruseon.toml``),
+``RUSEON_<SECTION>_<KEY>`` environment variables, then CLI flags. Every value is validated once,
+here; a bad value raises :class:`ConfigError` whose message is one line naming the key, the value
+and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import os
+import tomllib
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DEFAULT_CONFIG_PATH = Path("/etc/ruseon/ruseon.toml")
+
+SOURCE_KINDS = ("auto", "synthetic", "picamera", "rpicam")
+PROFILES = ("baseline", "main", "high")
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, unknown or out of range. ``str()`` is one line."""
+
+
+@dataclass(frozen=True, slots=True)
+class HostPort:
+    """An address to listen on. ``host`` may be an IPv4/IPv6 literal or a host name."""
+
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+def parse_host_port(key: str, text: str) -> HostPort:
+    """Parse ``HOST:PORT`` or ``[V6]:PORT``; raise :class:`ConfigError` naming ``key``."""
+    allowed = "HOST:PORT with PORT in 0-65535, e.g. 0.0.0.0:8080 or [::]:8080"
+    value = text.strip()
+    if value.startswith("["):
+        host, sep, port_text = value[1:].partition("]:")
+    else:
+        host, sep, port_text = value.rpartition(":")
+    if not sep or not host or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ConfigError(f"{key} = {text!r} is not valid: expected {allowed}")
+    return HostPort(host, int(port_text))
+
+
+@dataclass(frozen=True, slots=True)
+class CameraConfig:
+    """``[camera]``: where frames come from and how they are encoded."""
+
+    # auto | synthetic | picamera | rpicam | file:PATH
+    source: str = "auto"
+    width: int = 1280
+    height: int = 720
+    framerate: int = 30
+    bitrate: int = 2_000_000
+    # Frames between forced IDRs (the GOP length).
+    keyframe_interval: int = 60
+    profile: str = "baseline"
+    # Shortest time between two keyframes forced on viewers' request (coalescing window).
+    keyframe_request_interval_ms: int = 500
+    hflip: bool = False
+    vflip: bool = False
+    # Manual exposure in µs and analogue gain; 0 means automatic.
+    exposure_us: int = 0
+    gain: float = 0.0
+    # Auto white balance mode name as picamera2 knows it (auto, daylight, cloudy, ...).
+    awb: str = "auto"
+    # Ring buffer arena and slot table.
+    ring_bytes: int = 8 * 1024 * 1024
+    ring_slots: int = 1024
+    # Largest access unit the muxer can assemble.
+    max_frame_bytes: int = 1024 * 1024
+    # rpicam-vid executable (for source = rpicam).
+    rpicam_command: str = "rpicam-vid"
+
+
+@dataclass(frozen=True, slots=True)
+class HttpConfig:
+    """``[http]``: the device page, WHEP and the API."""
+
+    listen: HostPort = HostPort("0.0.0.0", 8080)
+    # Optional HTTPS: both paths set means TLS.
+    tls_cert: str = ""
+    tls_key: str = ""
+    # Extra origins allowed by CORS besides the device page's own.
+    cors_origins: tuple[str, ...] = ()
+    max_offer_bytes: int = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class WebRtcConfig:
+    """``[webrtc]``: the single UDP port and what the answers advertise."""
+
+    listen: HostPort = HostPort("0.0.0.0", 8189)
+    # Addresses put in answers as host candidates; empty means the board's own interface addresses.
+    advertise: tuple[str, ...] = ()
+    # STUN/TURN URLs; none by default, so nothing is contacted unless configured.
+    ice_servers: tuple[str, ...] = ()
+    max_viewers: int = 50
+    # Seconds a session may take to connect before it is reaped.
+    connect_timeout_s: float = 30.0
+    # fanout: packetize once, send per viewer; aiortc: stock RTCRtpSender (comparison/fallback).
+    send_path: str = "fanout"
+
+
+@dataclass(frozen=True, slots=True)
+class AuthConfig:
+    """``[auth]``: Bearer token for WHEP and the API; off when both are empty."""
+
+    token: str = ""
+    token_file: str = ""
+
+    def resolve_token(self) -> str:
+        """Return the configured token, reading ``token_file`` if set (stripped)."""
+        if self.token:
+            return self.token
+        if self.token_file:
+            try:
+                return Path(self.token_file).read_text(encoding="utf-8").strip()
+            except OSError as exc:
+                raise ConfigError(
+                    f"auth.token_file = {self.token_file!r} cannot be read: {exc.strerror}"
+                ) from exc
+        return ""
+
+
+@dataclass(frozen=True, slots=True)
+class StateConfig:
+    """``[state]``: where the certificate and other persistent state live."""
+
+    dir: str = "/var/lib/ruseon"
+
+
+@dataclass(frozen=True, slots=True)
+class LogConfig:
+    """``[log]``: verbosity."""
+
+    level: str = "info"
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """The whole configuration, one frozen dataclass per TOML section."""
+
+    camera: CameraConfig = field(default_factory=CameraConfig)
+    http: HttpConfig = field(default_factory=HttpConfig)
+    webrtc: WebRtcConfig = field(default_factory=WebRtcConfig)
+    auth: AuthConfig = field(default_factory=AuthConfig)
+    state: StateConfig = field(default_factory=StateConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+
+def _type_name(tp: Any) -> str:
+    if tp is HostPort:
+        return "HOST:PORT"
+    if typing.get_origin(tp) is tuple:
+        return "list of strings"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(key: str, tp: Any, value: Any, from_text: bool) -> Any:
+    """Turn ``value`` (TOML-typed, or text from env/CLI when ``from_text``) into ``tp``."""
+    bad = ConfigError(f"{key} = {value!r} is not valid: expected {_type_name(tp)}")
+    if tp is HostPort:
+        if isinstance(value, HostPort):
+            return value
+        if not isinstance(value, str):
+            raise bad
+        return parse_host_port(key, value)
+    if typing.get_origin(tp) is tuple:
+        if from_text and isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+            raise bad
+        return tuple(value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if from_text and isinstance(value, str) and value.lower() in ("1", "true", "yes", "on"):
+            return True
+        if from_text and isinstance(value, str) and value.lower() in ("0", "false", "no", "off"):
+            return False
+        raise bad
+    if tp is int:
+        if isinstance(value, bool):
+            raise bad
+        if isinstance(value, int):
+            return value
+        if from_text and isinstance(value, str):
+            try:
+                return int(value.replace("_", ""))
+            except ValueError:
+                raise bad from None
+        raise bad
+    if tp is float:
+        if isinstance(value, bool):
+            raise bad
+        if isinstance(value, int | float):
+            return float(value)
+        if from_text and isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                raise bad from None
+        raise bad
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise bad
+    raise bad  # pragma: no cover - every field type is handled above
+
+
+def _section_types(section_cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(section_cls)
+
+
+def _apply(
+    config: Config, section: str, values: Mapping[str, Any], origin: str, from_text: bool
+) -> Config:
+    section_field = {f.name: f for f in dataclasses.fields(Config)}.get(section)
+    if section_field is None:
+        known = ", ".join(f.name for f in dataclasses.fields(Config))
+        raise ConfigError(f"[{section}] in {origin} is not a known section: allowed are {known}")
+    current = getattr(config, section)
+    hints = _section_types(type(current))
+    changes: dict[str, Any] = {}
+    for key, value in values.items():
+        if key not in hints:
+            known = ", ".join(hints)
+            raise ConfigError(
+                f"{section}.{key} in {origin} is not a known key: [{section}] allows {known}"
+            )
+        changes[key] = _coerce(f"{section}.{key}", hints[key], value, from_text)
+    return dataclasses.replace(config, **{section: dataclasses.replace(current, **changes)})
+
+
+def load_toml(path: Path) -> dict[str, Any]:
+    """Read a TOML file, turning I/O and syntax errors into one-line :class:`ConfigError`."""
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {path} cannot be read: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+
+
+def _env_overrides(env: Mapping[str, str]) -> dict[str, dict[str, str]]:
+    """Collect ``RUSEON_<SECTION>_<KEY>`` variables into ``{section: {key: text}}``."""
+    sections = {f.name for f in dataclasses.fields(Config)}
+    out: dict[str, dict[str, str]] = {}
+    for name, value in env.items():
+        if not name.startswith("RUSEON_") or name == "RUSEON_CONFIG":
+            continue
+        rest = name[len("RUSEON_") :].lower()
+        section, _, key = rest.partition("_")
+        if section not in sections or not key:
+            raise ConfigError(
+                f"environment variable {name} is not a known setting: "
+                "expected RUSEON_<SECTION>_<KEY>, e.g. RUSEON_HTTP_LISTEN"
+            )
+        out.setdefault(section, {})[key] = value
+    return out
+
+
+def load_config(
+    path: Path | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Mapping[str, Any]] | None = None,
+    required: bool = False,
+) -> Config:
+    """Build the effective configuration.
+
+    ``path`` defaults to ``$RUSEON_CONFIG`` or :data:`DEFAULT_CONFIG_PATH`; a missing default file
+    is fine (defaults apply) unless ``required``. ``overrides`` are CLI values already typed or as
+    text, ``{section: {key: value}}``.
+    """
+    environ = os.environ if env is None else env
+    config = Config()
+    if path is None and environ.get("RUSEON_CONFIG"):
+        path, required = Path(environ["RUSEON_CONFIG"]), True
+    if path is None:
+        path = DEFAULT_CONFIG_PATH
+    if path.exists() or required:
+        data = load_toml(path)
+        for section, values in data.items():
+            if not isinstance(values, dict):
+                raise ConfigError(f"{section} in {path} must be a [section] table, got {values!r}")
+            config = _apply(config, section, values, str(path), from_text=False)
+    for section, values in _env_overrides(environ).items():
+        config = _apply(config, section, values, "the environment", from_text=True)
+    for section, values in (overrides or {}).items():
+        config = _apply(config, section, values, "the command line", from_text=True)
+    validate(config)
+    return config
+
+
+def _check(ok: bool, key: str, value: Any, allowed: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key} = {value!r} is not valid: {allowed}")
+
+
+def validate(config: Config) -> None:
+    """Range checks that types alone do not express."""
+    cam = config.camera
+    _check(
+        cam.source in SOURCE_KINDS or (cam.source.startswith("file:") and len(cam.source) > 5),
+        "camera.source",
+        cam.source,
+        "allowed are auto, synthetic, picamera, rpicam, file:PATH",
+    )
+    _check(16 <= cam.width <= 4096 and cam.width % 2 == 0, "camera.width", cam.width,
+           "an even number from 16 to 4096")
+    _check(16 <= cam.height <= 4096 and cam.height % 2 == 0, "camera.height", cam.height,
+           "an even number from 16 to 4096")
+    _check(1 <= cam.framerate <= 120, "camera.framerate", cam.framerate, "1 to 120")
+    _check(50_000 <= cam.bitrate <= 50_000_000, "camera.bitrate", cam.bitrate,
+           "50000 to 50000000 bits/s")
+    _check(1 <= cam.keyframe_interval <= 600, "camera.keyframe_interval", cam.keyframe_interval,
+           "1 to 600 frames")
+    _check(cam.profile in PROFILES, "camera.profile", cam.profile, "allowed are " + ", ".join(PROFILES))
+    _check(0 <= cam.keyframe_request_interval_ms <= 60_000, "camera.keyframe_request_interval_ms",
+           cam.keyframe_request_interval_ms, "0 to 60000 ms")
+    _check(cam.exposure_us >= 0, "camera.exposure_us", cam.exposure_us, "0 (auto) or more µs")
+    _check(cam.gain >= 0, "camera.gain", cam.gain, "0 (auto) or more")
+    _check(64 * 1024 <= cam.ring_bytes <= 512 * 1024 * 1024, "camera.ring_bytes", cam.ring_bytes,
+           "64 KiB to 512 MiB")
+    _check(16 <= cam.ring_slots <= 65536, "camera.ring_slots", cam.ring_slots, "16 to 65536")
+    _check(16 * 1024 <= cam.max_frame_bytes <= cam.ring_bytes, "camera.max_frame_bytes",
+           cam.max_frame_bytes, "16 KiB up to camera.ring_bytes")
+    _check(bool(config.http.tls_cert) == bool(config.http.tls_key), "http.tls_cert",
+           config.http.tls_cert, "set together with http.tls_key (both or neither)")
+    _check(config.http.max_offer_bytes >= 1024, "http.max_offer_bytes", config.http.max_offer_bytes,
+           "at least 1024")
+    for addr in config.webrtc.advertise:
+        try:
+            ipaddress.ip_address(addr)
+        except ValueError:
+            raise ConfigError(
+                f"webrtc.advertise = {addr!r} is not valid: an IPv4 or IPv6 address"
+            ) from None
+    for url in config.webrtc.ice_servers:
+        _check(url.split(":", 1)[0] in ("stun", "stuns", "turn", "turns"), "webrtc.ice_servers",
+               url, "stun:, stuns:, turn: or turns: URLs")
+    _check(1 <= config.webrtc.max_viewers <= 10_000, "webrtc.max_viewers",
+           config.webrtc.max_viewers, "1 to 10000")
+    _check(config.webrtc.connect_timeout_s > 0, "webrtc.connect_timeout_s",
+           config.webrtc.connect_timeout_s, "more than 0 seconds")
+    _check(config.webrtc.send_path in ("fanout", "aiortc"), "webrtc.send_path",
+           config.webrtc.send_path, "allowed are fanout, aiortc")
+    _check(config.log.level.lower() in ("debug", "info", "warning", "error"), "log.level",
+           config.log.level, "allowed are debug, info, warning, error")
+    _check(bool(config.state.dir), "state.dir", config.state.dir, "a directory path")
+
+
+def to_toml(config: Config) -> str:
+    """Render the effective configuration as TOML (for ``ruseon config``)."""
+
+    def render(value: Any) -> str:
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if isinstance(value, HostPort):
+            return f'"{value}"'
+        if isinstance(value, str):
+            return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        if isinstance(value, tuple):
+            return "[" + ", ".join(render(v) for v in value) + "]"
+        return repr(value)
+
+    lines: list[str] = []
+    for section in dataclasses.fields(config):
+        lines.append(f"[{section.name}]")
+        values = getattr(config, section.name)
+        for f in dataclasses.fields(values):
+            lines.append(f"{f.name} = {render(getattr(values, f.name))}")
+        lines.append("")
+    return "\n".join(lines)
+

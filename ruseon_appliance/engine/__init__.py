@@ -1,0 +1,1 @@
+"""The engine: one certificate, one codec registry, one UDP port, viewer sessions."""

@@ -1,0 +1,1 @@
+"""Web: WHEP, the device page, the REST API and metrics (aiohttp)."""
