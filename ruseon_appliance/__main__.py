@@ -1,0 +1,7 @@
+"""``python -m ruseon_appliance`` is the ``ruseon`` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,160 @@
+"""The composition root: builds source → ring → engine → web once and owns their lifecycle.
+
+Nothing else creates long-lived objects or reads the configuration. Start-up order matters for
+systemd: ``READY=1`` is sent only once HTTP is listening, the engine is up and the first frame is
+in the ring, so ``systemctl start`` returning means the camera page works.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import ssl
+import time
+from pathlib import Path
+
+from aiohttp import web
+
+from .capture.pipeline import CapturePipeline
+from .config import Config
+from .engine.engine import Engine
+from .engine.interfaces import interface_addresses
+from .systemd_integration import SystemdNotifier
+from .web.app import make_app
+
+log = logging.getLogger("ruseon")
+
+# How long start-up waits for the camera's first frame before giving up (a Pi camera takes ~1 s).
+FIRST_FRAME_TIMEOUT_S = 20.0
+# Graceful shutdown budget; systemd's TimeoutStopSec in the unit is larger.
+SHUTDOWN_TIMEOUT_S = 10.0
+# How often STATUS= is refreshed for `systemctl status`.
+STATUS_INTERVAL_S = 5.0
+# Frames must have arrived within this long for the watchdog to be fed (see systemd unit).
+FRAME_STALL_S = 5.0
+
+
+class Appliance:
+    """The running appliance: one capture pipeline, one engine, one web server."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.notifier = SystemdNotifier.from_environment()
+        self.capture = CapturePipeline(config.camera)
+        self.engine: Engine | None = None
+        self._runner: web.AppRunner | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self.started = time.time()
+
+    def healthy(self) -> bool:
+        """Frames are flowing (for the watchdog and /healthz's notion of liveness)."""
+        last = self.capture.last_frame_monotonic
+        return last is not None and time.monotonic() - last < FRAME_STALL_S
+
+    async def start(self) -> None:
+        """Start everything; returns once the appliance serves video."""
+        config = self.config
+        state_dir = Path(config.state.dir)
+        state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        passed = self.notifier.passed_sockets()
+
+        await self.capture.start()
+        self.engine = Engine(config.webrtc, state_dir, self.capture, udp_socket=passed.get("rtc"))
+        await self.engine.start()
+
+        app = make_app(config, self.engine, self.capture, started=self.started)
+        self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        await self._runner.setup()
+        tls = self._tls_context()
+        site: web.BaseSite
+        if "http" in passed:
+            site = web.SockSite(self._runner, passed["http"], ssl_context=tls)
+        else:
+            site = web.TCPSite(
+                self._runner, config.http.listen.host, config.http.listen.port, ssl_context=tls
+            )
+        await site.start()
+
+        if not await self.capture.wait_first_frame(FIRST_FRAME_TIMEOUT_S):
+            raise RuntimeError(
+                f"no frame from the {self.capture.source_kind} source within "
+                f"{FIRST_FRAME_TIMEOUT_S:.0f} s"
+            )
+        self.notifier.ready()
+        self._tasks.append(asyncio.create_task(self.notifier.watchdog_loop(self.healthy)))
+        self._tasks.append(asyncio.create_task(self._status_loop()))
+        urls = self.urls(site)
+        log.info(
+            "ready: open %s",
+            urls[0],
+            extra={"EVENT": "ready", "URL": " ".join(urls), "FINGERPRINT": self.engine.fingerprint},
+        )
+
+    def _tls_context(self) -> ssl.SSLContext | None:
+        http = self.config.http
+        if not http.tls_cert:
+            return None
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(http.tls_cert, http.tls_key)
+        return context
+
+    def urls(self, site: web.BaseSite) -> list[str]:
+        """Where a person can open the device page, most useful first."""
+        scheme = "https" if self.config.http.tls_cert else "http"
+        sockets = [s for s in (getattr(site._server, "sockets", None) or [])]  # noqa: SLF001
+        port = sockets[0].getsockname()[1] if sockets else self.config.http.listen.port
+        host = self.config.http.listen.host
+        if host in ("0.0.0.0", "::", ""):
+            hosts = [a for a in interface_addresses() if not a.startswith("127.") and a != "::1"]
+            hosts += ["127.0.0.1"]
+        else:
+            hosts = [host]
+        return [f"{scheme}://{f'[{h}]' if ':' in h else h}:{port}/" for h in hosts]
+
+    async def _status_loop(self) -> None:
+        assert self.engine is not None
+        while True:
+            stats = self.capture.stats()
+            self.notifier.status(
+                f"{len(self.engine.sessions)} viewers, "
+                f"{stats.get('fps', 0):.1f} fps, {stats.get('bitrate', 0) / 1e6:.2f} Mbit/s"
+            )
+            await asyncio.sleep(STATUS_INTERVAL_S)
+
+    async def stop(self) -> None:
+        """Close every session (DELETE semantics), then the sockets, then the camera."""
+        self.notifier.stopping()
+        for task in self._tasks:
+            task.cancel()
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self.engine is not None:
+            await self.engine.stop()
+        await self.capture.stop()
+        log.info("stopped", extra={"EVENT": "stopped"})
+
+
+async def serve(config: Config) -> int:
+    """Run the appliance until SIGTERM or SIGINT; return the exit status."""
+    appliance = Appliance(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await appliance.start()
+    except (OSError, RuntimeError) as exc:
+        log.error("start-up failed: %s", exc, extra={"EVENT": "startup_failed"})
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(appliance.stop(), SHUTDOWN_TIMEOUT_S)
+        return 1
+    await stop.wait()
+    log.info("shutting down", extra={"EVENT": "stopping"})
+    try:
+        await asyncio.wait_for(appliance.stop(), SHUTDOWN_TIMEOUT_S)
+    except TimeoutError:
+        log.warning("shutdown took longer than %.0f s", SHUTDOWN_TIMEOUT_S)
+    return 0
+

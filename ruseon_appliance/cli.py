@@ -1,0 +1,88 @@
+"""The ``ruseon`` command: ``serve``, ``config`` and ``check``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+from .config import Config, ConfigError, load_config, to_toml
+from .logs import setup_logging
+
+
+def _add_config_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, metavar="FILE",
+                        help="TOML config file (default: $RUSEON_CONFIG or /etc/ruseon/ruseon.toml)")
+    parser.add_argument("--source", metavar="KIND",
+                        help="camera source: auto, synthetic, picamera, rpicam or file:PATH")
+    parser.add_argument("--http", metavar="HOST:PORT", help="HTTP listen address (WHEP, page, API)")
+    parser.add_argument("--rtc", metavar="HOST:PORT", help="the single WebRTC UDP listen address")
+    parser.add_argument("--advertise", metavar="ADDR", action="append",
+                        help="address to put in answers as a host candidate (repeatable)")
+    parser.add_argument("--state-dir", metavar="DIR", help="state directory (certificate, ...)")
+    parser.add_argument("--token", metavar="TOKEN", help="Bearer token required on WHEP and the API")
+    parser.add_argument("--max-viewers", metavar="N", help="maximum concurrent viewers")
+    parser.add_argument("--log-level", metavar="LEVEL", help="debug, info, warning or error")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser for ``ruseon`` and ``python -m ruseon_appliance``."""
+    parser = argparse.ArgumentParser(
+        prog="ruseon", description="RUSEON Appliance: a LAN camera served over WHEP."
+    )
+    parser.add_argument("--version", action="version", version=f"ruseon {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve = commands.add_parser("serve", help="run the appliance")
+    _add_config_flags(serve)
+    show = commands.add_parser("config", help="print the effective configuration as TOML")
+    _add_config_flags(show)
+    check = commands.add_parser("check", help="diagnose this machine; exit 0 when healthy")
+    _add_config_flags(check)
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    """Apply file, environment and the command line's flags, in that order."""
+    flags: dict[str, dict[str, Any]] = {}
+
+    def put(section: str, key: str, value: Any) -> None:
+        if value is not None:
+            flags.setdefault(section, {})[key] = value
+
+    put("camera", "source", args.source)
+    put("http", "listen", args.http)
+    put("webrtc", "listen", args.rtc)
+    put("webrtc", "advertise", args.advertise)
+    put("state", "dir", args.state_dir)
+    put("auth", "token", args.token)
+    put("webrtc", "max_viewers", args.max_viewers)
+    put("log", "level", args.log_level)
+    return load_config(args.config, overrides=flags, required=args.config is not None)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the process exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        config = config_from_args(args)
+        if args.command == "config":
+            sys.stdout.write(to_toml(config))
+            return 0
+        setup_logging(config.log.level)
+        if args.command == "check":
+            from .diagnostics import run_checks
+
+            return 0 if run_checks(config, sys.stdout) else 1
+        from .app import serve
+
+        return asyncio.run(serve(config))
+    except ConfigError as exc:
+        print(f"ruseon: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,88 @@
+"""The ``ruseon`` command as a user runs it: a real subprocess, exit status and stderr."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def ruseon(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ruseon_appliance", *args],
+        capture_output=True, text=True, timeout=60, env=env,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "names"),
+    [
+        (["serve", "--rtc", "127.0.0.1:notaport"], "webrtc.listen = '127.0.0.1:notaport'"),
+        (["serve", "--http", "127.0.0.1:70000"], "http.listen"),
+        (["serve", "--max-viewers", "many"], "webrtc.max_viewers = 'many'"),
+        (["serve", "--advertise", "not-an-ip"], "webrtc.advertise = 'not-an-ip'"),
+        (["serve", "--source", "webcam"], "camera.source = 'webcam'"),
+        (["config", "--log-level", "loud"], "log.level = 'loud'"),
+    ],
+)
+def test_bad_flag_exits_nonzero_with_one_clear_line(args: list[str], names: str) -> None:
+    result = ruseon(*args)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("ruseon: error: ") and names in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("text", "names"),
+    [("[camera]\nframerat = 30\n", "camera.framerat"), ("[http]\nlisten = 8080\n", "http.listen")],
+)
+def test_bad_config_file_exits_nonzero_with_one_clear_line(
+    tmp_path: Path, text: str, names: str
+) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    result = ruseon("serve", "--config", str(path))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and names in lines[0], result.stderr
+
+
+def test_config_prints_effective_toml_with_flags_applied(tmp_path: Path) -> None:
+    result = ruseon("config", "--config", "/dev/null", "--rtc", "127.0.0.1:9999",
+                    "--advertise", "127.0.0.1", "--advertise", "::1")
+    assert result.returncode == 0, result.stderr
+    assert 'listen = "127.0.0.1:9999"' in result.stdout
+    assert 'advertise = ["127.0.0.1", "::1"]' in result.stdout
+
+
+def test_check_reports_each_item_and_fails_on_a_busy_port(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as busy:
+        busy.bind(("127.0.0.1", 0))
+        port = busy.getsockname()[1]
+        result = ruseon("check", "--config", "/dev/null", "--source", "synthetic",
+                        "--http", "127.0.0.1:0", "--rtc", f"127.0.0.1:{port}",
+                        "--state-dir", str(tmp_path / "state"))
+    assert result.returncode == 1
+    assert "FAIL webrtc port" in result.stdout and "in use" in result.stdout
+    assert "ok   encoder" in result.stdout
+    healthy = ruseon("check", "--config", "/dev/null", "--source", "synthetic",
+                     "--http", "127.0.0.1:0", "--rtc", "127.0.0.1:0",
+                     "--state-dir", str(tmp_path / "state"))
+    assert healthy.returncode == 0, healthy.stdout
+    assert healthy.stdout.strip().endswith("healthy")
+    assert (tmp_path / "state").is_dir()
+
+
+def test_check_fails_when_state_dir_is_not_writable(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    result = ruseon("check", "--config", "/dev/null", "--source", "synthetic",
+                    "--http", "127.0.0.1:0", "--rtc", "127.0.0.1:0",
+                    "--state-dir", str(blocker / "state"))
+    assert result.returncode == 1
+    assert "FAIL state dir" in result.stdout

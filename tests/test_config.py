@@ -1,0 +1,123 @@
+"""The typed configuration: precedence, validation and one-line errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ruseon_appliance.config import (
+    Config,
+    ConfigError,
+    HostPort,
+    load_config,
+    parse_host_port,
+    to_toml,
+)
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "ruseon_appliance" / "ruseon.example.toml"
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "ruseon.toml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_when_default_file_is_absent(tmp_path: Path) -> None:
+    config = load_config(tmp_path / "absent.toml", env={})
+    assert config == Config()
+    assert config.http.listen == HostPort("0.0.0.0", 8080)
+    assert config.webrtc.listen.port == 8189
+    assert config.webrtc.ice_servers == ()
+    assert config.auth.token == ""
+    assert config.state.dir == "/var/lib/ruseon"
+
+
+def test_explicit_missing_file_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "absent.toml", env={}, required=True)
+
+
+def test_precedence_file_then_env_then_flags(tmp_path: Path) -> None:
+    path = write(tmp_path, '[camera]\nframerate = 25\nwidth = 640\n[http]\nlisten = "127.0.0.1:9000"\n')
+    env = {"RUSEON_CAMERA_FRAMERATE": "20", "RUSEON_WEBRTC_ADVERTISE": "127.0.0.1, ::1"}
+    config = load_config(path, env=env, overrides={"camera": {"framerate": "15"}})
+    assert config.camera.framerate == 15  # flag beats env beats file
+    assert config.camera.width == 640  # file beats default
+    assert config.http.listen == HostPort("127.0.0.1", 9000)
+    assert config.webrtc.advertise == ("127.0.0.1", "::1")
+
+
+def test_config_env_var_names_the_file(tmp_path: Path) -> None:
+    path = write(tmp_path, "[webrtc]\nmax_viewers = 3\n")
+    assert load_config(env={"RUSEON_CONFIG": str(path)}).webrtc.max_viewers == 3
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("[camera]\nwidht = 640\n", "camera.widht in .* is not a known key"),
+        ("[camera]\nwidth = \"big\"\n", r"camera.width = 'big' is not valid: expected int"),
+        ("[camera]\nwidth = 641\n", "camera.width = 641 is not valid: an even number"),
+        ("[camera]\nprofile = \"extended\"\n", "allowed are baseline, main, high"),
+        ("[camera]\nsource = \"webcam\"\n", "camera.source = 'webcam'"),
+        ("[cameras]\nwidth = 640\n", r"\[cameras\] .* is not a known section"),
+        ("[http]\nlisten = \"localhost\"\n", "http.listen = 'localhost' is not valid"),
+        ("[webrtc]\nadvertise = \"127.0.0.1\"\n", "expected list of strings"),
+        ("[webrtc]\nadvertise = [\"pi.local\"]\n", "an IPv4 or IPv6 address"),
+        ("[webrtc]\nice_servers = [\"http://x\"]\n", "stun:, stuns:, turn: or turns:"),
+        ("[webrtc]\nmax_viewers = true\n", "expected int"),
+        ("[http]\ntls_cert = \"/c.pem\"\n", "both or neither"),
+        ("camera = 3\n", "must be a \\[section\\] table"),
+        ("[camera\n", "is not valid TOML"),
+    ],
+)
+def test_bad_file_values_give_one_line_naming_key(tmp_path: Path, text: str, expected: str) -> None:
+    with pytest.raises(ConfigError, match=expected) as info:
+        load_config(write(tmp_path, text), env={})
+    assert "\n" not in str(info.value)
+
+
+def test_bad_environment_variable_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="RUSEON_CAMERA"):
+        load_config(tmp_path / "x.toml", env={"RUSEON_CAMERA": "1"})
+    with pytest.raises(ConfigError, match="camera.framerate = 'fast'"):
+        load_config(tmp_path / "x.toml", env={"RUSEON_CAMERA_FRAMERATE": "fast"})
+
+
+@pytest.mark.parametrize(
+    ("text", "host", "port"),
+    [("0.0.0.0:8080", "0.0.0.0", 8080), ("[::]:80", "::", 80), ("pi.local:0", "pi.local", 0)],
+)
+def test_host_port_parses(text: str, host: str, port: int) -> None:
+    assert parse_host_port("k", text) == HostPort(host, port)
+
+
+@given(st.text(max_size=40))
+def test_host_port_never_raises_anything_but_config_error(text: str) -> None:
+    try:
+        parsed = parse_host_port("k", text)
+    except ConfigError as exc:
+        assert str(exc).startswith("k = ")
+    else:
+        assert 0 <= parsed.port <= 65535 and parsed.host
+
+
+def test_example_config_loads_and_round_trips(tmp_path: Path) -> None:
+    example = load_config(EXAMPLE, env={}, required=True)
+    assert example.camera.profile == "baseline"
+    rendered = write(tmp_path, to_toml(example))
+    assert load_config(rendered, env={}, required=True) == example
+
+
+def test_token_file_is_read_and_stripped(tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret\n")
+    config = load_config(write(tmp_path, f'[auth]\ntoken_file = "{token_file}"\n'), env={})
+    assert config.auth.resolve_token() == "s3cret"
+    missing = load_config(write(tmp_path, '[auth]\ntoken_file = "/nonexistent/t"\n'), env={})
+    with pytest.raises(ConfigError, match="auth.token_file"):
+        missing.auth.resolve_token()
