@@ -1,0 +1,173 @@
+"""The REST API: ``/api/status``, ``/healthz``, ``/snapshot.jpg`` and ``/metrics``."""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from ruseon_appliance import __version__
+from ruseon_appliance.web import metrics
+from ruseon_appliance.web.problem import Problem
+from ruseon_appliance.web.snapshot import KeyframeSnapshot, SnapshotError
+
+if TYPE_CHECKING:
+    from ruseon_appliance.capture.pipeline import CapturePipeline
+    from ruseon_appliance.engine.engine import Engine
+
+# Frames are "flowing" when the newest arrived within this many frame intervals, and never less
+# than this many seconds (a 1 fps camera still counts as alive).
+STALL_FRAME_INTERVALS = 10
+STALL_MIN_S = 2.0
+
+
+def _jsonable(value: Any) -> Any:
+    """Stats dicts may hold dataclasses, tuples, bytes or non-str keys; JSON takes none of them."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _jsonable(dataclasses.asdict(value))
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value).hex()
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return str(value)
+
+
+class DeviceApi:
+    """Handlers for the device's status, health, snapshot and metrics."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        capture: CapturePipeline,
+        *,
+        started: float,
+        framerate: int,
+        web_metrics: metrics.WebMetrics,
+        http_errors: dict[int, int],
+        snapshot: KeyframeSnapshot,
+        max_viewers: int,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.engine = engine
+        self.capture = capture
+        self.started = started
+        self.framerate = framerate
+        self.web_metrics = web_metrics
+        self.http_errors = http_errors
+        self.snapshot = snapshot
+        self.max_viewers = max_viewers
+        self.clock = clock
+
+    def add_routes(self, app: web.Application) -> None:
+        """Register the API routes (GET also answers HEAD)."""
+        app.router.add_get("/api/status", self.status)
+        app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/snapshot.jpg", self.snapshot_jpeg)
+        app.router.add_get("/metrics", self.metrics)
+
+    def status_document(self) -> dict[str, Any]:
+        """Everything ``/api/status`` reports, as plain JSON data."""
+        stats = dict(self.capture.stats())
+        info = self.capture.stream_info
+        sessions = list(self.engine.sessions.values())
+        document: dict[str, Any] = _jsonable(
+            {
+                "device": {"hostname": socket.gethostname(), "software": "ruseon",
+                           "version": __version__},
+                "uptime_s": round(self.clock() - self.started, 3),
+                "source": {
+                    "kind": self.capture.source_kind,
+                    "width": info.width if info else stats.get("width"),
+                    "height": info.height if info else stats.get("height"),
+                    "profile_level_id": info.profile_level_id if info else None,
+                    "profile": stats.get("profile"),
+                    "level": stats.get("level"),
+                    "fps": stats.get("fps"),
+                    "bitrate": stats.get("bitrate"),
+                    "keyframe_age_s": stats.get("keyframe_age_s"),
+                    "stats": stats,
+                },
+                "webrtc": {
+                    "fingerprint": self.engine.fingerprint,
+                    "udp_port": self.engine.udp_port,
+                    "max_viewers": self.max_viewers,
+                    "stats": self.engine.stats(),
+                },
+                "viewers": {
+                    "count": len(sessions),
+                    "sessions": [
+                        {"id": s.id, "state": s.state, "age_s": round(time.time() - s.created, 3)
+                         if s.created > 1e9 else None, "stats": s.stats()}
+                        for s in sessions
+                    ],
+                },
+                "errors": {
+                    "http": {str(k): v for k, v in sorted(self.http_errors.items())},
+                    "offers_refused": dict(self.web_metrics.offers_refused),
+                },
+            }
+        )
+        return document
+
+    async def status(self, request: web.Request) -> web.Response:
+        """``GET /api/status``."""
+        return web.json_response(self.status_document(), headers={"Cache-Control": "no-store"})
+
+    def health_problem(self) -> str | None:
+        """Why the device is unhealthy, or None when frames flow and the engine is up."""
+        if not self.engine.udp_port:
+            return "the WebRTC engine is not listening"
+        last = self.capture.last_frame_monotonic
+        if last is None:
+            return f"no frame from the {self.capture.source_kind} source yet"
+        limit = max(STALL_MIN_S, STALL_FRAME_INTERVALS / max(1, self.framerate))
+        age = time.monotonic() - last
+        if age > limit:
+            return f"no frame from the {self.capture.source_kind} source for {age:.1f} s"
+        return None
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        """``GET /healthz``: 200 ``ok``, or 503 with the reason."""
+        reason = self.health_problem()
+        if reason is not None:
+            raise Problem(503, reason, headers={"Retry-After": "1"})
+        return web.Response(text="ok\n", headers={"Cache-Control": "no-store"})
+
+    async def snapshot_jpeg(self, request: web.Request) -> web.Response:
+        """``GET /snapshot.jpg``: the newest keyframe as a JPEG."""
+        try:
+            shot = await self.snapshot.latest()
+        except SnapshotError as exc:
+            raise Problem(503, str(exc), headers={"Retry-After": "1"}) from None
+        if shot is None:
+            raise Problem(503, "no keyframe captured yet", headers={"Retry-After": "1"})
+        return web.Response(
+            body=shot.jpeg,
+            content_type="image/jpeg",
+            headers={
+                "Cache-Control": "no-store",
+                "ETag": f'"kf-{shot.keyframe_seq}"',
+                "X-Capture-Time-Us": str(shot.capture_time_us),
+            },
+        )
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        """``GET /metrics`` in the Prometheus text format."""
+        body = metrics.render(
+            self.web_metrics,
+            viewers=len(self.engine.sessions),
+            engine_stats=self.engine.stats(),
+            capture_stats=self.capture.stats(),
+            http_errors=self.http_errors,
+        )
+        response = web.Response(body=body.encode())
+        response.headers["Content-Type"] = metrics.CONTENT_TYPE
+        return response

@@ -1,0 +1,121 @@
+"""Builds the aiohttp application: the device page, WHEP, the REST API and metrics.
+
+Middleware order, outermost first: CORS (answers preflights before anything else and adds its
+headers to every answer, errors included), problem details (turns every error into
+``application/problem+json``), then Bearer authentication.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from ruseon_appliance.web.api import DeviceApi
+from ruseon_appliance.web.auth import auth_middleware
+from ruseon_appliance.web.cors import cors_middleware
+from ruseon_appliance.web.metrics import WebMetrics
+from ruseon_appliance.web.problem import ERROR_COUNTS, MAX_BODY_BYTES, problem_middleware
+from ruseon_appliance.web.snapshot import KeyframeSnapshot
+from ruseon_appliance.web.whep import WhepResource
+
+if TYPE_CHECKING:
+    from ruseon_appliance.capture.pipeline import CapturePipeline
+    from ruseon_appliance.config import Config
+    from ruseon_appliance.engine.engine import Engine
+
+log = logging.getLogger(__name__)
+
+STATIC_DIR = Path(__file__).parent / "static"
+
+# Everything but the page itself, its static files and the health probe needs the token.
+_OPEN_PATHS = frozenset({"/", "/healthz", "/favicon.ico"})
+
+WEB_METRICS: web.AppKey[WebMetrics] = web.AppKey("web_metrics", WebMetrics)
+WHEP: web.AppKey[WhepResource] = web.AppKey("whep", WhepResource)
+DEVICE_API: web.AppKey[DeviceApi] = web.AppKey("device_api", DeviceApi)
+
+
+def needs_token(request: web.Request) -> bool:
+    """True for WHEP, the API, the snapshot and metrics; False for the page and ``/healthz``."""
+    path = request.path
+    return path not in _OPEN_PATHS and not path.startswith("/static/")
+
+
+async def _device_page(request: web.Request) -> web.FileResponse:
+    return web.FileResponse(
+        STATIC_DIR / "index.html", headers={"Cache-Control": "no-cache"}
+    )
+
+
+def _session_listener(web_metrics: WebMetrics) -> Any:
+    """Counts session starts, ends by reason and the handshake time from engine events."""
+
+    def on_event(event: str, session: Any) -> None:
+        if event in ("start", "started", "created"):
+            web_metrics.sessions_started += 1
+        elif event in ("connected",):
+            created = getattr(session, "created", None)
+            if isinstance(created, int | float) and created > 0:
+                now = time.time() if created > 1e9 else time.monotonic()
+                web_metrics.handshake_seconds.observe(max(0.0, now - created))
+        elif event in ("end", "ended", "closed"):
+            reason = getattr(session, "end_reason", None) or getattr(session, "reason", None)
+            web_metrics.sessions_ended[str(reason or "unknown")] += 1
+
+    return on_event
+
+
+def make_app(
+    config: Config, engine: Engine, capture: CapturePipeline, *, started: float
+) -> web.Application:
+    """The web application for one engine and one capture pipeline.
+
+    ``started`` is the service's start time (``time.time()``), for the uptime in ``/api/status``.
+    """
+    token = config.auth.resolve_token()
+    max_body = config.http.max_offer_bytes
+    app = web.Application(
+        client_max_size=max_body,
+        middlewares=[
+            cors_middleware(config.http.cors_origins),
+            problem_middleware,
+            auth_middleware(token, needs_token),
+        ],
+    )
+    app[ERROR_COUNTS] = {}
+    app[MAX_BODY_BYTES] = max_body
+    web_metrics = WebMetrics()
+    app[WEB_METRICS] = web_metrics
+    add_listener = getattr(engine, "add_listener", None)
+    if add_listener is not None:
+        add_listener(_session_listener(web_metrics))
+
+    whep = WhepResource(
+        engine,
+        ice_servers=config.webrtc.ice_servers,
+        max_body_bytes=max_body,
+        metrics=web_metrics,
+    )
+    whep.add_routes(app)
+    app[WHEP] = whep
+
+    api = DeviceApi(
+        engine,
+        capture,
+        started=started,
+        framerate=config.camera.framerate,
+        web_metrics=web_metrics,
+        http_errors=app[ERROR_COUNTS],
+        snapshot=KeyframeSnapshot(capture),
+        max_viewers=config.webrtc.max_viewers,
+    )
+    api.add_routes(app)
+    app[DEVICE_API] = api
+
+    app.router.add_get("/", _device_page)
+    app.router.add_static("/static/", STATIC_DIR, append_version=False)
+    return app

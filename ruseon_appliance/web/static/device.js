@@ -1,0 +1,312 @@
+// The device page: plays the camera over WHEP, reconnects by itself, shows live statistics.
+import { WhepClient, WhepError } from "./whep.js";
+
+const TOKEN_KEY = "ruseon.token";
+const STATS_INTERVAL_MS = 1000;
+const STATUS_INTERVAL_MS = 5000;
+// A connection that shows no new frame for this long is torn down and reopened.
+const STALL_MS = 6000;
+// How long "disconnected" may last before we stop waiting for ICE to recover by itself.
+const DISCONNECTED_GRACE_MS = 3000;
+const BACKOFF_MS = [500, 1000, 2000, 4000, 8000, 10000];
+
+const $ = (id) => document.getElementById(id);
+const stage = $("stage");
+const video = $("video");
+
+const player = {
+  client: null,
+  state: "connecting",
+  attempt: 0,
+  generation: 0,
+  retryTimer: 0,
+  lastStats: null,
+  previous: null,
+  lastFrames: 0,
+  lastFrameChange: 0,
+  viewers: null,
+  get pc() { return this.client ? this.client.pc : null; },
+};
+window.ruseon = player; // for diagnostics and the end-to-end tests
+
+function setState(state, message) {
+  player.state = state;
+  stage.dataset.state = state;
+  const labels = {
+    connecting: "Connecting", live: "Live", reconnecting: "Reconnecting",
+    busy: "Busy", auth: "Locked", error: "Offline",
+  };
+  $("state-text").textContent = labels[state] || state;
+  if (message) $("veil-text").textContent = message;
+}
+
+function token() { return sessionStorage.getItem(TOKEN_KEY) || ""; }
+
+function authHeaders() {
+  const t = token();
+  return t ? { Authorization: `Bearer ${t}` } : {};
+}
+
+function toast(text) {
+  const el = $("toast");
+  el.textContent = text;
+  el.classList.add("show");
+  clearTimeout(toast.timer);
+  toast.timer = setTimeout(() => el.classList.remove("show"), 2200);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Connection lifecycle
+
+async function connect() {
+  clearTimeout(player.retryTimer);
+  const generation = ++player.generation;
+  if (player.client) player.client.close();
+  const client = new WhepClient("/whep", { token: token() });
+  player.client = client;
+  player.previous = null;
+  player.lastFrames = 0;
+  player.lastFrameChange = performance.now();
+  if (player.state !== "reconnecting") setState("connecting", "Connecting to the camera…");
+  try {
+    const pc = await client.connect((track, stream) => {
+      if (video.srcObject !== stream) video.srcObject = stream;
+      video.play().catch(() => {});
+    });
+    if (generation !== player.generation) return;
+    let graceTimer = 0;
+    pc.onconnectionstatechange = () => {
+      if (generation !== player.generation) return;
+      const s = pc.connectionState;
+      clearTimeout(graceTimer);
+      if (s === "failed" || s === "closed") {
+        scheduleReconnect("The connection was lost. Reconnecting…");
+      } else if (s === "disconnected") {
+        graceTimer = setTimeout(() => {
+          if (generation === player.generation && pc.connectionState !== "connected") {
+            scheduleReconnect("The connection was lost. Reconnecting…");
+          }
+        }, DISCONNECTED_GRACE_MS);
+      }
+    };
+  } catch (error) {
+    if (generation !== player.generation) return;
+    handleConnectError(error);
+  }
+}
+
+function handleConnectError(error) {
+  if (error instanceof WhepError) {
+    if (error.status === 401) {
+      askForToken(token() ? "That token was not accepted. Try again." : null);
+      return;
+    }
+    if (error.status === 503) {
+      const wait = Math.max(1, error.retryAfter || 5) * 1000;
+      setState("busy", `${error.message}. Retrying…`);
+      retryIn(wait);
+      return;
+    }
+    setState("error", `The camera refused the stream: ${error.message}`);
+    retryIn(BACKOFF_MS[BACKOFF_MS.length - 1]);
+    return;
+  }
+  scheduleReconnect("The camera is not reachable. Retrying…");
+}
+
+function scheduleReconnect(message) {
+  if (player.client) player.client.close();
+  player.client = null;
+  player.generation++;
+  const base = BACKOFF_MS[Math.min(player.attempt, BACKOFF_MS.length - 1)];
+  player.attempt++;
+  setState("reconnecting", message);
+  retryIn(base * (0.8 + Math.random() * 0.4)); // jitter, so many viewers do not return at once
+}
+
+function retryIn(ms) {
+  clearTimeout(player.retryTimer);
+  player.retryTimer = setTimeout(connect, ms);
+}
+
+function askForToken(hint) {
+  setState("auth", "This camera needs an access token.");
+  const dialog = $("token-dialog");
+  if (hint) $("token-hint").textContent = hint;
+  $("token-input").value = "";
+  if (!dialog.open) dialog.showModal();
+}
+
+$("token-form").addEventListener("submit", () => {
+  const value = $("token-input").value.trim();
+  if (!value) return;
+  sessionStorage.setItem(TOKEN_KEY, value); // per tab, gone when the tab closes
+  player.attempt = 0;
+  connect();
+  refreshStatus();
+});
+
+window.addEventListener("pagehide", () => { if (player.client) player.client.close(); });
+
+// ---------------------------------------------------------------------------------------------
+// Statistics
+
+function formatBitrate(bps) {
+  if (bps >= 1e6) return `${(bps / 1e6).toFixed(2)} Mbit/s`;
+  return `${Math.round(bps / 1e3)} kbit/s`;
+}
+
+async function collectStats() {
+  const pc = player.pc;
+  if (!pc) return null;
+  const report = await pc.getStats();
+  let inbound = null;
+  let pair = null;
+  let transport = null;
+  const byId = new Map();
+  report.forEach((s) => {
+    byId.set(s.id, s);
+    if (s.type === "inbound-rtp" && s.kind === "video") inbound = s;
+    if (s.type === "transport") transport = s;
+  });
+  if (transport && transport.selectedCandidatePairId) pair = byId.get(transport.selectedCandidatePairId);
+  if (!pair) report.forEach((s) => { if (s.type === "candidate-pair" && s.nominated && s.state === "succeeded") pair = s; });
+  if (!inbound) return null;
+  const codec = inbound.codecId ? byId.get(inbound.codecId) : null;
+  const now = inbound.timestamp;
+  const prev = player.previous;
+  const out = {
+    framesDecoded: inbound.framesDecoded || 0,
+    width: inbound.frameWidth || video.videoWidth || 0,
+    height: inbound.frameHeight || video.videoHeight || 0,
+    fps: inbound.framesPerSecond || 0,
+    codec: codec ? codec.mimeType : "",
+    fmtp: codec ? codec.sdpFmtpLine || "" : "",
+    rttMs: pair && pair.currentRoundTripTime !== undefined ? pair.currentRoundTripTime * 1000 : null,
+    bitrate: null,
+    lossPct: null,
+    jitterMs: null,
+    packetsLost: inbound.packetsLost || 0,
+    packetsReceived: inbound.packetsReceived || 0,
+  };
+  if (prev) {
+    const dt = (now - prev.timestamp) / 1000;
+    if (dt > 0) out.bitrate = ((inbound.bytesReceived - prev.bytesReceived) * 8) / dt;
+    const lost = (inbound.packetsLost || 0) - (prev.packetsLost || 0);
+    const got = (inbound.packetsReceived || 0) - (prev.packetsReceived || 0);
+    if (lost + got > 0) out.lossPct = (100 * Math.max(0, lost)) / (lost + got);
+    const emitted = (inbound.jitterBufferEmittedCount || 0) - (prev.jitterBufferEmittedCount || 0);
+    if (emitted > 0) {
+      out.jitterMs = (1000 * ((inbound.jitterBufferDelay || 0) - (prev.jitterBufferDelay || 0))) / emitted;
+    }
+  }
+  player.previous = inbound;
+  return out;
+}
+
+function render(stats) {
+  const set = (id, text) => { $(id).textContent = text; };
+  if (!stats) {
+    for (const id of ["stat-resolution", "stat-fps", "stat-bitrate", "stat-loss", "stat-rtt", "stat-jitter", "stat-codec"]) set(id, "–");
+    return;
+  }
+  set("stat-resolution", stats.width ? `${stats.width}×${stats.height}` : "–");
+  set("stat-fps", stats.fps ? `${stats.fps.toFixed(0)} fps` : "–");
+  set("stat-bitrate", stats.bitrate !== null ? formatBitrate(stats.bitrate) : "–");
+  set("stat-loss", stats.lossPct !== null ? `${stats.lossPct.toFixed(1)} %` : "–");
+  set("stat-rtt", stats.rttMs !== null ? `${stats.rttMs.toFixed(0)} ms` : "–");
+  set("stat-jitter", stats.jitterMs !== null ? `${stats.jitterMs.toFixed(0)} ms` : "–");
+  set("stat-codec", stats.codec ? stats.codec.replace("video/", "") : "–");
+}
+
+async function statsTick() {
+  let stats = null;
+  try { stats = await collectStats(); } catch { stats = null; }
+  player.lastStats = stats;
+  render(stats);
+  if (!player.pc || player.state === "auth") return;
+  const now = performance.now();
+  if (stats && stats.framesDecoded > player.lastFrames) {
+    player.lastFrames = stats.framesDecoded;
+    player.lastFrameChange = now;
+    if (player.state !== "live") {
+      setState("live");
+      player.attempt = 0;
+    }
+  } else if (now - player.lastFrameChange > STALL_MS) {
+    scheduleReconnect("The picture stopped. Reconnecting…");
+  }
+}
+
+async function refreshStatus() {
+  try {
+    const response = await fetch("/api/status", { headers: authHeaders(), cache: "no-store" });
+    if (!response.ok) return;
+    const status = await response.json();
+    player.viewers = status.viewers.count;
+    $("stat-viewers").textContent = String(status.viewers.count);
+    $("device-name").textContent = status.device.hostname || "";
+    document.title = `${status.device.hostname || "RUSEON"} · Camera`;
+  } catch {
+    // The service may be restarting; the next tick will try again.
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Controls
+
+const statsPanel = $("stats");
+$("btn-stats").addEventListener("click", (event) => {
+  statsPanel.hidden = !statsPanel.hidden;
+  event.currentTarget.setAttribute("aria-pressed", String(!statsPanel.hidden));
+});
+
+$("btn-fullscreen").addEventListener("click", async () => {
+  try {
+    if (document.fullscreenElement) await document.exitFullscreen();
+    else if (stage.requestFullscreen) await stage.requestFullscreen();
+    else if (video.webkitEnterFullscreen) video.webkitEnterFullscreen(); // iOS Safari
+  } catch {
+    toast("Fullscreen is not available here");
+  }
+});
+
+function download(blob, name) {
+  const url = URL.createObjectURL(blob);
+  const a = document.createElement("a");
+  a.href = url;
+  a.download = name;
+  document.body.appendChild(a);
+  a.click();
+  a.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 10000);
+}
+
+$("btn-snapshot").addEventListener("click", async () => {
+  const stamp = new Date().toISOString().replace(/[:.]/g, "-").slice(0, 19);
+  const name = `ruseon-${stamp}.jpg`;
+  // The frame on screen, at full resolution; the server's keyframe when nothing is playing.
+  if (video.videoWidth) {
+    const canvas = document.createElement("canvas");
+    canvas.width = video.videoWidth;
+    canvas.height = video.videoHeight;
+    canvas.getContext("2d").drawImage(video, 0, 0);
+    canvas.toBlob((blob) => { if (blob) { download(blob, name); toast("Snapshot saved"); } }, "image/jpeg", 0.92);
+    return;
+  }
+  try {
+    const response = await fetch("/snapshot.jpg", { headers: authHeaders(), cache: "no-store" });
+    if (!response.ok) throw new Error(String(response.status));
+    download(await response.blob(), name);
+    toast("Snapshot saved");
+  } catch {
+    toast("No picture to save yet");
+  }
+});
+
+// ---------------------------------------------------------------------------------------------
+
+setInterval(statsTick, STATS_INTERVAL_MS);
+setInterval(refreshStatus, STATUS_INTERVAL_MS);
+refreshStatus();
+connect();
