@@ -1,0 +1,179 @@
+"""The synthetic camera: a moving test picture encoded with libx264, for development and CI.
+
+It behaves like the hardware path: real-time paced, no B-frames, IDR every ``keyframe_interval``
+frames or on request, SPS/PPS only where libx264 puts them. Every picture carries the
+machine-readable :mod:`~ruseon_appliance.capture.stamp` (capture time, frame number) so latency
+can be measured end to end. Encoding runs on a worker thread; frames go to the loop with
+``call_soon_threadsafe``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from fractions import Fraction
+from typing import Any
+
+import av
+import numpy as np
+from av.video.frame import PictureType
+
+from ...config import CameraConfig
+from ..access_unit import VIDEO_CLOCK_RATE, AccessUnit
+from ..stamp import draw_stamp
+from .base import Deliver
+
+log = logging.getLogger(__name__)
+
+# x264's profile is only a ceiling: ultrafast turns CABAC and 8x8 transforms off, which makes
+# every stream Constrained Baseline. Switch on the tools that make each profile what it says.
+X264_PROFILE_TOOLS = {"baseline": "", "main": "cabac=1:", "high": "cabac=1:8x8dct=1:"}
+
+
+class TestPattern:
+    """The moving picture: a drifting block texture, a sweeping bar, and the stamp."""
+
+    def __init__(self, width: int, height: int, seed: int = 1) -> None:
+        self.width = width
+        self.height = height
+        rng = np.random.default_rng(seed)
+        # Coarse random blocks (8 px) give x264 real work without being pure noise.
+        cells = rng.integers(40, 215, size=(height // 8 + 2, width // 8 + 2), dtype=np.uint8)
+        texture = np.repeat(np.repeat(cells, 8, axis=0), 8, axis=1)
+        self._texture = np.concatenate([texture, texture], axis=1)  # wraps horizontally
+        self._buffer: np.ndarray[Any, Any] = np.empty((height * 3 // 2, width), dtype=np.uint8)
+        self._buffer[height:] = 128  # neutral chroma
+
+    def render(self, frame_number: int, capture_time_us: int) -> av.VideoFrame:
+        """Return a yuv420p frame for ``frame_number`` stamped with ``capture_time_us``."""
+        w, h = self.width, self.height
+        tex_w = self._texture.shape[1] // 2
+        shift = (frame_number * 2) % tex_w
+        luma = self._buffer[:h]
+        luma[:] = self._texture[:h, shift : shift + w]
+        bar = (frame_number * 4) % w
+        luma[:, bar : bar + max(2, w // 40)] = 235
+        # Chroma drifts slowly so colour changes are visible too.
+        self._buffer[h : h + h // 4] = 128 + int(40 * np.sin(frame_number / 50))
+        draw_stamp(luma, capture_time_us, frame_number)
+        return av.VideoFrame.from_ndarray(self._buffer, format="yuv420p")
+
+
+class SyntheticSource:
+    """Test camera: PyAV + libx264, ``tune=zerolatency``, paced at the configured frame rate."""
+
+    kind = "synthetic"
+
+    def __init__(self, camera: CameraConfig, *, threads: int = 1) -> None:
+        self._camera = camera
+        self._threads = threads
+        self._stop = threading.Event()
+        self._force_idr = False
+        self._thread: threading.Thread | None = None
+        self.frames_encoded = 0
+        self.frames_late = 0
+        self.keyframes_forced = 0
+
+    def _encoder(self) -> Any:
+        cam = self._camera
+        ctx = av.CodecContext.create("libx264", "w")
+        ctx.width = cam.width
+        ctx.height = cam.height
+        ctx.pix_fmt = "yuv420p"
+        ctx.time_base = Fraction(1, cam.framerate)
+        ctx.framerate = Fraction(cam.framerate, 1)
+        ctx.bit_rate = cam.bitrate
+        ctx.gop_size = cam.keyframe_interval
+        ctx.max_b_frames = 0
+        # VBV of about one second keeps the rate near the target without CBR filler NAL units.
+        ctx.options = {
+            "preset": "ultrafast",
+            "tune": "zerolatency",
+            "profile": cam.profile,
+            "forced-idr": "1",
+            "bf": "0",
+            "threads": str(self._threads),
+            "x264-params": (
+                f"{X264_PROFILE_TOOLS[cam.profile]}keyint={cam.keyframe_interval}:min-keyint={cam.keyframe_interval}:scenecut=0:"
+                f"vbv-maxrate={cam.bitrate // 1000}:vbv-bufsize={cam.bitrate // 1000}:"
+                "repeat-headers=1:aud=0"
+            ),
+        }
+        ctx.open()
+        return ctx
+
+    async def start(self, deliver: Deliver) -> None:
+        """Start the worker thread; frames are delivered on the running loop."""
+        if self._thread is not None:
+            return
+        loop = asyncio.get_running_loop()
+        encoder = await asyncio.to_thread(self._encoder)
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=self._run, args=(loop, deliver, encoder), name="synthetic-camera", daemon=True
+        )
+        self._thread.start()
+
+    async def stop(self) -> None:
+        """Stop the worker thread and wait for it."""
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        self._stop.set()
+        await asyncio.to_thread(thread.join)
+
+    def request_keyframe(self) -> None:
+        """Make the next encoded picture an IDR."""
+        self._force_idr = True
+
+    def stats(self) -> dict[str, Any]:
+        """Counters of the worker thread."""
+        return {
+            "frames_encoded": self.frames_encoded,
+            "frames_late": self.frames_late,
+            "keyframes_forced": self.keyframes_forced,
+        }
+
+    def _run(self, loop: asyncio.AbstractEventLoop, deliver: Deliver, encoder: Any) -> None:
+        cam = self._camera
+        pattern = TestPattern(cam.width, cam.height)
+        interval = 1.0 / cam.framerate
+        start = time.monotonic()
+        index = 0
+        try:
+            while not self._stop.is_set():
+                due = start + index * interval
+                delay = due - time.monotonic()
+                if delay > 0:
+                    if self._stop.wait(delay):
+                        break
+                elif delay < -interval:
+                    # Fell behind (a busy machine): skip the missed slots rather than burst.
+                    missed = int(-delay / interval)
+                    self.frames_late += missed
+                    index += missed
+                capture_us = time.time_ns() // 1000
+                frame = pattern.render(index, capture_us)
+                frame.pts = index
+                if self._force_idr:
+                    self._force_idr = False
+                    frame.pict_type = PictureType.I
+                    self.keyframes_forced += 1
+                for packet in encoder.encode(frame):
+                    au = AccessUnit(
+                        bytes(packet),
+                        packet.pts * VIDEO_CLOCK_RATE // cam.framerate,
+                        bool(packet.is_keyframe),
+                        capture_us,
+                    )
+                    self.frames_encoded += 1
+                    try:
+                        loop.call_soon_threadsafe(deliver, au)
+                    except RuntimeError:  # the loop is closed: nobody to deliver to
+                        return
+                index += 1
+        except Exception:
+            log.exception("synthetic camera failed")
+            raise
