@@ -1,0 +1,240 @@
+"""Every place the engine reaches into aiortc's or aioice's private attributes, in one module.
+
+Written for **aiortc 1.16.0** and **aioice 0.13.0**. Nothing else in the appliance touches a
+private name of either library; ``tests/engine/test_aiortc_internals.py`` checks that each name
+used here still exists and behaves as relied upon, so an upgrade fails loudly in CI rather than
+quietly at a viewer's browser.
+
+What is relied upon, and why:
+
+- ``RTCPeerConnection.__init__`` calls ``RTCCertificate.generateCertificate()`` (aiortc has no
+  ``certificates`` field in ``RTCConfiguration``). The classmethod is hooked once; the hook returns
+  the appliance's certificate only while :func:`shared_certificate` is active, so other
+  ``RTCPeerConnection`` users in the process (test clients, the naive bench answerer) keep their
+  own.
+- ``aioice.Connection`` binds its own sockets in ``gather_candidates``. The engine gives it
+  :class:`MuxStunProtocol` objects (a ``StunProtocol`` whose transport is the shared mux socket)
+  and its host candidates up front, by filling ``_protocols`` / ``_local_candidates`` and marking
+  gathering done, so gathering opens no socket. Its ICE credentials come from the engine
+  (``_local_username`` / ``_local_password``) so the mux can route on them.
+- ``RTCRtpSender._send_keyframe`` is what aiortc calls for PLI/FIR; in pass-through it sets a
+  flag nothing reads, so it is replaced per sender to forward the request to the source.
+  ``RTCRtpSender._retransmit`` is wrapped to count NACKed packets; the sender's name-mangled
+  packet/octet counters and RTT are read for per-session stats.
+- ``aioice.ice.CONSENT_INTERVAL`` / ``CONSENT_FAILURES`` are module globals read by
+  ``Connection.query_consent``; tests shorten them to see consent expiry in seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
+from typing import Any, Protocol
+
+import aioice
+import aioice.ice
+import aiortc
+from aioice import Candidate, Connection
+from aioice.ice import StunProtocol
+from aiortc import RTCCertificate, RTCPeerConnection, RTCRtpSender
+
+AIORTC_VERSION = "1.16.0"
+AIOICE_VERSION = "0.13.0"
+
+# ---------------------------------------------------------------------------------------------
+# The shared DTLS certificate
+
+_certificate_override: ContextVar[RTCCertificate | None] = ContextVar(
+    "ruseon_certificate_override", default=None
+)
+_original_generate: Any = None
+
+
+def install_certificate_hook() -> None:
+    """Hook ``RTCCertificate.generateCertificate`` once per process (idempotent)."""
+    global _original_generate
+    if _original_generate is not None:
+        return
+    _original_generate = RTCCertificate.__dict__["generateCertificate"]
+    original = RTCCertificate.generateCertificate
+
+    def generate(cls: type[RTCCertificate]) -> RTCCertificate:
+        override = _certificate_override.get()
+        return override if override is not None else original()
+
+    RTCCertificate.generateCertificate = classmethod(generate)  # type: ignore[method-assign,assignment]
+
+
+def certificate_hook_installed() -> bool:
+    """Whether :func:`install_certificate_hook` has run in this process."""
+    return _original_generate is not None
+
+
+@contextlib.contextmanager
+def shared_certificate(certificate: RTCCertificate) -> Iterator[None]:
+    """Make ``RTCPeerConnection()`` built inside this block use ``certificate``.
+
+    ``RTCPeerConnection.__init__`` is synchronous, so no other task can run inside the block.
+    """
+    install_certificate_hook()
+    token = _certificate_override.set(certificate)
+    try:
+        yield
+    finally:
+        _certificate_override.reset(token)
+
+
+def peer_connection_certificates(pc: RTCPeerConnection) -> list[RTCCertificate]:
+    """The certificates a connection presents (for tests)."""
+    return list(pc._RTCPeerConnection__certificates)  # type: ignore[attr-defined]
+
+
+# ---------------------------------------------------------------------------------------------
+# ICE: one aioice Connection per viewer, fed by the shared UDP mux
+
+
+class DatagramSink(Protocol):
+    """What a :class:`MuxStunProtocol` needs from the mux: send, and forget me."""
+
+    def send_datagram(self, data: bytes, addr: tuple[str, int], family: int) -> None: ...
+
+    def protocol_closed(self, protocol: MuxStunProtocol) -> None: ...
+
+
+class _MuxTransport:
+    """The slice of ``asyncio.DatagramTransport`` aioice uses: ``sendto``, ``close``,
+    ``get_extra_info``. Sends go out of the mux's socket for this family."""
+
+    def __init__(self, sink: DatagramSink, protocol: MuxStunProtocol, family: int,
+                 sockname: tuple[str, int]) -> None:
+        self._sink = sink
+        self._protocol = protocol
+        self._family = family
+        self._sockname = sockname
+        self._closed = False
+
+    def sendto(self, data: bytes, addr: tuple[str, int]) -> None:
+        if not self._closed:
+            self._sink.send_datagram(data, addr, self._family)
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self._sockname if name == "sockname" else default
+
+    def is_closing(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._sink.protocol_closed(self._protocol)
+        # aioice's Connection.close awaits connection_lost; report it as a real transport would,
+        # on the next loop iteration.
+        asyncio.get_running_loop().call_soon(self._protocol.connection_lost, None)
+
+
+class MuxStunProtocol(StunProtocol):  # type: ignore[misc]
+    """A ``StunProtocol`` for one viewer's connection on one mux socket (one address family)."""
+
+    def __init__(self, connection: Connection, sink: DatagramSink, family: int,
+                 local_candidate: Candidate, sockname: tuple[str, int]) -> None:
+        super().__init__(connection)
+        self.local_candidate = local_candidate
+        self.family = family
+        self.transport = _MuxTransport(sink, self, family, sockname)  # type: ignore[assignment]
+
+    @property
+    def connection(self) -> Connection:
+        """The aioice connection this protocol delivers to."""
+        conn: Connection = self.receiver
+        return conn
+
+    def datagram_received(self, data: bytes | str, addr: tuple[Any, ...]) -> None:
+        # SRTP/SRTCP/DTLS (first byte >= 4) cannot be STUN: skip aioice's trial STUN parse.
+        if isinstance(data, bytes) and data and data[0] > 3:
+            self.receiver.data_received(data, self.local_candidate.component)
+            return
+        super().datagram_received(data, addr)
+
+
+def ice_connection_of(pc: RTCPeerConnection) -> list[Connection]:
+    """The distinct aioice connections of a peer connection's (possibly bundled) transports."""
+    seen: list[Connection] = []
+    for transceiver in pc.getTransceivers():
+        conn = transceiver.receiver.transport.transport._connection
+        if conn not in seen:
+            seen.append(conn)
+    if pc.sctp is not None:
+        conn = pc.sctp.transport.transport._connection
+        if conn not in seen:
+            seen.append(conn)
+    return seen
+
+
+def set_local_credentials(connection: Connection, ufrag: str, password: str) -> None:
+    """Replace the connection's generated ICE ufrag/password with the engine's (before the
+    answer is created, so the answer carries them)."""
+    aioice.ice.validate_username(ufrag)
+    aioice.ice.validate_password(password)
+    connection._local_username = ufrag
+    connection._local_password = password
+
+
+def install_local_candidates(
+    connection: Connection, protocols: list[MuxStunProtocol], candidates: list[Candidate]
+) -> None:
+    """Give the connection its protocols and host candidates, marking gathering complete so
+    ``gather_candidates`` binds nothing."""
+    connection._protocols.extend(protocols)
+    connection._local_candidates.extend(candidates)
+    connection._local_candidates_start = True
+    connection._local_candidates_end = True
+
+
+def nominated_addresses(connection: Connection) -> list[tuple[tuple[str, int], tuple[str, int]]]:
+    """``(local, remote)`` address of each nominated pair."""
+    return [(pair.local_addr, pair.remote_addr) for pair in connection._nominated.values()]
+
+
+def set_consent_timing(interval_s: float, failures: int) -> tuple[float, int]:
+    """Change aioice's consent freshness timing; returns the previous values (for tests)."""
+    previous = (aioice.ice.CONSENT_INTERVAL, aioice.ice.CONSENT_FAILURES)
+    aioice.ice.CONSENT_INTERVAL = interval_s  # type: ignore[assignment]
+    aioice.ice.CONSENT_FAILURES = failures
+    return previous
+
+
+# ---------------------------------------------------------------------------------------------
+# RTP sender
+
+
+def forward_keyframe_requests(sender: RTCRtpSender, on_request: Callable[[], None]) -> None:
+    """Route the sender's PLI/FIR handling (``_send_keyframe``) to ``on_request``."""
+    sender._send_keyframe = on_request  # type: ignore[method-assign]
+
+
+def count_retransmissions(sender: RTCRtpSender, on_nack: Callable[[int], None]) -> None:
+    """Call ``on_nack(sequence_number)`` for every packet a NACK asks the sender to resend."""
+    original = sender._retransmit
+
+    async def retransmit(sequence_number: int) -> None:
+        on_nack(sequence_number)
+        await original(sequence_number)
+
+    sender._retransmit = retransmit  # type: ignore[method-assign]
+
+
+def sender_counters(sender: RTCRtpSender) -> tuple[int, int, float | None]:
+    """``(packets_sent, payload_bytes_sent, rtt_seconds_or_None)`` of an RTP sender."""
+    return (
+        sender._RTCRtpSender__packet_count,  # type: ignore[attr-defined]
+        sender._RTCRtpSender__octet_count,  # type: ignore[attr-defined]
+        sender._RTCRtpSender__rtt,  # type: ignore[attr-defined]
+    )
+
+
+def installed_versions() -> tuple[str, str]:
+    """``(aiortc.__version__, aioice.__version__)`` as installed."""
+    return aiortc.__version__, aioice.__version__

@@ -1,0 +1,341 @@
+"""The engine: built once, owning the certificate, the codec registry, the UDP mux and sessions.
+
+A new viewer adds only its own connection state: a peer connection (sharing the certificate),
+ICE credentials and routes on the shared socket, and a cursor into the ring buffer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import math
+import secrets
+import socket
+import string
+from collections import Counter
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import aioice.ice
+from aiortc import (
+    RTCConfiguration,
+    RTCIceServer,
+    RTCPeerConnection,
+    RTCSessionDescription,
+)
+from aiortc.rtcconfiguration import RTCBundlePolicy
+
+from ruseon_appliance.capture.pipeline import CapturePipeline
+from ruseon_appliance.config import WebRtcConfig
+from ruseon_appliance.engine import aiortc_internals
+from ruseon_appliance.engine.certificate import DtlsCertificate, load_or_create_certificate
+from ruseon_appliance.engine.codec_registry import CodecRegistry
+from ruseon_appliance.engine.errors import (
+    MalformedOffer,
+    OfferError,
+    TooManyViewers,
+    UnknownSession,
+    UnsupportedOffer,
+)
+from ruseon_appliance.engine.offer import check_offer
+from ruseon_appliance.engine.session import WhepSession
+from ruseon_appliance.engine.track import ViewerTrack
+from ruseon_appliance.engine.udp_mux import UdpMux
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_OFFER_BYTES = 64 * 1024
+# How long an offer may wait for the camera's first SPS before being told to retry.
+STREAM_READY_TIMEOUT_S = 3.0
+_ICE_CHARS = string.ascii_letters + string.digits
+
+SessionListener = Callable[[str, WhepSession], None]
+
+
+class StreamNotReady(TooManyViewers):
+    """No video yet (camera starting): like a full engine, the web layer answers 503."""
+
+
+def _ice_string(length: int) -> str:
+    return "".join(secrets.choice(_ICE_CHARS) for _ in range(length))
+
+
+def default_advertise(families: list[int]) -> list[str]:
+    """The board's own interface addresses for the families the mux listens on."""
+    addresses: list[str] = aioice.ice.get_host_addresses(
+        use_ipv4=socket.AF_INET in families, use_ipv6=socket.AF_INET6 in families)
+    return addresses
+
+
+class Engine:
+    """The WebRTC engine. HTTP-free: the web layer and the HIL harness use only
+    :meth:`offer`, :meth:`close`, :attr:`sessions`, :meth:`stats` and :meth:`add_listener`."""
+
+    def __init__(
+        self,
+        webrtc: WebRtcConfig,
+        state_dir: Path,
+        feed: CapturePipeline,
+        *,
+        udp_socket: socket.socket | None = None,
+        max_offer_bytes: int = DEFAULT_MAX_OFFER_BYTES,
+    ) -> None:
+        self.config = webrtc
+        self._state_dir = Path(state_dir)
+        self._feed = feed
+        self._udp_socket = udp_socket
+        self._max_offer_bytes = max_offer_bytes
+        self._certificate: DtlsCertificate | None = None
+        self._codecs = CodecRegistry()
+        self._mux = UdpMux(webrtc.listen, sockets=[udp_socket] if udp_socket else [])
+        self._sessions: dict[str, WhepSession] = {}
+        self._pending = 0
+        self._listeners: list[SessionListener] = []
+        self._advertise: list[str] = []
+        self._started = False
+        self._stopping = False
+        self.offers_accepted = 0
+        self.offers_rejected: Counter[str] = Counter()
+        self.sessions_ended: Counter[str] = Counter()
+        self.keyframe_requests: Counter[str] = Counter()
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Load the certificate, register codecs, open the UDP port."""
+        if self._started:
+            return
+        self._certificate = await asyncio.to_thread(load_or_create_certificate, self._state_dir)
+        aiortc_internals.install_certificate_hook()
+        self._codecs.install()
+        self._mux.start()
+        if self.config.advertise:
+            self._advertise = list(self.config.advertise)
+        elif self.config.listen.host not in ("0.0.0.0", "::", ""):
+            self._advertise = [self.config.listen.host]
+        else:
+            self._advertise = default_advertise(self._mux.families)
+        if not self._advertise:
+            logger.warning("no address to advertise in answers: set webrtc.advertise")
+        self._started = True
+        logger.info("engine ready: UDP port %d, advertising %s, fingerprint %s",
+                    self._mux.port, ", ".join(self._advertise) or "nothing",
+                    self._certificate.fingerprint)
+
+    async def stop(self) -> None:
+        """Close every session, then the socket."""
+        if not self._started or self._stopping:
+            return
+        self._stopping = True
+        await asyncio.gather(*(s.close("shutdown") for s in list(self._sessions.values())),
+                             return_exceptions=True)
+        self._mux.close()
+        self._started = False
+        self._stopping = False
+        logger.info("engine stopped")
+
+    # -- public interface ------------------------------------------------------------------------
+
+    @property
+    def fingerprint(self) -> str:
+        """``sha-256 AB:CD:...`` of the DTLS certificate every viewer sees."""
+        if self._certificate is None:
+            raise RuntimeError("engine not started")
+        return self._certificate.fingerprint
+
+    @property
+    def udp_port(self) -> int:
+        """The one UDP port carrying every viewer's ICE, DTLS and SRTP."""
+        return self._mux.port
+
+    @property
+    def advertised_addresses(self) -> list[str]:
+        """Addresses put in answers as host candidates."""
+        return list(self._advertise)
+
+    @property
+    def sessions(self) -> Mapping[str, WhepSession]:
+        """Live sessions by id (read-only view)."""
+        return MappingProxyType(self._sessions)
+
+    @property
+    def mux(self) -> UdpMux:
+        """The UDP mux (for stats and tests)."""
+        return self._mux
+
+    def add_listener(self, listener: SessionListener) -> None:
+        """Call ``listener(event, session)`` on ``session-started`` and ``session-ended``."""
+        self._listeners.append(listener)
+
+    async def offer(self, sdp: str) -> tuple[WhepSession, str]:
+        """Answer a viewer's offer: returns the new session and the answer SDP.
+
+        Raises an :class:`~.errors.OfferError` subclass for every refusal.
+        """
+        try:
+            return await self._offer(sdp)
+        except OfferError as exc:
+            self.offers_rejected[type(exc).__name__] += 1
+            logger.info("offer refused (%s): %s", type(exc).__name__, exc.reason)
+            raise
+
+    async def close(self, session_id: str, reason: str = "delete") -> bool:
+        """End a session (a DELETE); False if there is no such live session."""
+        session = self._sessions.get(session_id)
+        if session is None:
+            return False
+        await session.close(reason)
+        return True
+
+    def get(self, session_id: str) -> WhepSession:
+        """The live session with that id, or :class:`UnknownSession`."""
+        try:
+            return self._sessions[session_id]
+        except KeyError:
+            raise UnknownSession("no live session has that id") from None
+
+    def stats(self) -> dict[str, Any]:
+        """Engine-wide counters: sessions, offers, ends by reason, the mux."""
+        states = Counter(s.state for s in self._sessions.values())
+        return {
+            "sessions": len(self._sessions),
+            "sessions_connected": states.get("connected", 0),
+            "sessions_connecting": states.get("connecting", 0),
+            "max_viewers": self.config.max_viewers,
+            "send_path": self.config.send_path,
+            "udp_port": self._mux.port,
+            "advertise": list(self._advertise),
+            "fingerprint": self._certificate.fingerprint if self._certificate else None,
+            "offers_accepted": self.offers_accepted,
+            "offers_rejected": dict(self.offers_rejected),
+            "sessions_ended": dict(self.sessions_ended),
+            "keyframe_requests": dict(self.keyframe_requests),
+            "mux": self._mux.stats(),
+        }
+
+    # -- offer handling --------------------------------------------------------------------------
+
+    async def _offer(self, sdp: str) -> tuple[WhepSession, str]:
+        if not self._started or self._stopping:
+            raise StreamNotReady("the engine is not running", retry_after=5)
+        if len(self._sessions) + self._pending >= self.config.max_viewers:
+            raise TooManyViewers(
+                f"all {self.config.max_viewers} viewer places are taken; try again later",
+                retry_after=10)
+        self._pending += 1
+        try:
+            info = self._feed.stream_info
+            if info is None:
+                await self._feed.wait_first_frame(STREAM_READY_TIMEOUT_S)
+                info = self._feed.stream_info
+            if info is None:
+                raise StreamNotReady("the camera has not produced video yet", retry_after=2)
+            checked = check_offer(sdp, max_bytes=self._max_offer_bytes,
+                                  stream_profile_level_id=info.profile_level_id)
+            return await self._build_session(checked.sdp, info.profile_level_id)
+        finally:
+            self._pending -= 1
+
+    def _ice_servers(self) -> list[RTCIceServer]:
+        return [RTCIceServer(urls=url) for url in self.config.ice_servers]
+
+    def _new_track(self) -> ViewerTrack:
+        camera = self._feed.camera
+        interval = round(90_000 / camera.framerate)
+        return ViewerTrack(
+            self._feed,
+            frame_interval=interval,
+            # A burst of up to the coalescing window (at least a few frames) is cheaper than
+            # waiting for an IDR that coalescing may not force.
+            catch_up_max_frames=max(3, math.ceil(
+                camera.framerate * camera.keyframe_request_interval_ms / 1000)),
+            keyframe_interval_frames=camera.keyframe_interval,
+        )
+
+    async def _build_session(
+        self, offer_sdp: str, profile_level_id: str
+    ) -> tuple[WhepSession, str]:
+        assert self._certificate is not None
+        preferences = self._codecs.select(profile_level_id)
+        configuration = RTCConfiguration(iceServers=self._ice_servers(),
+                                         bundlePolicy=RTCBundlePolicy.BALANCED)
+        with aiortc_internals.shared_certificate(self._certificate.rtc):
+            pc = RTCPeerConnection(configuration)
+        track = self._new_track()
+        transceiver = pc.addTransceiver(track, direction="sendonly")
+        # Before setRemoteDescription: set afterwards, aiortc silently falls back to VP8.
+        transceiver.setCodecPreferences(preferences)
+        ufrag: str | None = None
+        try:
+            try:
+                await pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
+            except ValueError as exc:
+                raise MalformedOffer(f"the offer was refused by the WebRTC stack: {exc}") from None
+            except Exception as exc:
+                raise UnsupportedOffer(f"the offer cannot be answered: {exc}") from None
+            connections = aiortc_internals.ice_connection_of(pc)
+            if len(connections) != 1:
+                raise UnsupportedOffer("the offer needs more than one transport; BUNDLE it")
+            connection = connections[0]
+            ufrag = self._new_ufrag()
+            aiortc_internals.set_local_credentials(connection, ufrag, _ice_string(24))
+            endpoint = self._mux.register(connection, self._advertise)
+            if not endpoint.candidates:
+                raise StreamNotReady("the engine has no address to advertise", retry_after=30)
+            aiortc_internals.install_local_candidates(
+                connection, list(endpoint.protocols.values()), endpoint.candidates)
+            answer = await pc.createAnswer()
+            await pc.setLocalDescription(answer)
+            if transceiver.currentDirection != "sendonly":
+                raise UnsupportedOffer("the offer does not let the engine send video")
+        except BaseException:
+            if ufrag is not None:
+                self._mux.unregister(ufrag)
+            track.stop()
+            await pc.close()
+            raise
+
+        session = WhepSession(pc, transceiver.sender, track, ufrag, self._release)
+        track._request = lambda reason: self._request_keyframe(session, reason)
+        aiortc_internals.forward_keyframe_requests(
+            transceiver.sender, lambda: self._request_keyframe(session, "pli/fir"))
+        aiortc_internals.count_retransmissions(transceiver.sender, session.on_nack)
+        self._sessions[session.id] = session
+        session.attach(self.config.connect_timeout_s)
+        self.offers_accepted += 1
+        self._notify("session-started", session)
+        return session, pc.localDescription.sdp
+
+    def _new_ufrag(self) -> str:
+        while True:
+            ufrag = _ice_string(8)
+            if not self._mux.is_live(ufrag):
+                return ufrag
+
+    def _request_keyframe(self, session: WhepSession, reason: str) -> None:
+        session.keyframes_requested += 1
+        kind = reason.split(":")[0]
+        self.keyframe_requests[kind] += 1
+        if self._feed.request_keyframe(f"session {session.id[:8]}: {reason}"):
+            session.keyframes_forced += 1
+
+    async def _release(self, session: WhepSession) -> None:
+        self._mux.unregister(session.ufrag)
+        if self._sessions.pop(session.id, None) is not None:
+            self.sessions_ended[session.end_reason] += 1
+            self._notify("session-ended", session)
+
+    def _notify(self, event: str, session: WhepSession) -> None:
+        for listener in list(self._listeners):
+            try:
+                listener(event, session)
+            except Exception:
+                logger.exception("session listener failed on %s", event)
+
+
+def is_loopback(address: str) -> bool:
+    """Whether ``address`` is a loopback literal (tests advertise only those)."""
+    return ipaddress.ip_address(address).is_loopback

@@ -1,0 +1,143 @@
+"""One viewer: its peer connection, its track, its place on the mux, and its counters."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiortc import RTCPeerConnection, RTCRtpSender
+
+from ruseon_appliance.engine import aiortc_internals
+from ruseon_appliance.engine.track import ViewerTrack
+
+logger = logging.getLogger(__name__)
+
+# How long closing a peer connection may take before the session is dropped anyway.
+CLOSE_TIMEOUT_S = 5.0
+
+
+class WhepSession:
+    """A viewer's session. ``state`` is one of ``new``, ``connecting``, ``connected``,
+    ``closed``; ``end_reason`` says why it closed (``delete``, ``ice-failed``,
+    ``consent-expired``, ``peer-closed``, ``connect-timeout``, ``shutdown``...)."""
+
+    def __init__(
+        self,
+        pc: RTCPeerConnection,
+        sender: RTCRtpSender,
+        track: ViewerTrack,
+        ufrag: str,
+        release: Callable[[WhepSession], Awaitable[None]],
+    ) -> None:
+        self.id = secrets.token_urlsafe(24)
+        self.etag = '"' + secrets.token_urlsafe(12) + '"'
+        self.state = "new"
+        self.created = time.time()
+        self.connected_at: float | None = None
+        self.closed_at: float | None = None
+        self.end_reason = ""
+        self.ufrag = ufrag
+        self.pc = pc
+        self.sender = sender
+        self.track = track
+        self.keyframes_requested = 0
+        self.keyframes_forced = 0
+        self.nacks = 0
+        self._created_monotonic = time.monotonic()
+        self._release = release
+        self._closing: asyncio.Task[None] | None = None
+        self._reaper: asyncio.TimerHandle | None = None
+        self.remote_addresses: list[tuple[str, int]] = []
+
+    # -- wiring ------------------------------------------------------------------------------------
+
+    def attach(self, connect_timeout_s: float) -> None:
+        """Follow the connection's state, and reap it if it is not connected in time."""
+        self.state = "connecting"
+        self.pc.on("connectionstatechange", self._on_state)
+        loop = asyncio.get_running_loop()
+        self._reaper = loop.call_later(connect_timeout_s, self._on_connect_timeout)
+
+    def on_nack(self, sequence_number: int) -> None:
+        """The viewer asked for a packet again."""
+        self.nacks += 1
+
+    def _on_state(self) -> None:
+        state = self.pc.connectionState
+        if state == "connected" and self.state == "connecting":
+            self.state = "connected"
+            self.connected_at = time.time()
+            if self._reaper is not None:
+                self._reaper.cancel()
+                self._reaper = None
+            for conn in aiortc_internals.ice_connection_of(self.pc):
+                self.remote_addresses = [r for _, r in aiortc_internals.nominated_addresses(conn)]
+            logger.info("session %s connected from %s in %.0f ms", self.id[:8],
+                        ",".join(f"{h}:{p}" for h, p in self.remote_addresses),
+                        (time.monotonic() - self._created_monotonic) * 1000)
+        elif state == "failed":
+            self.close_soon("consent-expired" if self.state == "connected" else "ice-failed")
+        elif state == "closed":
+            self.close_soon("peer-closed")
+
+    def _on_connect_timeout(self) -> None:
+        self._reaper = None
+        if self.state != "connected":
+            self.close_soon("connect-timeout")
+
+    # -- ending ----------------------------------------------------------------------------------
+
+    def close_soon(self, reason: str) -> None:
+        """Start closing (from a callback); the task is kept so it is not garbage-collected."""
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(self.close(reason))
+
+    async def close(self, reason: str) -> None:
+        """Close the connection, release the track's ring cursor and the mux routes."""
+        if self.state == "closed":
+            if self._closing is not None and self._closing is not asyncio.current_task():
+                await asyncio.shield(self._closing)
+            return
+        self.state = "closed"
+        self.end_reason = reason
+        self.closed_at = time.time()
+        if self._reaper is not None:
+            self._reaper.cancel()
+            self._reaper = None
+        self.track.stop()
+        try:
+            await asyncio.wait_for(self.pc.close(), CLOSE_TIMEOUT_S)
+        except Exception:
+            logger.exception("session %s: closing the peer connection failed", self.id[:8])
+        await self._release(self)
+        logger.info("session %s ended (%s) after %.1f s, %d frames sent", self.id[:8], reason,
+                    self.closed_at - self.created, self.track.frames_sent)
+
+    # -- stats -----------------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """State, timestamps and counters (bytes/packets sent, keyframes requested, NACKs, RTT)."""
+        packets, octets, rtt = aiortc_internals.sender_counters(self.sender)
+        return {
+            "id": self.id,
+            "state": self.state,
+            "end_reason": self.end_reason,
+            "created": self.created,
+            "connected_at": self.connected_at,
+            "closed_at": self.closed_at,
+            "remote_addresses": [f"{h}:{p}" for h, p in self.remote_addresses],
+            "join_mode": self.track.join_mode,
+            "frames_sent": self.track.frames_sent,
+            "keyframes_sent": self.track.keyframes_sent,
+            "frames_skipped": self.track.frames_skipped,
+            "packets_sent": packets,
+            "bytes_sent": octets,
+            "keyframes_requested": self.keyframes_requested,
+            "keyframes_forced": self.keyframes_forced,
+            "nacks": self.nacks,
+            "rtt_ms": None if rtt is None else round(rtt * 1000, 1),
+        }

@@ -1,0 +1,187 @@
+"""The viewer's own video track: a cursor into the ring buffer yielding pass-through packets.
+
+aiortc's sender packetizes an ``av.Packet`` (Annex B access unit with ``pts`` and ``time_base``)
+without re-encoding. Each viewer needs its own track object: a sender stops its track when it ends.
+
+Joining without added latency: the reader starts at the newest cached keyframe so the picture
+appears at once. What follows depends on how old that keyframe is:
+
+- it is the newest frame: nothing to do;
+- a few frames old (up to ``catch_up_max_frames``): those frames are sent straight behind it as a
+  burst whose timestamps are squeezed into the last few RTP ticks, so the decoder catches up
+  immediately and the jitter buffer sees no backlog;
+- older: the keyframe is sent alone, re-stamped as "now", a fresh IDR is requested from the
+  source (coalesced in capture) and the stale P-frames in between are skipped until a keyframe
+  arrives. The viewer is then exactly as live as one who joined on a keyframe.
+
+Output timestamps are continuous and strictly increasing in 1/90000 s, whatever the source does.
+"""
+
+from __future__ import annotations
+
+import fractions
+import logging
+from collections import deque
+from collections.abc import Callable
+from typing import Protocol
+
+import av
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+
+from ruseon_appliance.capture.ring import FrameView, RingBuffer, RingReader
+
+logger = logging.getLogger(__name__)
+
+TIME_BASE = fractions.Fraction(1, 90_000)
+
+
+class VideoFeed(Protocol):
+    """What a viewer track needs from capture (``CapturePipeline`` satisfies it)."""
+
+    ring: RingBuffer
+
+    def request_keyframe(self, reason: str = "") -> bool: ...
+
+
+class ViewerTrack(MediaStreamTrack):  # type: ignore[misc]
+    """One viewer's pass-through H.264 track over the shared ring buffer."""
+
+    kind = "video"
+
+    def __init__(
+        self,
+        feed: VideoFeed,
+        *,
+        frame_interval: int,
+        catch_up_max_frames: int,
+        keyframe_interval_frames: int,
+        on_keyframe_request: Callable[[str], None] | None = None,
+    ) -> None:
+        super().__init__()
+        self._feed = feed
+        self._frame_interval = max(1, frame_interval)
+        self._catch_up_max = catch_up_max_frames
+        self._gop = keyframe_interval_frames
+        self._request = on_keyframe_request or (lambda reason: None)
+        self._reader: RingReader | None = None
+        self._queue: deque[tuple[bytes, int, bool, int]] = deque()
+        self._skip_until_keyframe = False
+        self._skipped_since_request = 0
+        self._offset = 0
+        self._last_pts: int | None = None
+        self.join_mode = ""
+        self.frames_sent = 0
+        self.keyframes_sent = 0
+        self.frames_skipped = 0
+        self.bytes_sent = 0
+        self.last_capture_time_us = 0
+
+    # -- MediaStreamTrack ------------------------------------------------------------------------
+
+    async def recv(self) -> av.Packet:  # type: ignore[override]
+        """The next access unit as an ``av.Packet`` (pts in 1/90000 s)."""
+        if self.readyState != "live":
+            raise MediaStreamError
+        if self._reader is None:
+            self._join()
+        while not self._queue:
+            reader = self._reader
+            assert reader is not None
+            try:
+                view = await reader.next()
+            except EOFError:
+                raise MediaStreamError from None
+            self._accept(view)
+        data, pts, keyframe, capture_us = self._queue.popleft()
+        packet = av.Packet(data)
+        packet.pts = pts
+        packet.dts = pts
+        packet.time_base = TIME_BASE
+        self.frames_sent += 1
+        self.keyframes_sent += keyframe
+        self.bytes_sent += len(data)
+        self.last_capture_time_us = capture_us
+        return packet
+
+    def stop(self) -> None:
+        """End the track and release its ring cursor."""
+        super().stop()
+        if self._reader is not None:
+            self._reader.close()
+
+    # -- joining ---------------------------------------------------------------------------------
+
+    def _join(self) -> None:
+        ring = self._feed.ring
+        keyframe_seq = ring.newest_keyframe_seq
+        newest = ring.newest_seq
+        self._reader = ring.reader("keyframe")
+        if keyframe_seq is None:
+            # Nothing decodable cached (start-up, or the ring lapped the last IDR).
+            self.join_mode = "wait-keyframe"
+            self._request("viewer join: no cached keyframe")
+            return
+        behind = newest - keyframe_seq
+        newest_view = ring.frame(newest)
+        now_pts = newest_view.pts if newest_view is not None else 0
+        if behind == 0:
+            self.join_mode = "on-keyframe"
+            return
+        if behind <= self._catch_up_max:
+            # Burst: keyframe + the few frames after it, squeezed into the last `behind` ticks.
+            self.join_mode = "catch-up"
+            views: list[tuple[bytes, bool, int]] = []
+            while len(views) <= behind:
+                view = self._reader.poll()
+                if view is None:
+                    break
+                views.append((bytes(view.data), view.keyframe, view.capture_time_us))
+            base = now_pts - (len(views) - 1)
+            for i, (data, keyframe, capture_us) in enumerate(views):
+                self._emit(data, base + i, keyframe, capture_us, rebase=False)
+            self._offset = 0
+            return
+        # Stale keyframe: send it as "now", ask for a fresh IDR, skip the stale P-frames.
+        self.join_mode = "keyframe-then-live"
+        view = self._reader.poll()
+        assert view is not None and view.keyframe
+        self._emit(bytes(view.data), now_pts, True, view.capture_time_us, rebase=False)
+        self._offset = 0
+        # Everything up to `newest` is stale; the reader resumes after it.
+        while self._reader.position <= newest:
+            if self._reader.poll() is None:
+                break
+            self.frames_skipped += 1
+        self._skip_until_keyframe = True
+        self._skipped_since_request = 0
+        if behind > self._gop:
+            self._request("viewer join: cached keyframe older than the GOP")
+        else:
+            self._request("viewer join mid-GOP")
+
+    def _accept(self, view: FrameView) -> None:
+        if self._skip_until_keyframe:
+            if not view.keyframe:
+                self.frames_skipped += 1
+                self._skipped_since_request += 1
+                # The forced IDR may have been absorbed by coalescing: ask again, paced.
+                if self._skipped_since_request >= max(2 * self._catch_up_max, 1):
+                    self._skipped_since_request = 0
+                    self._request("viewer join: still waiting for a fresh keyframe")
+                return
+            self._skip_until_keyframe = False
+        self._emit(bytes(view.data), view.pts, view.keyframe, view.capture_time_us, rebase=True)
+
+    def _emit(
+        self, data: bytes, pts: int, keyframe: bool, capture_us: int, *, rebase: bool
+    ) -> None:
+        out = pts + self._offset if rebase else pts
+        last = self._last_pts
+        if last is not None and out <= last:
+            # Source restarted or went backwards: keep the output timeline moving forward.
+            step = (last + self._frame_interval) - out
+            out += step
+            if rebase:
+                self._offset += step
+        self._last_pts = out
+        self._queue.append((data, out, keyframe, capture_us))
