@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 X264_PROFILE_TOOLS = {"baseline": "", "main": "cabac=1:", "high": "cabac=1:8x8dct=1:"}
 
 
-class TestPattern:
+class MovingPicture:
     """The moving picture: a drifting block texture, a sweeping bar, and the stamp."""
 
     def __init__(self, width: int, height: int, seed: int = 1) -> None:
@@ -138,7 +138,7 @@ class SyntheticSource:
 
     def _run(self, loop: asyncio.AbstractEventLoop, deliver: Deliver, encoder: Any) -> None:
         cam = self._camera
-        pattern = TestPattern(cam.width, cam.height)
+        pattern = MovingPicture(cam.width, cam.height)
         interval = 1.0 / cam.framerate
         start = time.monotonic()
         index = 0
