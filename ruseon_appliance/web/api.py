@@ -104,8 +104,8 @@ class DeviceApi:
                 "viewers": {
                     "count": len(sessions),
                     "sessions": [
-                        {"id": s.id, "state": s.state, "age_s": round(time.time() - s.created, 3)
-                         if s.created > 1e9 else None, "stats": s.stats()}
+                        {"id": s.id, "state": s.state,
+                         "age_s": round(self.clock() - s.created, 3), "stats": s.stats()}
                         for s in sessions
                     ],
                 },
@@ -163,7 +163,7 @@ class DeviceApi:
         """``GET /metrics`` in the Prometheus text format."""
         body = metrics.render(
             self.web_metrics,
-            viewers=len(self.engine.sessions),
+            sessions=list(self.engine.sessions.values()),
             engine_stats=self.engine.stats(),
             capture_stats=self.capture.stats(),
             http_errors=self.http_errors,

@@ -8,9 +8,8 @@ headers to every answer, errors included), problem details (turns every error in
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -51,24 +50,6 @@ async def _device_page(request: web.Request) -> web.FileResponse:
     )
 
 
-def _session_listener(web_metrics: WebMetrics) -> Any:
-    """Counts session starts, ends by reason and the handshake time from engine events."""
-
-    def on_event(event: str, session: Any) -> None:
-        if event in ("start", "started", "created"):
-            web_metrics.sessions_started += 1
-        elif event in ("connected",):
-            created = getattr(session, "created", None)
-            if isinstance(created, int | float) and created > 0:
-                now = time.time() if created > 1e9 else time.monotonic()
-                web_metrics.handshake_seconds.observe(max(0.0, now - created))
-        elif event in ("end", "ended", "closed"):
-            reason = getattr(session, "end_reason", None) or getattr(session, "reason", None)
-            web_metrics.sessions_ended[str(reason or "unknown")] += 1
-
-    return on_event
-
-
 def make_app(
     config: Config, engine: Engine, capture: CapturePipeline, *, started: float
 ) -> web.Application:
@@ -90,9 +71,7 @@ def make_app(
     app[MAX_BODY_BYTES] = max_body
     web_metrics = WebMetrics()
     app[WEB_METRICS] = web_metrics
-    add_listener = getattr(engine, "add_listener", None)
-    if add_listener is not None:
-        add_listener(_session_listener(web_metrics))
+    engine.add_listener(web_metrics.on_session_event)
 
     whep = WhepResource(
         engine,

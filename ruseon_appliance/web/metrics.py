@@ -55,17 +55,40 @@ class Histogram:
 
 
 class WebMetrics:
-    """What the web layer counts itself."""
+    """What the web layer counts itself, partly from the engine's session events."""
 
     def __init__(self) -> None:
         self.offers_answered = 0
         self.offers_refused: Counter[str] = Counter()
         # POST received → answer sent.
         self.answer_seconds = Histogram()
-        # POST received → ICE+DTLS connected, when the engine reports the connection.
+        # Session created → ICE and DTLS connected.
         self.handshake_seconds = Histogram()
         self.sessions_started = 0
         self.sessions_ended: Counter[str] = Counter()
+        # Bytes and packets sent by sessions that have ended (live ones are added at render).
+        self.ended_bytes_sent = 0
+        self.ended_packets_sent = 0
+        self._handshakes_seen: set[str] = set()
+
+    def on_session_event(self, event: str, session: Any) -> None:
+        """Engine listener: ``session-started`` / ``session-ended``."""
+        if event == "session-started":
+            self.sessions_started += 1
+        elif event == "session-ended":
+            self.observe_handshake(session)
+            self._handshakes_seen.discard(session.id)
+            self.sessions_ended[session.end_reason or "unknown"] += 1
+            stats = session.stats()
+            self.ended_bytes_sent += int(stats.get("bytes_sent") or 0)
+            self.ended_packets_sent += int(stats.get("packets_sent") or 0)
+
+    def observe_handshake(self, session: Any) -> None:
+        """Record a session's time to connect, once, as soon as it has connected."""
+        if session.connected_at is None or session.id in self._handshakes_seen:
+            return
+        self._handshakes_seen.add(session.id)
+        self.handshake_seconds.observe(max(0.0, session.connected_at - session.created))
 
 
 def metric_name(*parts: str) -> str:
@@ -121,19 +144,21 @@ class Exposition:
         self._lines.extend(histogram.lines(name))
 
     def stats(self, prefix: str, stats: Mapping[str, Any], help_text: str) -> None:
-        """Export a component's ``stats()``: numbers as gauges, one level of dicts as labels."""
+        """Export a component's ``stats()``: numbers as gauges, a dict of numbers as one family
+        labelled by ``key``, other dicts recursively under a longer name."""
         for key, value in sorted(stats.items()):
             name = metric_name(prefix, key)
             if _is_number(value):
                 self.family(name, "gauge", f"{help_text}: {key}", [("", value)])
-            elif isinstance(value, Mapping):
-                samples = [
-                    (f'{{key="{_label_value(str(k))}"}}', v)
-                    for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))
-                    if _is_number(v)
-                ]
-                if samples:
+            elif isinstance(value, Mapping) and value:
+                if all(_is_number(v) for v in value.values()):
+                    samples = [
+                        (f'{{key="{_label_value(str(k))}"}}', v)
+                        for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))
+                    ]
                     self.family(name, "gauge", f"{help_text}: {key} by key", samples)
+                else:
+                    self.stats(name, value, help_text)
 
     def text(self) -> str:
         """The finished body."""
@@ -152,24 +177,40 @@ def process_samples() -> tuple[int, float]:
     return rss, cpu
 
 
+def _labelled(label: str, counts: Mapping[Any, Any]) -> list[tuple[str, float]]:
+    return [
+        (f'{{{label}="{_label_value(str(k))}"}}', v)
+        for k, v in sorted(counts.items(), key=lambda kv: str(kv[0]))
+        if _is_number(v)
+    ]
+
+
 def render(
     web: WebMetrics,
     *,
-    viewers: int,
+    sessions: Sequence[Any],
     engine_stats: Mapping[str, Any],
     capture_stats: Mapping[str, Any],
     http_errors: Mapping[int, int],
 ) -> str:
     """The whole ``/metrics`` body."""
+    for session in sessions:
+        web.observe_handshake(session)
+    live = [s.stats() for s in sessions]
+    bytes_sent = web.ended_bytes_sent + sum(int(s.get("bytes_sent") or 0) for s in live)
+    packets_sent = web.ended_packets_sent + sum(int(s.get("packets_sent") or 0) for s in live)
+    mux = engine_stats.get("mux")
+    dropped = mux.get("dropped", {}) if isinstance(mux, Mapping) else {}
+
     out = Exposition()
-    out.family("ruseon_viewers", "gauge", "Live WHEP viewer sessions.", [("", viewers)])
+    out.family("ruseon_viewers", "gauge", "Live WHEP viewer sessions.", [("", len(sessions))])
     out.family(
         "ruseon_sessions_started_total", "counter", "Viewer sessions created.",
         [("", web.sessions_started)],
     )
     out.family(
         "ruseon_sessions_ended_total", "counter", "Viewer sessions ended, by reason.",
-        [(f'{{reason="{_label_value(r)}"}}', n) for r, n in sorted(web.sessions_ended.items())],
+        _labelled("reason", web.sessions_ended),
     )
     out.family(
         "ruseon_whep_offers_answered_total", "counter", "Offers answered with 201.",
@@ -177,7 +218,7 @@ def render(
     )
     out.family(
         "ruseon_whep_offers_refused_total", "counter", "Offers refused, by engine error.",
-        [(f'{{error="{_label_value(e)}"}}', n) for e, n in sorted(web.offers_refused.items())],
+        _labelled("error", web.offers_refused),
     )
     out.histogram(
         "ruseon_whep_answer_seconds", "Time from POST /whep to the SDP answer.", web.answer_seconds
@@ -187,9 +228,33 @@ def render(
         "Time from session creation to ICE and DTLS connected.",
         web.handshake_seconds,
     )
+    out.family("ruseon_sent_bytes_total", "counter", "RTP bytes sent to viewers.",
+               [("", bytes_sent)])
+    out.family("ruseon_sent_packets_total", "counter", "RTP packets sent to viewers.",
+               [("", packets_sent)])
+    out.family(
+        "ruseon_keyframe_requests_total", "counter", "Keyframe requests from viewers, by kind.",
+        _labelled("reason", engine_stats.get("keyframe_requests") or {}),
+    )
+    out.family(
+        "ruseon_frames_captured_total", "counter", "Access units from the camera.",
+        [("", capture_stats.get("frames_in") or 0)],
+    )
+    out.family(
+        "ruseon_frames_dropped_total", "counter", "Access units dropped before the ring.",
+        [("", capture_stats.get("frames_dropped") or 0)],
+    )
+    out.family(
+        "ruseon_ring_overruns_total", "counter", "Ring readers lapped by the writer.",
+        [("", capture_stats.get("readers_overrun") or 0)],
+    )
+    out.family(
+        "ruseon_udp_packets_dropped_total", "counter", "UDP datagrams dropped, by reason.",
+        _labelled("reason", dropped if isinstance(dropped, Mapping) else {}),
+    )
     out.family(
         "ruseon_http_errors_total", "counter", "HTTP error answers, by status.",
-        [(f'{{status="{status}"}}', n) for status, n in sorted(http_errors.items())],
+        _labelled("status", http_errors),
     )
     rss, cpu = process_samples()
     out.family("process_resident_memory_bytes", "gauge", "Resident memory size.", [("", rss)])

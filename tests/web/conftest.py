@@ -1,0 +1,131 @@
+"""Fixtures for web tests: the real synthetic capture pipeline, the real engine on a loopback UDP
+port, the aiohttp app in front of them, and real aiortc viewers.
+
+Everything binds and advertises 127.0.0.1 only. aioice leaves 127.0.0.1 out of the host
+candidates it gathers, which in the test bench's loopback-only namespace would leave a client with
+none at all, so client peers are told to gather exactly 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aioice.ice
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc.rtcrtpreceiver import RTCRtpReceiver
+
+from ruseon_appliance.capture.pipeline import CapturePipeline
+from ruseon_appliance.config import CameraConfig, Config, HostPort, WebRtcConfig
+from ruseon_appliance.engine.engine import Engine
+from ruseon_appliance.web.app import make_app
+
+# Small and quick: the web tests are about HTTP, not picture quality.
+SOURCE_WIDTH, SOURCE_HEIGHT, SOURCE_FPS = 320, 240, 30
+
+
+def web_config(**sections: dict[str, Any]) -> Config:
+    """A Config bound to loopback with a small synthetic source; ``sections`` override fields."""
+    config = Config(
+        camera=CameraConfig(
+            source="synthetic", width=SOURCE_WIDTH, height=SOURCE_HEIGHT, framerate=SOURCE_FPS,
+            keyframe_interval=30,
+        ),
+        webrtc=WebRtcConfig(listen=HostPort("127.0.0.1", 0), advertise=("127.0.0.1",)),
+    )
+    for name, values in sections.items():
+        config = dataclasses.replace(
+            config, **{name: dataclasses.replace(getattr(config, name), **values)}
+        )
+    return config
+
+
+@pytest.fixture(autouse=True)
+def loopback_candidates(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Client peers gather one host candidate, 127.0.0.1 (see the module docstring)."""
+    monkeypatch.setattr(aioice.ice, "get_host_addresses", lambda use_ipv4, use_ipv6: ["127.0.0.1"])
+
+
+@contextlib.asynccontextmanager
+async def running_device(
+    config: Config, tmp_path: Path
+) -> AsyncIterator[tuple[CapturePipeline, Engine, TestClient[Any, Any]]]:
+    """Capture, engine and the web app in front of them, all started; stopped on exit."""
+    capture = CapturePipeline(config.camera)
+    await capture.start()
+    engine = Engine(config.webrtc, tmp_path, capture)
+    try:
+        assert await capture.wait_first_frame(20), "the synthetic source produced no frame"
+        await engine.start()
+        app = make_app(config, engine, capture, started=0.0)
+        client: TestClient[Any, Any] = TestClient(TestServer(app, host="127.0.0.1"))
+        await client.start_server()
+        try:
+            yield capture, engine, client
+        finally:
+            await client.close()
+    finally:
+        await engine.stop()
+        await capture.stop()
+
+
+@pytest.fixture
+async def device(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> AsyncIterator[tuple[CapturePipeline, Engine, TestClient[Any, Any]]]:
+    """A running device; parametrize indirectly with a dict of config sections to override."""
+    overrides: dict[str, dict[str, Any]] = getattr(request, "param", {})
+    async with running_device(web_config(**overrides), tmp_path) as running:
+        yield running
+
+
+class Viewer:
+    """A real aiortc receive-only peer, as a WHEP client would be."""
+
+    def __init__(self, *, codecs: list[str] | None = None) -> None:
+        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        self.transceiver = self.pc.addTransceiver("video", direction="recvonly")
+        if codecs is not None:
+            capabilities = RTCRtpReceiver.getCapabilities("video").codecs
+            self.transceiver.setCodecPreferences(
+                [c for c in capabilities if c.mimeType in codecs]
+            )
+        self.track: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.pc.on("track", lambda track: self.track.done() or self.track.set_result(track))
+
+    async def offer(self) -> str:
+        """Create the offer (gathering completes first in aiortc)."""
+        await self.pc.setLocalDescription(await self.pc.createOffer())
+        return str(self.pc.localDescription.sdp)
+
+    async def accept(self, answer: str) -> None:
+        """Apply the server's answer."""
+        await self.pc.setRemoteDescription(RTCSessionDescription(answer, "answer"))
+
+    async def close(self) -> None:
+        """Close the peer."""
+        await self.pc.close()
+
+
+@pytest.fixture
+async def viewers() -> AsyncIterator[list[Viewer]]:
+    """A list to put viewers in; every one is closed at the end."""
+    made: list[Viewer] = []
+    yield made
+    for viewer in made:
+        await viewer.close()
+
+
+async def new_offer(
+    viewers: list[Viewer], *, codecs: list[str] | None = None
+) -> tuple[Viewer, str]:
+    """A fresh viewer and its offer."""
+    viewer = Viewer(codecs=codecs)
+    viewers.append(viewer)
+    return viewer, await viewer.offer()
