@@ -431,48 +431,62 @@ class StderrFormatter(logging.Formatter):
         return f"{text} [{extra}]" if extra else text
 
 
+def journal_handler(
+    identifier: str = "ruseon",
+    *,
+    environ: Mapping[str, str] | None = None,
+    socket_path: str = JournalDatagramHandler.SOCKET_PATH,
+) -> tuple[logging.Handler | None, str]:
+    """The journald handler to use, and which one: ``(handler, "journal" | "journal-datagram")``,
+    or ``(None, "stderr")`` when stderr is not the journal.
+
+    When ``$JOURNAL_STREAM`` says stderr is the journal, records go to journald with structured
+    fields (upper-case ``extra`` keys become fields): through ``systemd.journal.JournalHandler``
+    when python3-systemd is there, else through :class:`JournalDatagramHandler`.
+    """
+    if not stderr_is_journal(environ) or not os.path.exists(socket_path):
+        return None, "stderr"
+    handler: logging.Handler
+    try:
+        from systemd.journal import JournalHandler
+    except ImportError:
+        handler, chosen = JournalDatagramHandler(identifier, socket_path), "journal-datagram"
+    else:
+        journal: logging.Handler = JournalHandler(SYSLOG_IDENTIFIER=identifier)
+        handler, chosen = journal, "journal"
+    # The journal stamps time, priority and identifier itself.
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    return handler, chosen
+
+
+LOG_PATHS: Final = {
+    "journal": "journald via systemd.journal.JournalHandler",
+    "journal-datagram": "journald via its native socket (python3-systemd not installed)",
+    "stderr": "stderr",
+}
+
+
 def configure_logging_for_journal(
     level: str | int = "info",
     *,
     identifier: str = "ruseon",
     environ: Mapping[str, str] | None = None,
+    socket_path: str = JournalDatagramHandler.SOCKET_PATH,
 ) -> str:
-    """Install the root log handler and return which one: ``journal``, ``journal-datagram``,
-    or ``stderr``.
-
-    When ``$JOURNAL_STREAM`` says stderr is the journal, records go to journald with structured
-    fields (upper-case ``extra`` keys become fields): through ``systemd.journal.JournalHandler``
-    when python3-systemd is there, else through :class:`JournalDatagramHandler`. Otherwise plain
-    text goes to stderr.
+    """Install the root log handler chosen by :func:`journal_handler` (stderr text otherwise),
+    log which one, and return its name: ``journal``, ``journal-datagram`` or ``stderr``.
     """
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
         old.close()
     root.setLevel(level.upper() if isinstance(level, str) else level)
-    handler: logging.Handler
-    chosen = "stderr"
-    if stderr_is_journal(environ) and os.path.exists(JournalDatagramHandler.SOCKET_PATH):
-        try:
-            from systemd.journal import JournalHandler
-        except ImportError:
-            handler = JournalDatagramHandler(identifier)
-            chosen = "journal-datagram"
-        else:
-            journal_handler: logging.Handler = JournalHandler(SYSLOG_IDENTIFIER=identifier)
-            handler = journal_handler
-            chosen = "journal"
-        handler.setFormatter(logging.Formatter("%(message)s"))
-    else:
+    handler, chosen = journal_handler(identifier, environ=environ, socket_path=socket_path)
+    if handler is None:
         handler = logging.StreamHandler(sys.stderr)
-        # Under systemd without a journal stream (rare) the timestamps would be doubled.
-        handler.setFormatter(StderrFormatter(timestamps="INVOCATION_ID" not in os.environ))
+        handler.setFormatter(StderrFormatter())
     root.addHandler(handler)
-    log.info("logging: %s", {
-        "journal": "journald via systemd.journal.JournalHandler",
-        "journal-datagram": "journald via the native socket (python3-systemd not available)",
-        "stderr": "stderr",
-    }[chosen])
+    log.info("logging: %s", LOG_PATHS[chosen])
     return chosen
 
 

@@ -1,0 +1,349 @@
+"""Debian rootfs under ``.cache/``, the appliance installed into it, booted with systemd-nspawn.
+
+Shared by the systemd e2e test and the image test. Three layers, each cached or cheap:
+
+1. :func:`base_rootfs` — ``mmdebstrap`` of the packages in ``image/debian/packages``, built once
+   into ``.cache/rootfs-<hash>`` (the hash covers the package list, suite, mirror and arch). It is
+   never modified afterwards.
+2. :func:`wheels_dir` — the dependencies' wheels (plus setuptools and wheel for building the
+   project offline) in ``.cache/wheels-<hash>``, built with the host venv's pip.
+3. :class:`Overlay` — a writable overlayfs over the base for one test run; the project is
+   installed into it with the same ``systemd/install.sh`` a board uses, offline from the wheels.
+
+Layers 1 and 2 need the package mirrors, so ``python -m tests.e2e.nspawn prepare`` builds them
+outside the test's private network namespace (``tests/prepare.d/`` runs it from ``make test``).
+
+:class:`Container` boots a rootfs with
+``systemd-nspawn -D ROOTFS -b --register=no --keep-unit --console=pipe`` in the caller's network
+namespace (so it shares loopback with the test) and controls it with ``nsenter -t PID -a``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from collections.abc import Sequence
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+CACHE = REPO / ".cache"
+PACKAGES_FILE = REPO / "image" / "debian" / "packages"
+INSTALL_SCRIPT = REPO / "systemd" / "install.sh"
+SUITE = "bookworm"
+MIRROR = "http://deb.debian.org/debian"
+# Bump to rebuild every cached rootfs when the recipe below changes.
+RECIPE = "1"
+
+
+class PrepareError(RuntimeError):
+    """A cached layer is missing and cannot be built here (e.g. no mirror in a netns)."""
+
+
+def debian_packages() -> list[str]:
+    """The package list shared with ``image/build debian``."""
+    lines = PACKAGES_FILE.read_text(encoding="utf-8").splitlines()
+    return [line.split("#", 1)[0].strip() for line in lines if line.split("#", 1)[0].strip()]
+
+
+def _digest(*parts: str) -> str:
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:12]
+
+
+def base_rootfs_path(arch: str = "amd64") -> Path:
+    """Where the cached base rootfs for ``arch`` lives (it may not exist yet)."""
+    key = _digest(RECIPE, SUITE, MIRROR, arch, *debian_packages())
+    return CACHE / f"rootfs-{arch}-{key}"
+
+
+def base_rootfs(arch: str = "amd64", *, build: bool = True) -> Path:
+    """The cached base rootfs, built with mmdebstrap when missing and ``build`` is true."""
+    path = base_rootfs_path(arch)
+    if (path / ".complete").exists():
+        return path
+    if not build:
+        raise PrepareError(
+            f"no cached rootfs at {path}: run `.venv/bin/python -m tests.e2e.nspawn prepare` "
+            "outside the test network namespace (make test does it)"
+        )
+    CACHE.mkdir(exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    _log(f"building {path.name} with mmdebstrap ({len(debian_packages())} packages)")
+    subprocess.run(
+        [
+            "mmdebstrap", "--variant=apt", "--mode=root", f"--arch={arch}",
+            "--include=" + ",".join(debian_packages()),
+            SUITE, str(partial), MIRROR,
+        ],
+        check=True,
+    )
+    (partial / ".complete").write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    partial.rename(path)
+    return path
+
+
+def _project_dependencies() -> list[str]:
+    with (REPO / "pyproject.toml").open("rb") as fh:
+        project = tomllib.load(fh)["project"]
+    deps: list[str] = list(project["dependencies"])
+    return deps
+
+
+# Built into the wheel cache so the project itself can be built offline (build isolation).
+BUILD_REQUIREMENTS = ["setuptools>=68", "wheel"]
+
+
+def wheels_dir(*, build: bool = True) -> Path:
+    """Wheels of the project's dependencies for the container's Python 3.11 (cached)."""
+    deps = _project_dependencies()
+    path = CACHE / f"wheels-{_digest(RECIPE, sys.implementation.cache_tag, *deps)}"
+    if (path / ".complete").exists():
+        return path
+    if not build:
+        raise PrepareError(
+            f"no cached wheels at {path}: run `.venv/bin/python -m tests.e2e.nspawn prepare`"
+        )
+    path.mkdir(parents=True, exist_ok=True)
+    _log(f"building {path.name}: {' '.join(deps)}")
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
+    subprocess.run([*pip, "wheel", "-q", "-w", str(path), *deps], check=True)
+    subprocess.run([*pip, "download", "-q", "-d", str(path), *BUILD_REQUIREMENTS], check=True)
+    (path / ".complete").touch()
+    return path
+
+
+def project_wheel(out_dir: Path) -> Path:
+    """Build the project's wheel from this checkout, offline (build deps from the cache)."""
+    wheels = wheels_dir(build=False)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        [
+            sys.executable, "-m", "pip", "--disable-pip-version-check", "wheel", "-q",
+            "--no-index", "--find-links", str(wheels), "--no-deps", "-w", str(out_dir), str(REPO),
+        ],
+        check=True,
+        env={**os.environ, "PIP_NO_INPUT": "1"},
+    )
+    found = sorted(out_dir.glob("ruseon_appliance-*.whl"), key=lambda p: p.stat().st_mtime)
+    if not found:
+        raise PrepareError(f"pip wheel wrote no ruseon_appliance wheel into {out_dir}")
+    return found[-1]
+
+
+def prepare(arch: str = "amd64") -> None:
+    """Build every cached layer that needs the network (idempotent)."""
+    base_rootfs(arch)
+    wheels_dir()
+
+
+def missing_tools() -> list[str]:
+    """Tools the container tests need that are not installed."""
+    return [t for t in ("mmdebstrap", "systemd-nspawn", "nsenter", "unshare")
+            if shutil.which(t) is None]
+
+
+class Overlay:
+    """A writable overlayfs over a read-only base rootfs, under ``.cache/run/``.
+
+    ``path`` is the merged tree to boot; everything written lands in the upper layer, which
+    :meth:`remove` deletes.
+    """
+
+    def __init__(self, base: Path, name: str = "run") -> None:
+        self.base = base
+        run_root = CACHE / "run"
+        run_root.mkdir(parents=True, exist_ok=True)
+        self.root = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=run_root))
+        self.upper = self.root / "upper"
+        self.work = self.root / "work"
+        self.path = self.root / "merged"
+        for d in (self.upper, self.work, self.path):
+            d.mkdir()
+        subprocess.run(
+            [
+                "mount", "-t", "overlay", "overlay", "-o",
+                f"lowerdir={base},upperdir={self.upper},workdir={self.work}", str(self.path),
+            ],
+            check=True,
+        )
+
+    def remove(self) -> None:
+        """Unmount and delete the writable layer."""
+        subprocess.run(["umount", "-l", str(self.path)], check=False)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def __enter__(self) -> Overlay:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+
+def run_in_rootfs(
+    rootfs: Path,
+    command: Sequence[str],
+    *,
+    binds_ro: Sequence[tuple[Path, str]] = (),
+    timeout: float = 600,
+) -> subprocess.CompletedProcess[str]:
+    """Run one command inside ``rootfs`` (not booted) with ``systemd-nspawn --pipe``."""
+    args = ["systemd-nspawn", "-q", "--pipe", "--register=no", "--keep-unit", "-D", str(rootfs),
+            f"--machine=ruseon-{os.getpid()}-{time.monotonic_ns() % 10**6}"]
+    args += [f"--bind-ro={src}:{dst}" for src, dst in binds_ro]
+    result = subprocess.run(
+        [*args, "--", *command], capture_output=True, text=True, timeout=timeout, check=False
+    )
+    if result.returncode != 0:
+        raise RuntimeError(
+            f"{' '.join(command)} failed in {rootfs} ({result.returncode}):\n"
+            f"{result.stdout}\n{result.stderr}"
+        )
+    return result
+
+
+def install_appliance(rootfs: Path, wheel: Path, *extra_args: str) -> str:
+    """Run ``systemd/install.sh`` inside ``rootfs`` with ``wheel``, offline; return its output."""
+    wheels = wheels_dir(build=False)
+    result = run_in_rootfs(
+        rootfs,
+        [
+            "/mnt/src/systemd/install.sh", "--source", f"/mnt/dist/{wheel.name}",
+            "--wheels", "/mnt/wheels", *extra_args,
+        ],
+        binds_ro=[(REPO, "/mnt/src"), (wheel.parent, "/mnt/dist"), (wheels, "/mnt/wheels")],
+    )
+    return result.stdout + result.stderr
+
+
+class Container:
+    """A booted rootfs: ``systemd-nspawn -b`` in the caller's network namespace."""
+
+    def __init__(self, rootfs: Path, *, log_path: Path | None = None) -> None:
+        self.rootfs = rootfs
+        self.log_path = log_path or (rootfs.parent / "console.log")
+        self._log = self.log_path.open("wb")
+        self.proc = subprocess.Popen(
+            [
+                "systemd-nspawn", "-q", "-D", str(rootfs), "-b", "--register=no", "--keep-unit",
+                "--console=pipe", f"--machine=ruseon-{os.getpid()}-{time.monotonic_ns() % 10**6}",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.started = time.monotonic()
+        self.leader = self._find_leader()
+
+    def _find_leader(self, timeout: float = 30) -> int:
+        """PID (in our namespace) of the container's init: nspawn's child."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"systemd-nspawn exited early:\n{self.console()}")
+            children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
+            with contextlib.suppress(OSError):
+                for pid in children.read_text().split():
+                    with contextlib.suppress(OSError):
+                        if Path(f"/proc/{pid}/comm").read_text().strip() == "systemd":
+                            return int(pid)
+            time.sleep(0.05)
+        raise RuntimeError(f"no init process under systemd-nspawn:\n{self.console()}")
+
+    def console(self) -> str:
+        """What the container printed so far (systemd's boot messages)."""
+        if not self._log.closed:
+            self._log.flush()
+        return self.log_path.read_text(errors="replace")[-8000:]
+
+    def run(
+        self, *command: str, check: bool = True, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a command inside the booted container (all its namespaces)."""
+        result = subprocess.run(
+            ["nsenter", "-t", str(self.leader), "-a", *command],
+            capture_output=True, text=True, timeout=timeout, check=False,
+        )
+        if check and result.returncode != 0:
+            raise RuntimeError(
+                f"{' '.join(command)} -> {result.returncode}\n{result.stdout}\n{result.stderr}"
+            )
+        return result
+
+    def systemctl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """``systemctl ARGS`` in the container."""
+        return self.run("systemctl", *args, check=check)
+
+    def wait_booted(self, timeout: float = 120) -> str:
+        """Wait until the boot finished; returns ``running`` or ``degraded``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"container exited during boot:\n{self.console()}")
+            state = self.run("systemctl", "is-system-running", check=False).stdout.strip()
+            if state in ("running", "degraded"):
+                return state
+            time.sleep(0.2)
+        raise TimeoutError(f"boot did not finish in {timeout} s:\n{self.console()}")
+
+    def show(self, unit: str, *props: str) -> dict[str, str]:
+        """``systemctl show UNIT -p ...`` as a dict."""
+        out = self.systemctl("show", unit, *(f"-p{p}" for p in props)).stdout
+        return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+    def journal(self, *args: str) -> list[dict[str, object]]:
+        """``journalctl -o json ARGS`` entries."""
+        out = self.run("journalctl", "--no-pager", "-o", "json", *args).stdout
+        return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+    def stop(self, timeout: float = 30) -> None:
+        """Power the container off (SIGKILL if it does not go in time)."""
+        if self.proc.poll() is None:
+            # nspawn turns SIGTERM into an orderly poweroff of the container's init.
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self._log.close()
+
+    def __enter__(self) -> Container:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _log(message: str) -> None:
+    print(f"[nspawn] {message}", file=sys.stderr, flush=True)
+
+
+def main(argv: Sequence[str]) -> int:
+    """``python -m tests.e2e.nspawn prepare [ARCH]``: build the cached layers."""
+    if not argv or argv[0] != "prepare":
+        print("usage: python -m tests.e2e.nspawn prepare [amd64|arm64]", file=sys.stderr)
+        return 2
+    missing = missing_tools()
+    if missing:
+        print(f"nspawn prepare: missing {' '.join(missing)}: run scripts/install-system-deps",
+              file=sys.stderr)
+        return 1
+    if os.geteuid() != 0:
+        print("nspawn prepare: needs root (mmdebstrap --mode=root); skipped", file=sys.stderr)
+        return 0
+    prepare(argv[1] if len(argv) > 1 else "amd64")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
