@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -63,7 +64,7 @@ async def running_device(
     try:
         assert await capture.wait_first_frame(20), "the synthetic source produced no frame"
         await engine.start()
-        app = make_app(config, engine, capture, started=0.0)
+        app = make_app(config, engine, capture, started=time.time())
         client: TestClient[Any, Any] = TestClient(TestServer(app, host="127.0.0.1"))
         await client.start_server()
         try:
