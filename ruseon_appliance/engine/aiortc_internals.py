@@ -198,6 +198,26 @@ def nominated_addresses(connection: Connection) -> list[tuple[tuple[str, int], t
     return [(pair.local_addr, pair.remote_addr) for pair in connection._nominated.values()]
 
 
+def close_sockets_silently(connection: Connection) -> None:
+    """Close a connection's sockets without telling the peer (a viewer that vanishes; tests)."""
+    for protocol in connection._protocols:
+        protocol.transport.close()
+
+
+async def send_pli(receiver: Any, media_ssrc: int) -> None:
+    """Make an ``RTCRtpReceiver`` send a Picture Loss Indication (what a browser does; tests)."""
+    await receiver._send_rtcp_pli(media_ssrc)
+
+
+def consent_expired(connection: Connection) -> bool:
+    """Whether a connected ICE connection was closed by consent freshness (RFC 7675).
+
+    ``query_consent`` clears ``_query_consent_task`` before closing on expiry, while ``close()``
+    leaves the cancelled task in place.
+    """
+    return bool(connection._closing) and connection._query_consent_task is None
+
+
 def set_consent_timing(interval_s: float, failures: int) -> tuple[float, int]:
     """Change aioice's consent freshness timing; returns the previous values (for tests)."""
     previous = (aioice.ice.CONSENT_INTERVAL, aioice.ice.CONSENT_FAILURES)

@@ -64,8 +64,9 @@ class CodecRegistry:
             self._ensure(plid)
 
     def _free_payload_types(self) -> list[int]:
-        used = {c.payloadType for c in CODECS["video"]}
-        return [pt for pt in range(96, 128) if pt not in used]
+        used = {c.payloadType for c in CODECS["video"]} | {c.payloadType for c in CODECS["audio"]}
+        # Above aiortc's own (96-102) first, so bundled audio and video never share a type.
+        return [pt for pt in [*range(103, 128), *range(96, 103)] if pt not in used]
 
     def _ensure(self, profile_level_id: str) -> RTCRtpCodecParameters:
         plid = profile_level_id.lower()

@@ -79,10 +79,19 @@ class WhepSession:
             logger.info("session %s connected from %s in %.0f ms", self.id[:8],
                         ",".join(f"{h}:{p}" for h, p in self.remote_addresses),
                         (time.monotonic() - self._created_monotonic) * 1000)
-        elif state == "failed":
-            self.close_soon("consent-expired" if self.state == "connected" else "ice-failed")
-        elif state == "closed":
-            self.close_soon("peer-closed")
+        elif state in ("failed", "closed") and self.state != "closed":
+            self.close_soon(self._why_ended(state))
+
+    def _why_ended(self, pc_state: str) -> str:
+        # The DTLS transport may notice first (and close the connection) when ICE dies, so ask
+        # the ICE connection itself whether consent expired.
+        if self.state == "connected" and any(
+                aiortc_internals.consent_expired(c)
+                for c in aiortc_internals.ice_connection_of(self.pc)):
+            return "consent-expired"
+        if pc_state == "failed":
+            return "connection-failed" if self.state == "connected" else "ice-failed"
+        return "peer-closed"
 
     def _on_connect_timeout(self) -> None:
         self._reaper = None
