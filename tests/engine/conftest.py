@@ -13,7 +13,6 @@ from typing import Any
 
 import aioice.ice
 import aiortc.rtcrtpreceiver
-import av
 import pytest
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.codecs.h264 import H264Decoder
@@ -95,7 +94,7 @@ def loopback_clients(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
 
 
-@dataclass
+@dataclass(eq=False)
 class Viewer:
     """A client peer connection and what it decoded."""
 

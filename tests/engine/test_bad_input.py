@@ -59,7 +59,7 @@ async def test_offer_errors_have_specific_types(engine: Engine) -> None:
         await engine.offer("hello, this is not SDP")
     with pytest.raises(UnsupportedOffer, match="no video"):
         await engine.offer(offer.replace("m=video", "m=audio").replace("H264/", "opus/"))
-    with pytest.raises(UnsupportedOffer, match="no H.264"):
+    with pytest.raises(UnsupportedOffer, match=r"no H\.264"):
         await engine.offer(offer.replace("H264/90000", "VP9/90000"))
     with pytest.raises(UnsupportedOffer, match="packetization-mode=1"):
         await engine.offer(offer.replace("packetization-mode=1", "packetization-mode=0"))

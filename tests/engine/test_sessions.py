@@ -66,7 +66,8 @@ async def test_ten_viewers_at_once_share_one_port_and_certificate(engine: Engine
         await asyncio.gather(*(v.close() for v in viewers))
 
 
-async def test_delete_releases_routes_and_ring_cursor(engine: Engine, feed: CapturePipeline) -> None:
+async def test_delete_releases_routes_and_ring_cursor(
+        engine: Engine, feed: CapturePipeline) -> None:
     readers_before = feed.ring.stats()["readers"]
     v = await connect_viewer(engine)
     await wait_for(lambda: v.frames >= 3)
