@@ -1,0 +1,593 @@
+"""The battery: every check, in order, against one device, collected into a :class:`Report`.
+
+Checks are independent where they can be: one that errors does not stop the others. The viewer
+checks (viewers, time-to-first-frame, latency, steady-state) share one run of N concurrent viewers
+for ``--duration`` seconds, because that is what a release is judged on: what a room full of
+viewers sees at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import shlex
+import statistics
+import subprocess
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from hil import whep_conformance
+from hil.device import Device, ProcessSample
+from hil.fleet import FleetProgress, run_fleet
+from hil.report import CheckResult, Progress, Report, Verdict, format_ms, percentiles
+from hil.viewer import ViewerPlan, watch
+
+CHECKS = (
+    "page", "healthz", "status", "whep", "viewers", "first-frame", "latency", "steady-state",
+    "churn", "restart", "watchdog", "power",
+)
+
+
+@dataclass
+class Expectation:
+    """What the device is configured to send (``--expect-*`` or the simulated device's config)."""
+
+    width: int | None = None
+    height: int | None = None
+    fps: float | None = None
+    bitrate: int | None = None
+    keyframe_interval: int | None = None
+
+
+@dataclass
+class RigOptions:
+    """Everything a run needs to know, from the command line."""
+
+    device: str
+    token: str = ""
+    ssh: str | None = None
+    power_cmd: str | None = None
+    viewers: int = 5
+    duration_s: float = 20.0
+    workers: int = 2
+    skip: set[str] = field(default_factory=set)
+    expect: Expectation = field(default_factory=Expectation)
+    # The stamp's clock is the rig's (simulated device on this machine, or --glass).
+    clock_shared: bool = False
+    glass: bool = False
+    max_latency_ms: float = 400.0
+    # Share of watched time a viewer may spend frozen (gaps > 200 ms) before steady-state fails.
+    max_freeze_ratio: float = 0.05
+    # Longest single gap between pictures that steady-state tolerates.
+    max_gap_s: float = 1.0
+    fps_tolerance: float = 0.10
+    status_tolerance: float = 0.20
+    churn_s: float = 10.0
+    churn_rss_margin_mb: float = 24.0
+    recover_timeout_s: float = 90.0
+    ssh_service: str = "ruseon"
+
+
+def _skip(name: str, reason: str) -> CheckResult:
+    return CheckResult(name, Verdict.SKIP, reason)
+
+
+def _within(measured: float | None, expected: float | None, tolerance: float) -> bool:
+    if expected is None or measured is None:
+        return measured is not None
+    return abs(measured - expected) <= tolerance * expected
+
+
+class Battery:
+    """Runs the checks and fills the report; see :data:`CHECKS` for the names."""
+
+    def __init__(self, options: RigOptions, progress: Progress) -> None:
+        self.opts = options
+        self.progress = progress
+        self.report = Report(device=options.device)
+        self.fingerprint: str | None = None
+
+    async def run(self) -> Report:
+        """Run every check that is not skipped; return the report."""
+        o = self.opts
+        self.report.settings = {
+            "viewers": o.viewers, "duration_s": o.duration_s, "workers": o.workers,
+            "skip": sorted(o.skip), "clock_shared": o.clock_shared, "glass": o.glass,
+            "ssh": o.ssh or "", "power_cmd": o.power_cmd or "",
+            "expect": {k: v for k, v in vars(o.expect).items() if v is not None},
+        }
+        async with Device(o.device, o.token) as device:
+            self.device = device
+            await self._check("page", self.check_page)
+            await self._check("healthz", self.check_healthz)
+            await self._check("status", self.check_status)
+            await self._check("whep", self.check_whep)
+            await self._viewer_checks()
+            await self._check("churn", self.check_churn)
+            await self._check("restart", self.check_restart)
+            await self._check("watchdog", self.check_watchdog)
+            await self._check("power", self.check_power)
+        return self.report
+
+    async def _check(self, name: str, body: Callable[[], Awaitable[CheckResult]]) -> None:
+        if name in self.opts.skip:
+            self._add(_skip(name, "skipped by --skip"), 0.0)
+            return
+        self.progress.line(name, "running")
+        t0 = time.monotonic()
+        try:
+            result = await body()
+        except Exception as exc:  # a check that crashes is an ERROR, and the run goes on
+            result = CheckResult(name, Verdict.ERROR, f"{type(exc).__name__}: {exc}")
+        self._add(result, time.monotonic() - t0)
+
+    def _add(self, result: CheckResult, seconds: float) -> None:
+        result.duration_s = seconds
+        self.report.add(result)
+        self.progress.verdict(result)
+
+    # --- HTTP -------------------------------------------------------------------------------
+
+    async def check_page(self) -> CheckResult:
+        """The device page loads: 200, HTML, and it names the WHEP endpoint or a video."""
+        answer = await self.device.request("GET", "/")
+        ctype = answer.header("Content-Type") or ""
+        figures = {"status": answer.status, "content_type": ctype, "bytes": len(answer.body),
+                   "seconds": answer.seconds}
+        if answer.status != 200 or "text/html" not in ctype:
+            return CheckResult("page", Verdict.FAIL, f"GET / answered {answer.status} {ctype}",
+                               figures)
+        if "<video" not in answer.text.lower() and "whep" not in answer.text.lower():
+            return CheckResult("page", Verdict.FAIL, "the page has no <video> and no WHEP client",
+                               figures)
+        return CheckResult("page", Verdict.PASS, f"200 text/html, {len(answer.body)} bytes",
+                           figures)
+
+    async def check_healthz(self) -> CheckResult:
+        """``/healthz`` answers 200."""
+        answer = await self.device.request("GET", "/healthz")
+        figures = {"status": answer.status, "seconds": answer.seconds,
+                   "body": answer.text[:200]}
+        if answer.status != 200:
+            return CheckResult("healthz", Verdict.FAIL,
+                               f"/healthz answered {answer.status}: {answer.text[:120]}", figures)
+        return CheckResult("healthz", Verdict.PASS, "200", figures)
+
+    async def check_status(self) -> CheckResult:
+        """``/api/status`` is JSON with resolution, fps and bitrate matching the config ±20%."""
+        doc = await self.device.status()
+        source = doc.get("source", {})
+        exp, tol = self.opts.expect, self.opts.status_tolerance
+        self.fingerprint = (doc.get("webrtc") or {}).get("fingerprint") or self.fingerprint
+        measured = {k: source.get(k) for k in ("kind", "width", "height", "fps", "bitrate")}
+        figures: dict[str, Any] = {"measured": measured,
+                                   "expected": {k: v for k, v in vars(exp).items() if v},
+                                   "viewers": (doc.get("viewers") or {}).get("count"),
+                                   "fingerprint": self.fingerprint}
+        problems = []
+        for key, want in (("width", exp.width), ("height", exp.height)):
+            got = source.get(key)
+            if not isinstance(got, int) or got <= 0 or (want is not None and got != want):
+                problems.append(f"{key} {got} (want {want or '> 0'})")
+        for key, want_f in (("fps", exp.fps), ("bitrate", exp.bitrate)):
+            got_f = source.get(key)
+            if not isinstance(got_f, int | float) or got_f <= 0 or not _within(
+                    float(got_f), float(want_f) if want_f else None, tol):
+                problems.append(f"{key} {got_f} (want {want_f or '> 0'} ±{tol:.0%})")
+        if problems:
+            return CheckResult("status", Verdict.FAIL, "; ".join(problems), figures)
+        return CheckResult(
+            "status", Verdict.PASS,
+            f"{measured['width']}x{measured['height']} {float(measured['fps']):.1f} fps "
+            f"{float(measured['bitrate']) / 1e6:.2f} Mbit/s", figures)
+
+    async def check_whep(self) -> CheckResult:
+        """Status codes and headers for good and bad WHEP requests."""
+        cases = await whep_conformance.run_cases(self.device)
+        failed = [c for c in cases if not c.ok]
+        figures = {"cases": [c.to_json() for c in cases], "failed": len(failed)}
+        if failed:
+            reason = "; ".join(f"{c.name}: {c.detail}" for c in failed[:4])
+            return CheckResult("whep", Verdict.FAIL, f"{len(failed)}/{len(cases)} cases failed: "
+                               + reason, figures)
+        return CheckResult("whep", Verdict.PASS, f"{len(cases)} cases ok", figures)
+
+    # --- viewers ----------------------------------------------------------------------------
+
+    def _gop_s(self) -> float:
+        exp = self.opts.expect
+        if exp.keyframe_interval and exp.fps:
+            return exp.keyframe_interval / exp.fps
+        return 2.0
+
+    async def _viewer_checks(self) -> None:
+        names = ("viewers", "first-frame", "latency", "steady-state")
+        if all(n in self.opts.skip for n in names):
+            for n in names:
+                self._add(_skip(n, "skipped by --skip"), 0.0)
+            return
+        o = self.opts
+        # Spread the joins over a GOP and a half so viewers join at every phase of the GOP:
+        # most of them mid-GOP, which is where a server that waits for the next IDR is slow.
+        spread = 1.5 * self._gop_s()
+        plans = [
+            ViewerPlan(index=i, device=o.device, token=o.token,
+                       start_delay_s=spread * i / max(1, o.viewers),
+                       watch_s=max(1.0, o.duration_s - spread * i / max(1, o.viewers)))
+            for i in range(o.viewers)
+        ]
+        self.progress.line("viewers", f"{o.viewers} viewers over {o.workers} worker processes "
+                           f"for {o.duration_s:.0f} s")
+        before = await self._sample()
+        t0 = time.monotonic()
+
+        def show(p: FleetProgress, elapsed: float) -> None:
+            self.progress.line("viewers", _whep_line(p, elapsed))
+
+        results = await asyncio.to_thread(run_fleet, plans, workers=o.workers, on_progress=show)
+        elapsed = time.monotonic() - t0
+        after = await self._sample()
+        analysis = analyse_viewers(results, self.opts)
+        for name, make in (("viewers", self._viewers_result),
+                           ("first-frame", self._first_frame_result),
+                           ("latency", self._latency_result),
+                           ("steady-state", self._steady_result)):
+            if name in o.skip:
+                self._add(_skip(name, "skipped by --skip"), 0.0)
+                continue
+            result = make(results, analysis, before, after)
+            self._add(result, elapsed)
+
+    async def _sample(self) -> ProcessSample | None:
+        try:
+            return await self.device.process_sample()
+        except (TimeoutError, RuntimeError, aiohttp.ClientError, OSError):
+            return None
+
+    def _viewers_result(self, results: list[dict[str, Any]], a: dict[str, Any],
+                        before: ProcessSample | None, after: ProcessSample | None) -> CheckResult:
+        o = self.opts
+        figures = {"viewers": o.viewers, "connected": a["connected"], "decoding": a["decoding"],
+                   "first_au_keyframe": a["first_au_keyframe"], "decode_errors": a["decode_errors"],
+                   "fps": a["fps"], "source_fps": o.expect.fps,
+                   "per_viewer": [_viewer_row(r) for r in results]}
+        problems = []
+        errors = [f"viewer {r['index']}: {r['error']}" for r in results if r.get("error")]
+        if a["connected"] < o.viewers:
+            problems.append(f"{o.viewers - a['connected']} of {o.viewers} viewers did not connect")
+        if a["decoding"] < o.viewers:
+            problems.append(f"{o.viewers - a['decoding']} of {o.viewers} decoded no picture")
+        if a["first_au_keyframe"] < a["decoding"]:
+            problems.append(f"{a['decoding'] - a['first_au_keyframe']} viewers' first access "
+                            "unit was not an IDR with SPS+PPS")
+        if a["decode_errors"]:
+            problems.append(f"{a['decode_errors']} decode errors")
+        if o.expect.fps:
+            slow = [r for r in results if r.get("fps") is not None
+                    and not _within(r["fps"], o.expect.fps, o.fps_tolerance)]
+            if slow:
+                worst = min(slow, key=lambda r: r["fps"])
+                problems.append(f"{len(slow)} viewers' fps outside {o.expect.fps:g} "
+                                f"±{o.fps_tolerance:.0%} (worst {worst['fps']:.1f})")
+        if problems:
+            return CheckResult("viewers", Verdict.FAIL,
+                               "; ".join(problems + errors[:2]), figures)
+        fps = a["fps"]
+        return CheckResult("viewers", Verdict.PASS,
+                           f"{o.viewers}/{o.viewers} decoding, first AU IDR+SPS+PPS, fps "
+                           f"{fps['p50']:.1f} (min {fps['min']:.1f})", figures)
+
+    def _first_frame_result(self, results: list[dict[str, Any]], a: dict[str, Any],
+                            before: ProcessSample | None,
+                            after: ProcessSample | None) -> CheckResult:
+        figures = {k: a[k] for k in ("answer_s", "connected_s", "first_rtp_s", "first_frame_s")}
+        reason = (f"POST→201 {format_ms(a['answer_s'])}; connected {format_ms(a['connected_s'])}; "
+                  f"first RTP {format_ms(a['first_rtp_s'])}; first frame "
+                  f"{format_ms(a['first_frame_s'])}")
+        if a["first_frame_s"]["n"] < self.opts.viewers:
+            return CheckResult("first-frame", Verdict.FAIL,
+                               f"only {a['first_frame_s']['n']} of {self.opts.viewers} viewers "
+                               "got a first frame; " + reason, figures)
+        return CheckResult("first-frame", Verdict.PASS, reason, figures)
+
+    def _latency_result(self, results: list[dict[str, Any]], a: dict[str, Any],
+                        before: ProcessSample | None, after: ProcessSample | None) -> CheckResult:
+        o = self.opts
+        lat = a["latency_s"]
+        figures = {"latency_s": lat, "first_frame_latency_s": a["first_frame_latency_s"],
+                   "mid_gop": a["mid_gop"], "stamps_read": a["stamps_read"],
+                   "kind": "glass-to-glass" if o.glass else "capture-to-decode",
+                   "max_latency_ms": o.max_latency_ms,
+                   "per_viewer": [{"index": r["index"], "latency_s": r.get("latency_s"),
+                                   "join_phase": r.get("join_phase"),
+                                   "first_frame_latency_s": r.get("first_frame_latency_s")}
+                                  for r in results]}
+        if not lat["n"]:
+            return CheckResult("latency", Verdict.FAIL,
+                               "no picture carried a readable stamp", figures)
+        mid = a["mid_gop"]
+        reason = (f"p50/p95/max {format_ms(lat)} over {lat['n']} frames; mid-GOP joiners "
+                  f"{mid['viewers']} (their p95 {format_ms(mid['latency_s'])})")
+        if not o.clock_shared:
+            return CheckResult("latency", Verdict.SKIP,
+                               "not judged: the device clock is not the rig's (use --glass or "
+                               "--clock-synced); " + reason, figures)
+        worst = max(lat["p95"], mid["latency_s"]["p95"] or 0.0)
+        if worst * 1000 > o.max_latency_ms:
+            return CheckResult("latency", Verdict.FAIL,
+                               f"p95 {worst * 1000:.0f} ms > {o.max_latency_ms:.0f} ms; " + reason,
+                               figures)
+        return CheckResult("latency", Verdict.PASS, reason, figures)
+
+    def _steady_result(self, results: list[dict[str, Any]], a: dict[str, Any],
+                       before: ProcessSample | None, after: ProcessSample | None) -> CheckResult:
+        o = self.opts
+        device = _device_figures(before, after)
+        figures = {k: a[k] for k in ("freezes", "freeze_ratio", "max_gap_s", "bitrate_bps",
+                                     "packets_lost", "packets_unrecovered", "packets_expected",
+                                     "rtx_packets", "nacks_sent", "plis_sent")}
+        figures["device"] = device
+        problems = []
+        if a["max_gap_s"] > o.max_gap_s:
+            problems.append(f"a {a['max_gap_s']:.2f} s gap between pictures (> {o.max_gap_s} s)")
+        if a["freeze_ratio"]["max"] is not None and a["freeze_ratio"]["max"] > o.max_freeze_ratio:
+            problems.append(f"a viewer was frozen {a['freeze_ratio']['max']:.1%} of the time "
+                            f"(> {o.max_freeze_ratio:.0%})")
+        if not a["bitrate_bps"]["n"]:
+            problems.append("no bitrate measured")
+        reason = (f"freezes {a['freezes']}, max gap {a['max_gap_s'] * 1000:.0f} ms, bitrate p50 "
+                  f"{(a['bitrate_bps']['p50'] or 0) / 1e6:.2f} Mbit/s, lost "
+                  f"{a['packets_lost']}/{a['packets_expected']} "
+                  f"(unrecovered {a['packets_unrecovered']}), NACKs {a['nacks_sent']}, PLIs "
+                  f"{a['plis_sent']}; device {_device_text(device)}")
+        if problems:
+            return CheckResult("steady-state", Verdict.FAIL, "; ".join(problems) + "; " + reason,
+                               figures)
+        return CheckResult("steady-state", Verdict.PASS, reason, figures)
+
+    # --- churn ------------------------------------------------------------------------------
+
+    async def check_churn(self) -> CheckResult:
+        """Viewers join and leave for a while; afterwards no session remains and RSS is back."""
+        o = self.opts
+        before = await self.device.process_sample()
+        # Short-lived viewers, two at a time per worker, joining every 0.5 s for churn_s.
+        count = max(2, int(o.churn_s / 0.5))
+        plans = [ViewerPlan(index=i, device=o.device, token=o.token, start_delay_s=i * 0.5,
+                            watch_s=0.5 + (i % 3) * 0.5, decode_all=False)
+                 for i in range(count)]
+        results = await asyncio.to_thread(
+            run_fleet, plans, workers=o.workers,
+            on_progress=lambda p, t: self.progress.line("churn", _whep_line(p, t)))
+        ok = sum(1 for r in results if r.get("ok"))
+        # Every viewer DELETEd its session: the count must reach zero promptly.
+        t0 = time.monotonic()
+        after = await self.device.process_sample()
+        while (after.viewers or 0) > 0 and time.monotonic() - t0 < 10.0:
+            await asyncio.sleep(0.25)
+            after = await self.device.process_sample()
+        drain_s = time.monotonic() - t0
+        rss_growth = ((after.rss_bytes or 0) - (before.rss_bytes or 0)) / 2**20
+        figures = {"sessions": count, "sessions_ok": ok, "viewers_after": after.viewers,
+                   "drain_s": drain_s, "rss_before_mb": (before.rss_bytes or 0) / 2**20,
+                   "rss_after_mb": (after.rss_bytes or 0) / 2**20, "rss_growth_mb": rss_growth,
+                   "rss_margin_mb": o.churn_rss_margin_mb,
+                   "errors": [r["error"] for r in results if r.get("error")][:5]}
+        problems = []
+        if ok < count:
+            problems.append(f"{count - ok} of {count} churn sessions failed")
+        if after.viewers is None:
+            problems.append("/metrics has no ruseon_viewers")
+        elif after.viewers > 0:
+            problems.append(f"{after.viewers:.0f} viewers remain 10 s after all left")
+        if before.rss_bytes is None or after.rss_bytes is None:
+            problems.append("/metrics has no process_resident_memory_bytes")
+        elif rss_growth > o.churn_rss_margin_mb:
+            problems.append(f"RSS grew {rss_growth:.1f} MiB (> {o.churn_rss_margin_mb:.0f})")
+        reason = (f"{ok}/{count} sessions, viewers back to {after.viewers} in {drain_s:.1f} s, "
+                  f"RSS {rss_growth:+.1f} MiB")
+        if problems:
+            return CheckResult("churn", Verdict.FAIL, "; ".join(problems) + "; " + reason, figures)
+        return CheckResult("churn", Verdict.PASS, reason, figures)
+
+    # --- restart, watchdog, power -----------------------------------------------------------
+
+    async def _probe_video(self, timeout_s: float) -> tuple[float | None, str | None]:
+        """Seconds until a fresh viewer decodes a picture, and the answer's fingerprint."""
+        o = self.opts
+        t0 = time.monotonic()
+        last_error = None
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+            while time.monotonic() - t0 < timeout_s:
+                result = await watch(ViewerPlan(index=0, device=o.device, token=o.token,
+                                                watch_s=0.0, decode_all=False), http)
+                if result.get("ok"):
+                    return time.monotonic() - t0, result.get("fingerprint")
+                last_error = result.get("error")
+                await asyncio.sleep(0.5)
+        self.progress.line("probe", f"no video within {timeout_s:.0f} s: {last_error}")
+        return None, None
+
+    async def _ssh(self, command: str) -> subprocess.CompletedProcess[str]:
+        assert self.opts.ssh
+        argv = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", self.opts.ssh, command]
+        return await asyncio.to_thread(subprocess.run, argv, capture_output=True, text=True,
+                                       timeout=60)
+
+    async def _recovery(self, name: str, disrupt: Callable[[], Awaitable[str | None]]
+                        ) -> CheckResult:
+        """Common shape: fingerprint before, disrupt, time until video is back, same cert."""
+        _, before_fp = await self._probe_video(15.0)
+        if before_fp is None:
+            return CheckResult(name, Verdict.FAIL, "no video before the disruption")
+        t0 = time.monotonic()
+        problem = await disrupt()
+        if problem:
+            return CheckResult(name, Verdict.ERROR, problem)
+        back, after_fp = await self._probe_video(self.opts.recover_timeout_s)
+        total = time.monotonic() - t0
+        figures = {"video_back_s": total if back is not None else None,
+                   "fingerprint_before": before_fp, "fingerprint_after": after_fp}
+        if back is None:
+            return CheckResult(name, Verdict.FAIL,
+                               f"video not back within {self.opts.recover_timeout_s:.0f} s",
+                               figures)
+        if after_fp != before_fp:
+            return CheckResult(name, Verdict.FAIL,
+                               f"certificate fingerprint changed ({before_fp} -> {after_fp})",
+                               figures)
+        return CheckResult(name, Verdict.PASS,
+                           f"video back after {total:.1f} s, certificate unchanged", figures)
+
+    async def check_restart(self) -> CheckResult:
+        """``systemctl restart`` over SSH: time until video is back; same certificate."""
+        if not self.opts.ssh:
+            return _skip("restart", "needs --ssh user@host")
+
+        async def disrupt() -> str | None:
+            done = await self._ssh(f"sudo systemctl restart {shlex.quote(self.opts.ssh_service)}")
+            return None if done.returncode == 0 else f"ssh restart failed: {done.stderr.strip()}"
+
+        return await self._recovery("restart", disrupt)
+
+    async def check_watchdog(self) -> CheckResult:
+        """``kill -STOP`` of the service: time until systemd's watchdog restarted it."""
+        if not self.opts.ssh:
+            return _skip("watchdog", "needs --ssh user@host")
+        service = shlex.quote(self.opts.ssh_service)
+
+        async def disrupt() -> str | None:
+            done = await self._ssh(f"sudo systemctl kill --signal=SIGSTOP {service}")
+            return None if done.returncode == 0 else f"ssh kill -STOP failed: {done.stderr.strip()}"
+
+        return await self._recovery("watchdog", disrupt)
+
+    async def check_power(self) -> CheckResult:
+        """Power cycle through ``--power-cmd``: time until video is back."""
+        if not self.opts.power_cmd:
+            return _skip("power", "needs --power-cmd 'CMD {on|off}'")
+        template = self.opts.power_cmd
+
+        async def disrupt() -> str | None:
+            for state, pause in (("off", 3.0), ("on", 0.0)):
+                argv = shlex.split(template.replace("{on|off}", state).replace("{}", state))
+                done = await asyncio.to_thread(subprocess.run, argv, capture_output=True,
+                                               text=True, timeout=60)
+                if done.returncode != 0:
+                    return f"power {state} failed ({done.returncode}): {done.stderr.strip()}"
+                await asyncio.sleep(pause)
+            return None
+
+        return await self._recovery("power", disrupt)
+
+
+# --- analysis ---------------------------------------------------------------------------------
+
+
+def _viewer_row(r: dict[str, Any]) -> dict[str, Any]:
+    keys = ("index", "ok", "error", "post_status", "answer_s", "connected_s", "first_rtp_s",
+            "first_frame_s", "frames", "fps", "decode_errors", "first_au_nals",
+            "first_au_keyframe", "freezes", "max_gap_s", "bitrate_bps", "packets_lost",
+            "packets_unrecovered", "nacks_sent", "plis_sent", "join_phase", "delete_status")
+    return {k: r.get(k) for k in keys}
+
+
+def _spread(values: list[float]) -> dict[str, Any]:
+    out = dict(percentiles(values))
+    out["min"] = min(values) if values else None
+    out["mean"] = statistics.fmean(values) if values else None
+    return out
+
+
+def analyse_viewers(results: list[dict[str, Any]], opts: RigOptions) -> dict[str, Any]:
+    """Aggregate per-viewer results; also date each viewer's join within the device's GOP."""
+    # Capture times of every IDR any viewer saw: the GOP boundaries on the device's clock.
+    idrs = sorted({t for r in results for t in r.get("idr_capture_us", [])})
+    gop_s = (opts.expect.keyframe_interval / opts.expect.fps
+             if opts.expect.keyframe_interval and opts.expect.fps else None)
+    if gop_s is None and len(idrs) > 1:
+        gop_s = statistics.median(b - a for a, b in itertools.pairwise(idrs)) / 1e6
+    frame_s = 1.0 / opts.expect.fps if opts.expect.fps else 1 / 30
+    mid_latency: list[float] = []
+    mid_viewers = 0
+    for r in results:
+        post = r.get("post_wall_us")
+        earlier = [t for t in idrs if post is not None and t <= post]
+        if post is None or not earlier or not gop_s:
+            r["join_phase"] = None
+            continue
+        phase = ((post - earlier[-1]) / 1e6) / gop_s
+        r["join_phase"] = round(phase, 3)
+        # Mid-GOP: more than a frame after an IDR and more than a frame before the next one.
+        if frame_s / gop_s < phase < 1 - frame_s / gop_s and r.get("latency_s", {}).get("n"):
+            mid_viewers += 1
+            mid_latency.append(r["latency_s"]["p95"])
+
+    def col(key: str) -> list[float]:
+        return [r[key] for r in results if isinstance(r.get(key), int | float)]
+
+    all_latency = [x for r in results for x in (r.get("latency_s", {}).get("p50"),) if x]
+    watched = [(r.get("freeze_s", 0.0) / r["watched_s"]) for r in results if r.get("watched_s")]
+    lat_by_viewer = [r["latency_s"] for r in results if r.get("latency_s", {}).get("n")]
+    merged_latency = {
+        "n": sum(v["n"] for v in lat_by_viewer),
+        "p50": statistics.median(all_latency) if all_latency else None,
+        "p95": max((v["p95"] for v in lat_by_viewer), default=None),
+        "max": max((v["max"] for v in lat_by_viewer), default=None),
+    }
+    return {
+        "connected": sum(1 for r in results if r.get("connected_s") is not None),
+        "decoding": sum(1 for r in results if r.get("frames")),
+        "first_au_keyframe": sum(1 for r in results if r.get("first_au_keyframe")),
+        "decode_errors": sum(r.get("decode_errors", 0) for r in results),
+        "fps": _spread(col("fps")),
+        "answer_s": percentiles(col("answer_s")),
+        "connected_s": percentiles(col("connected_s")),
+        "first_rtp_s": percentiles(col("first_rtp_s")),
+        "first_frame_s": percentiles(col("first_frame_s")),
+        # p50 is the median of viewers' medians; p95 and max are the worst viewer's.
+        "latency_s": merged_latency,
+        "first_frame_latency_s": percentiles(col("first_frame_latency_s")),
+        "stamps_read": sum(r.get("stamps_read", 0) for r in results),
+        "mid_gop": {"viewers": mid_viewers, "gop_s": gop_s,
+                    "latency_s": percentiles(mid_latency)},
+        "freezes": sum(r.get("freezes", 0) for r in results),
+        "freeze_ratio": percentiles(watched),
+        "max_gap_s": max(col("max_gap_s"), default=0.0),
+        "bitrate_bps": percentiles(col("bitrate_bps")),
+        **{k: sum(r.get(k, 0) for r in results)
+           for k in ("packets_lost", "packets_unrecovered", "packets_expected", "rtx_packets",
+                     "nacks_sent", "plis_sent", "rtp_packets", "rtp_bytes")},
+    }
+
+
+def _device_figures(before: ProcessSample | None, after: ProcessSample | None) -> dict[str, Any]:
+    if before is None or after is None:
+        return {"rss_before_mb": None, "rss_after_mb": None, "cpu_percent": None}
+    return {
+        "rss_before_mb": before.rss_bytes / 2**20 if before.rss_bytes is not None else None,
+        "rss_after_mb": after.rss_bytes / 2**20 if after.rss_bytes is not None else None,
+        "cpu_percent": ProcessSample.cpu_percent(before, after),
+    }
+
+
+def _device_text(device: dict[str, Any]) -> str:
+    if device.get("rss_after_mb") is None:
+        return "RSS/CPU n/a"
+    cpu = device.get("cpu_percent")
+    return (f"RSS {device['rss_before_mb']:.0f}→{device['rss_after_mb']:.0f} MiB, CPU "
+            + (f"{cpu:.0f}%" if cpu is not None else "n/a"))
+
+
+def _whep_line(p: FleetProgress, elapsed: float) -> str:
+    return p.whep_line(elapsed)
+
+
+def dumps(report: Report) -> str:
+    """The JSON report as text (for ``--report -``)."""
+    return json.dumps(report.to_json(), indent=2)

@@ -1,0 +1,281 @@
+"""Taps into one aiortc ``RTCRtpReceiver`` to see what a viewer really receives.
+
+Written for aiortc 1.16. aiortc hides the RTP and access-unit level behind its track, so a viewer
+that wants honest figures has to reach into the receiver; every such reach is in this module, and
+``tests/e2e/test_hil_units.py`` fails loudly if an aiortc upgrade moves what it relies on:
+
+- ``RTCRtpReceiver._handle_rtp_packet(packet, arrival_time_ms)``: wrapped to time the first RTP
+  packet and to count packets, bytes, sequence gaps and RTX retransmissions.
+- ``RTCRtpReceiver._send_rtcp_nack`` / ``_send_rtcp_pli``: wrapped to count NACKs and PLIs sent.
+- ``RTCRtpReceiver._RTCRtpReceiver__decoder_queue``: the queue of ``(codec, JitterFrame)`` that the
+  jitter buffer fills with complete access units (Annex B). It is replaced by :class:`TapQueue`,
+  which hands every access unit to this harness's own PyAV decoder instead of aiortc's, so the
+  harness sees each access unit's NAL types (is the first one an IDR with SPS and PPS?) and counts
+  decode errors exactly.
+- ``RTCRtpReceiver._RTCRtpReceiver__decoder_error``: set on a decode error, as aiortc's own decoder
+  does, so the receiver sends a PLI just as a browser would.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import av
+
+from ruseon_appliance.capture.stamp import read_stamp
+
+# NAL unit types (H.264 Table 7-1).
+NAL_IDR = 5
+NAL_SPS = 7
+NAL_PPS = 8
+
+# Gap between two decoded frames that counts as a freeze (what a viewer notices as a stall).
+FREEZE_GAP_S = 0.2
+
+_QUEUE_ATTR = "_RTCRtpReceiver__decoder_queue"
+_ERROR_ATTR = "_RTCRtpReceiver__decoder_error"
+PRIVATE_RECEIVER_ATTRS = (
+    "_handle_rtp_packet",
+    "_send_rtcp_nack",
+    "_send_rtcp_pli",
+    _QUEUE_ATTR,
+    _ERROR_ATTR,
+)
+
+
+def nal_types(annexb: bytes) -> list[int]:
+    """The NAL unit types in an Annex B access unit, in order."""
+    types: list[int] = []
+    i, n = 0, len(annexb)
+    while True:
+        i = annexb.find(b"\x00\x00\x01", i)
+        if i < 0 or i + 3 >= n:
+            return types
+        types.append(annexb[i + 3] & 0x1F)
+        i += 3
+
+
+class SequenceTracker:
+    """Counts distinct RTP sequence numbers of one stream, unwrapping the 16-bit counter."""
+
+    def __init__(self) -> None:
+        self.first: int | None = None
+        self.highest: int | None = None
+        self.seen: set[int] = set()
+
+    def extend(self, seq: int) -> int:
+        """The extended (unwrapped) sequence number closest to the highest seen so far."""
+        if self.highest is None:
+            return seq
+        base = self.highest & ~0xFFFF
+        candidates = (base - 0x10000 + seq, base + seq, base + 0x10000 + seq)
+        return min(candidates, key=lambda c: abs(c - self.highest))  # type: ignore[operator]
+
+    def add(self, seq: int) -> bool:
+        """Record ``seq``; True if it was new."""
+        ext = self.extend(seq)
+        if self.first is None or ext < self.first:
+            self.first = ext
+        if self.highest is None or ext > self.highest:
+            self.highest = ext
+        if ext in self.seen:
+            return False
+        self.seen.add(ext)
+        return True
+
+    @property
+    def expected(self) -> int:
+        """Packets between the first and highest sequence number, inclusive."""
+        if self.first is None or self.highest is None:
+            return 0
+        return self.highest - self.first + 1
+
+
+@dataclass
+class FrameRecord:
+    """One decoded picture: when it came out of the decoder and what its stamp said."""
+
+    monotonic: float
+    wall_us: int
+    keyframe: bool
+    stamp: tuple[int, int] | None
+
+
+@dataclass
+class TapFigures:
+    """Everything the tap counted for one viewer (written by the loop and the decode thread)."""
+
+    first_rtp: float | None = None
+    rtp_packets: int = 0
+    rtp_bytes: int = 0
+    rtx_packets: int = 0
+    nacks_sent: int = 0
+    nacked_packets: int = 0
+    plis_sent: int = 0
+    access_units: int = 0
+    first_au_nals: list[int] = field(default_factory=list)
+    first_decoded_au_nals: list[int] = field(default_factory=list)
+    decode_errors: int = 0
+    frames: list[FrameRecord] = field(default_factory=list)
+    # Capture times (device clock, µs) of the IDR pictures seen; they date the device's GOPs.
+    idr_capture_us: list[int] = field(default_factory=list)
+    media: SequenceTracker = field(default_factory=SequenceTracker)
+    recovered: set[int] = field(default_factory=set)
+
+    @property
+    def packets_lost(self) -> int:
+        """Media packets that never arrived the first time (lost on the wire)."""
+        return max(0, self.media.expected - len(self.media.seen))
+
+    @property
+    def packets_unrecovered(self) -> int:
+        """Packets lost on the wire and not repaired by an RTX retransmission either."""
+        return max(0, self.media.expected - len(self.media.seen | self.recovered))
+
+
+class TapQueue(queue.Queue[Any]):
+    """Stands in for aiortc's decoder queue: access units go to :class:`FrameDecoder` instead."""
+
+    def __init__(self, original: queue.Queue[Any], sink: Callable[[bytes | None], None]) -> None:
+        super().__init__()
+        self._original = original
+        self._sink = sink
+
+    def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
+        if item is None:
+            # aiortc's decoder thread still waits on its own queue: let it end (and end the track).
+            self._original.put(None)
+            self._sink(None)
+            return
+        _codec, encoded_frame = item
+        self._sink(bytes(encoded_frame.data))
+
+
+class FrameDecoder:
+    """Decodes one viewer's access units with PyAV on its own thread and records each picture.
+
+    ``decode_all=False`` decodes until the first picture and afterwards only parses NAL types
+    (load tests with many viewers, where decoding every frame would make the rig the bottleneck).
+    """
+
+    def __init__(
+        self, figures: TapFigures, on_error: Callable[[], None], *, decode_all: bool = True
+    ) -> None:
+        self.figures = figures
+        self.on_error = on_error
+        self.decode_all = decode_all
+        self._queue: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self._codec = av.CodecContext.create("h264", "r")
+        self._thread = threading.Thread(target=self._run, name="hil-decoder", daemon=True)
+        self._thread.start()
+
+    def feed(self, access_unit: bytes | None) -> None:
+        """Queue one access unit (None ends the thread)."""
+        self._queue.put(access_unit)
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """End the thread and wait for it."""
+        self._queue.put(None)
+        self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        fig = self.figures
+        while True:
+            au = self._queue.get()
+            if au is None:
+                return
+            nals = nal_types(au)
+            fig.access_units += 1
+            if fig.access_units == 1:
+                fig.first_au_nals = nals
+            if not self.decode_all and fig.frames:
+                # Count the access unit as a "frame" for freezes and fps, without decoding.
+                fig.frames.append(FrameRecord(time.monotonic(), time.time_ns() // 1000,
+                                              NAL_IDR in nals, None))
+                continue
+            try:
+                pictures = self._codec.decode(av.Packet(au))
+            except av.FFmpegError:
+                fig.decode_errors += 1
+                self.on_error()
+                continue
+            for picture in pictures:
+                now, wall_us = time.monotonic(), time.time_ns() // 1000
+                stamp = read_stamp(picture)
+                if not fig.frames:
+                    fig.first_decoded_au_nals = nals
+                keyframe = bool(picture.key_frame) or NAL_IDR in nals
+                fig.frames.append(FrameRecord(now, wall_us, keyframe, stamp))
+                if NAL_IDR in nals and stamp is not None:
+                    fig.idr_capture_us.append(stamp[0])
+
+
+def _rtx_payload_types(sdp: str) -> set[int]:
+    out: set[int] = set()
+    for line in sdp.splitlines():
+        if line.startswith("a=rtpmap:") and " rtx/" in line.lower():
+            out.add(int(line[len("a=rtpmap:") :].split()[0]))
+    return out
+
+
+def install(receiver: Any, figures: TapFigures, decoder: FrameDecoder) -> Callable[[str], None]:
+    """Hook ``receiver`` (before ``setRemoteDescription``); returns a setter for the answer SDP.
+
+    The setter tells the tap which payload types are RTX, so retransmissions are told apart from
+    first transmissions.
+    """
+    missing = [a for a in PRIVATE_RECEIVER_ATTRS if not hasattr(receiver, a)]
+    if missing:
+        raise RuntimeError(f"aiortc RTCRtpReceiver lacks {missing}: receive_tap needs updating")
+    rtx_types: set[int] = set()
+    handle_rtp = receiver._handle_rtp_packet
+    send_nack = receiver._send_rtcp_nack
+    send_pli = receiver._send_rtcp_pli
+
+    async def tapped_rtp(packet: Any, arrival_time_ms: int) -> None:
+        if figures.first_rtp is None:
+            figures.first_rtp = time.monotonic()
+        figures.rtp_packets += 1
+        figures.rtp_bytes += len(packet.payload) + 12
+        if packet.payload_type in rtx_types:
+            figures.rtx_packets += 1
+            if len(packet.payload) >= 2:
+                seq = struct.unpack("!H", packet.payload[:2])[0]
+                figures.recovered.add(figures.media.extend(seq))
+        else:
+            figures.media.add(packet.sequence_number)
+        await handle_rtp(packet, arrival_time_ms)
+
+    async def tapped_nack(media_ssrc: int, lost: list[int]) -> None:
+        figures.nacks_sent += 1
+        figures.nacked_packets += len(lost)
+        await send_nack(media_ssrc, lost)
+
+    async def tapped_pli(media_ssrc: int) -> None:
+        figures.plis_sent += 1
+        await send_pli(media_ssrc)
+
+    receiver._handle_rtp_packet = tapped_rtp
+    receiver._send_rtcp_nack = tapped_nack
+    receiver._send_rtcp_pli = tapped_pli
+    setattr(receiver, _QUEUE_ATTR, TapQueue(getattr(receiver, _QUEUE_ATTR), decoder.feed))
+    error_event: threading.Event = getattr(receiver, _ERROR_ATTR)
+    decoder.on_error = error_event.set
+
+    def set_answer(sdp: str) -> None:
+        rtx_types.update(_rtx_payload_types(sdp))
+
+    return set_answer
+
+
+def gaps(frames: list[FrameRecord]) -> Iterator[float]:
+    """Seconds between consecutive decoded pictures."""
+    for a, b in itertools.pairwise(frames):
+        yield b.monotonic - a.monotonic

@@ -1,0 +1,214 @@
+"""One WHEP viewer as a browser would be: an aiortc offerer with a receive-only video transceiver.
+
+It POSTs its offer, applies the answer, receives and decodes the video for a while, then DELETEs
+its session. Every moment a viewer notices is timed from the POST: the 201, ICE+DTLS connected,
+the first RTP packet and the first decoded picture. Each decoded picture's stamp (drawn by the
+device's synthetic source, or by ``--glass``'s display in front of a real camera) gives the
+capture-to-decode latency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCRtpReceiver, RTCSessionDescription
+
+from hil.receive_tap import FREEZE_GAP_S, NAL_IDR, NAL_PPS, NAL_SPS, FrameDecoder, TapFigures
+from hil.receive_tap import gaps as frame_gaps
+from hil.receive_tap import install as install_tap
+from hil.report import percentiles
+
+# How long a viewer waits for each milestone before it gives up.
+CONNECT_TIMEOUT_S = 20.0
+FIRST_FRAME_TIMEOUT_S = 20.0
+
+
+@dataclass
+class ViewerPlan:
+    """What one viewer does: when it starts, how long it watches, whether it decodes everything."""
+
+    index: int
+    device: str
+    token: str = ""
+    start_delay_s: float = 0.0
+    # Seconds of watching after the first decoded picture (or after giving up waiting for it).
+    watch_s: float = 10.0
+    decode_all: bool = True
+    # Keep every per-frame latency sample in the result (large; for --report only).
+    keep_samples: bool = False
+
+
+def _h264_preferences() -> list[Any]:
+    caps = RTCRtpReceiver.getCapabilities("video")
+    h264 = [c for c in caps.codecs if c.mimeType.lower() == "video/h264"]
+    rtx = [c for c in caps.codecs if c.mimeType.lower() == "video/rtx"]
+    return h264 + rtx
+
+
+def _fingerprint(sdp: str) -> str | None:
+    for line in sdp.splitlines():
+        if line.startswith("a=fingerprint:"):
+            return line[len("a=fingerprint:") :].strip()
+    return None
+
+
+async def watch(
+    plan: ViewerPlan,
+    http: aiohttp.ClientSession,
+    *,
+    live: Callable[[TapFigures | None], None] | None = None,
+) -> dict[str, Any]:
+    """Run one viewer to the end and return its figures (JSON-ready; never raises).
+
+    ``live`` is called with the viewer's running counters when it starts and with None when it
+    ends (for progress lines).
+    """
+    await asyncio.sleep(plan.start_delay_s)
+    result: dict[str, Any] = {"index": plan.index, "ok": False, "error": None}
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    figures = TapFigures()
+    if live is not None:
+        live(figures)
+    decoder = FrameDecoder(figures, lambda: None, decode_all=plan.decode_all)
+    connected = asyncio.Event()
+    failed = asyncio.Event()
+    t_connected: list[float] = []
+
+    def _on_state() -> None:
+        if pc.connectionState == "connected" and not t_connected:
+            t_connected.append(time.monotonic())
+            connected.set()
+        elif pc.connectionState in ("failed", "closed"):
+            failed.set()
+
+    pc.add_listener("connectionstatechange", _on_state)
+    location: str | None = None
+    t_post = time.monotonic()
+    try:
+        transceiver = pc.addTransceiver("video", direction="recvonly")
+        transceiver.setCodecPreferences(_h264_preferences())
+        set_answer = install_tap(transceiver.receiver, figures, decoder)
+        await pc.setLocalDescription(await pc.createOffer())
+        headers = {"Content-Type": "application/sdp"}
+        if plan.token:
+            headers["Authorization"] = f"Bearer {plan.token}"
+        result["post_wall_us"] = time.time_ns() // 1000
+        t_post = time.monotonic()
+        async with http.post(
+            plan.device.rstrip("/") + "/whep", data=pc.localDescription.sdp, headers=headers
+        ) as resp:
+            answer = await resp.text()
+            t_answer = time.monotonic()
+            result["post_status"] = resp.status
+            location = resp.headers.get("Location")
+            if resp.status != 201:
+                raise ViewerError(f"POST /whep answered {resp.status}: {answer[:160]}")
+        result["answer_s"] = t_answer - t_post
+        result["fingerprint"] = _fingerprint(answer)
+        set_answer(answer)
+        await pc.setRemoteDescription(RTCSessionDescription(answer, "answer"))
+        await _wait_either(connected, failed, CONNECT_TIMEOUT_S, "ICE+DTLS connected")
+        result["connected_s"] = t_connected[0] - t_post
+        deadline = time.monotonic() + FIRST_FRAME_TIMEOUT_S
+        while not figures.frames and time.monotonic() < deadline and not failed.is_set():
+            await asyncio.sleep(0.01)
+        if not figures.frames:
+            raise ViewerError("no decoded picture within "
+                              f"{FIRST_FRAME_TIMEOUT_S:.0f} s of connecting")
+        await asyncio.sleep(plan.watch_s)
+        result["ok"] = True
+    except ViewerError as exc:
+        result["error"] = str(exc)
+    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        result["error"] = f"{type(exc).__name__}: {exc}"
+    except Exception as exc:  # the harness reports a crashed viewer instead of dying with it
+        result["error"] = f"viewer crashed: {type(exc).__name__}: {exc}"
+    finally:
+        result["watched_s"] = time.monotonic() - t_post
+        if location:
+            result["delete_status"] = await _delete(http, plan, location)
+        await pc.close()
+        decoder.close()
+        if live is not None:
+            live(None)
+    result.update(_summarize(figures, t_post, plan))
+    if result["ok"] and result.get("first_au_keyframe") is False:
+        result["error"] = "first access unit is not an IDR with SPS and PPS"
+    return result
+
+
+class ViewerError(Exception):
+    """A viewer could not reach a milestone; the message says which."""
+
+
+async def _wait_either(ok: asyncio.Event, bad: asyncio.Event, timeout_s: float, what: str) -> None:
+    waiters = [asyncio.ensure_future(ok.wait()), asyncio.ensure_future(bad.wait())]
+    try:
+        await asyncio.wait(waiters, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waiters:
+            w.cancel()
+    if not ok.is_set():
+        state = "failed" if bad.is_set() else f"not within {timeout_s:.0f} s"
+        raise ViewerError(f"{what}: {state}")
+
+
+async def _delete(http: aiohttp.ClientSession, plan: ViewerPlan, location: str) -> int | None:
+    url = location if location.startswith("http") else plan.device.rstrip("/") + location
+    headers = {"Authorization": f"Bearer {plan.token}"} if plan.token else {}
+    try:
+        async with http.delete(url, headers=headers) as resp:
+            return resp.status
+    except (TimeoutError, aiohttp.ClientError, OSError):
+        return None
+
+
+def _summarize(fig: TapFigures, t_post: float, plan: ViewerPlan) -> dict[str, Any]:
+    """The per-viewer figures from what the tap recorded."""
+    frames = fig.frames
+    out: dict[str, Any] = {
+        "first_rtp_s": fig.first_rtp - t_post if fig.first_rtp is not None else None,
+        "first_frame_s": frames[0].monotonic - t_post if frames else None,
+        "frames": len(frames),
+        "access_units": fig.access_units,
+        "decode_errors": fig.decode_errors,
+        "rtp_packets": fig.rtp_packets,
+        "rtp_bytes": fig.rtp_bytes,
+        "rtx_packets": fig.rtx_packets,
+        "packets_lost": fig.packets_lost,
+        "packets_unrecovered": fig.packets_unrecovered,
+        "packets_expected": fig.media.expected,
+        "nacks_sent": fig.nacks_sent,
+        "nacked_packets": fig.nacked_packets,
+        "plis_sent": fig.plis_sent,
+        "first_au_nals": fig.first_au_nals,
+        "first_decoded_au_nals": fig.first_decoded_au_nals,
+        "idr_capture_us": fig.idr_capture_us[:64],
+    }
+    if fig.first_au_nals:
+        nals = set(fig.first_au_nals)
+        out["first_au_keyframe"] = {NAL_IDR, NAL_SPS, NAL_PPS} <= nals
+    if frames:
+        out["first_frame_keyframe"] = frames[0].keyframe
+        span = frames[-1].monotonic - frames[0].monotonic
+        out["fps"] = (len(frames) - 1) / span if span > 0 else None
+        out["bitrate_bps"] = 8 * fig.rtp_bytes / span if span > 0 else None
+        gap_list = list(frame_gaps(frames))
+        out["freezes"] = sum(1 for g in gap_list if g > FREEZE_GAP_S)
+        out["freeze_s"] = sum(g for g in gap_list if g > FREEZE_GAP_S)
+        out["max_gap_s"] = max(gap_list, default=0.0)
+        stamped = [f for f in frames if f.stamp is not None]
+        out["stamps_read"] = len(stamped)
+        latencies = [(f.wall_us - f.stamp[0]) / 1e6 for f in stamped if f.stamp is not None]
+        out["latency_s"] = percentiles(latencies)
+        if stamped and stamped[0].stamp is not None:
+            out["first_frame_latency_s"] = (stamped[0].wall_us - stamped[0].stamp[0]) / 1e6
+            out["first_frame_number"] = stamped[0].stamp[1]
+        if plan.keep_samples:
+            out["latency_samples_s"] = [round(x, 6) for x in latencies]
+    return out
