@@ -1,0 +1,255 @@
+"""Handshake benchmark: a naive aiortc answerer against the engine, behind the same endpoint.
+
+Both servers expose the same aiohttp WHEP-style endpoint (``POST /whep`` -> 201 + answer,
+``DELETE /whep/{id}``, ``GET /sockets``), serving the same synthetic camera:
+
+- ``naive``: the tutorial way, a new ``RTCPeerConnection`` per offer (its own certificate, its own
+  ICE sockets on random ports), a pass-through track per viewer;
+- ``engine``: :class:`ruseon_appliance.engine.Engine` (one certificate, one UDP port).
+
+A client in another process sends 30 sequential, then 30 concurrent offers from aiortc peers and
+measures POST->answer latency and the time to ICE+DTLS connected. With the 30 sequential viewers
+still connected it asks the server how many UDP sockets it holds. Everything stays on 127.0.0.1.
+
+    .venv/bin/python bench/handshake.py            # both modes, summary + JSON
+    .venv/bin/python bench/handshake.py --viewers 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aioice.ice
+
+# Loopback only: aioice skips 127.0.0.1 when gathering, which would leave no candidate at all in
+# a network namespace with only `lo`, and would use the LAN address otherwise.
+aioice.ice.get_host_addresses = lambda use_ipv4, use_ipv6: ["127.0.0.1"]  # type: ignore[assignment]
+
+from aiohttp import ClientSession, web  # noqa: E402
+from aiortc import (  # noqa: E402
+    RTCConfiguration,
+    RTCPeerConnection,
+    RTCSessionDescription,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from ruseon_appliance.capture.pipeline import CapturePipeline  # noqa: E402
+from ruseon_appliance.config import CameraConfig, HostPort, WebRtcConfig  # noqa: E402
+from ruseon_appliance.engine import Engine, OfferError  # noqa: E402
+from ruseon_appliance.engine.codec_registry import CodecRegistry  # noqa: E402
+from ruseon_appliance.engine.track import ViewerTrack  # noqa: E402
+
+CAMERA = CameraConfig(source="synthetic", width=320, height=240, framerate=30, bitrate=300_000,
+                      keyframe_interval=60)
+
+
+def udp_socket_count() -> int:
+    """UDP sockets (v4 and v6) held by this process, from /proc."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/udp", "/proc/net/udp6"):
+        try:
+            with open(table) as fh:
+                next(fh)
+                inodes.update(line.split()[9] for line in fh)
+        except OSError:
+            continue
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:[") and link[8:-1] in inodes:
+            count += 1
+    return count
+
+
+# --- servers ---------------------------------------------------------------------------------
+
+
+async def serve(mode: str, port: int) -> None:
+    feed = CapturePipeline(CAMERA)
+    await feed.start()
+    await feed.wait_first_frame(10)
+    sessions: dict[str, Any] = {}
+    engine: Engine | None = None
+    if mode == "engine":
+        engine = Engine(WebRtcConfig(listen=HostPort("127.0.0.1", 0), advertise=("127.0.0.1",)),
+                        Path(tempfile.mkdtemp()), feed)
+        await engine.start()
+    else:
+        registry = CodecRegistry()
+        registry.install()
+
+    async def post(request: web.Request) -> web.Response:
+        offer = await request.text()
+        if engine is not None:
+            try:
+                session, answer = await engine.offer(offer)
+            except OfferError as exc:
+                return web.Response(status=400, text=exc.reason)
+            return web.Response(status=201, text=answer, content_type="application/sdp",
+                                headers={"Location": f"/whep/{session.id}"})
+        # The tutorial way: everything per offer.
+        pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        track = ViewerTrack(feed, frame_interval=3000, catch_up_max_frames=15,
+                            keyframe_interval_frames=60)
+        transceiver = pc.addTransceiver(track, direction="sendonly")
+        assert feed.stream_info is not None
+        transceiver.setCodecPreferences(registry.select(feed.stream_info.profile_level_id))
+        await pc.setRemoteDescription(RTCSessionDescription(sdp=offer, type="offer"))
+        await pc.setLocalDescription(await pc.createAnswer())
+        sid = os.urandom(8).hex()
+        sessions[sid] = pc
+        return web.Response(status=201, text=pc.localDescription.sdp,
+                            content_type="application/sdp", headers={"Location": f"/whep/{sid}"})
+
+    async def delete(request: web.Request) -> web.Response:
+        sid = request.match_info["sid"]
+        if engine is not None:
+            await engine.close(sid)
+        elif sid in sessions:
+            await sessions.pop(sid).close()
+        return web.Response(status=200)
+
+    async def sockets(request: web.Request) -> web.Response:
+        return web.json_response({"udp_sockets": udp_socket_count()})
+
+    app = web.Application()
+    app.router.add_post("/whep", post)
+    app.router.add_delete("/whep/{sid}", delete)
+    app.router.add_get("/sockets", sockets)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    print("ready", flush=True)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        if engine is not None:
+            await engine.stop()
+        await feed.stop()
+
+
+# --- client ----------------------------------------------------------------------------------
+
+
+async def one_viewer(http: ClientSession, url: str) -> dict[str, Any]:
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    pc.addTransceiver("video", direction="recvonly")
+    await pc.setLocalDescription(await pc.createOffer())
+    connected = asyncio.get_running_loop().create_future()
+
+    @pc.on("connectionstatechange")
+    def on_state() -> None:
+        if pc.connectionState == "connected" and not connected.done():
+            connected.set_result(time.perf_counter())
+
+    t0 = time.perf_counter()
+    async with http.post(url + "/whep", data=pc.localDescription.sdp,
+                         headers={"Content-Type": "application/sdp"}) as resp:
+        answer = await resp.text()
+        location = resp.headers.get("Location", "")
+        assert resp.status == 201, (resp.status, answer)
+    t_answer = time.perf_counter()
+    await pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
+    t_connected = await asyncio.wait_for(connected, 30)
+    return {"pc": pc, "location": location, "answer_ms": (t_answer - t0) * 1000,
+            "connected_ms": (t_connected - t0) * 1000}
+
+
+def summarize(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+    return {"p50": round(statistics.median(ordered), 1), "p95": round(p95, 1),
+            "max": round(ordered[-1], 1)}
+
+
+async def client(url: str, viewers: int) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    async with ClientSession() as http:
+        async def close_all(items: list[dict[str, Any]]) -> None:
+            for item in items:
+                async with http.delete(url + item["location"]):
+                    pass
+                await item["pc"].close()
+
+        sequential = [await one_viewer(http, url) for _ in range(viewers)]
+        async with http.get(url + "/sockets") as resp:
+            result["udp_sockets_with_viewers"] = (await resp.json())["udp_sockets"]
+        await close_all(sequential)
+        await asyncio.sleep(1.0)
+        concurrent = await asyncio.gather(*(one_viewer(http, url) for _ in range(viewers)))
+        await close_all(list(concurrent))
+    for name, items in (("sequential", sequential), ("concurrent", concurrent)):
+        result[name] = {"answer_ms": summarize([i["answer_ms"] for i in items]),
+                        "connected_ms": summarize([i["connected_ms"] for i in items])}
+    return result
+
+
+# --- orchestration ---------------------------------------------------------------------------
+
+
+def run_mode(mode: str, port: int, viewers: int) -> dict[str, Any]:
+    server = subprocess.Popen([sys.executable, __file__, "serve", "--mode", mode,
+                               "--port", str(port)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        line = server.stdout.readline()
+        if line.strip() != "ready":
+            raise RuntimeError(f"{mode} server did not start")
+        out = subprocess.run([sys.executable, __file__, "client", "--url",
+                              f"http://127.0.0.1:{port}", "--viewers", str(viewers)],
+                             check=True, capture_output=True, text=True, timeout=600)
+        return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+def print_table(results: dict[str, dict[str, Any]]) -> None:
+    naive, eng = results["naive"], results["engine"]
+    print(f"{'metric':44} {'naive':>10} {'engine':>10} {'naive/engine':>13}")
+    for phase in ("sequential", "concurrent"):
+        for metric in ("answer_ms", "connected_ms"):
+            for stat in ("p50", "p95", "max"):
+                a, b = naive[phase][metric][stat], eng[phase][metric][stat]
+                label = f"{phase} {metric.replace('_ms', '')} {stat} (ms)"
+                print(f"{label:44} {a:>10.1f} {b:>10.1f} {a / b if b else float('nan'):>13.2f}")
+    a, b = naive["udp_sockets_with_viewers"], eng["udp_sockets_with_viewers"]
+    print(f"{'UDP sockets held with the viewers':44} {a:>10} {b:>10} {a / b if b else 0:>13.1f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("role", nargs="?", default="bench", choices=["bench", "serve", "client"])
+    parser.add_argument("--mode", choices=["naive", "engine"], default="engine")
+    parser.add_argument("--port", type=int, default=18480)
+    parser.add_argument("--url", default="http://127.0.0.1:18480")
+    parser.add_argument("--viewers", type=int, default=30)
+    args = parser.parse_args()
+    if args.role == "serve":
+        asyncio.run(serve(args.mode, args.port))
+    elif args.role == "client":
+        print(json.dumps(asyncio.run(client(args.url, args.viewers))))
+    else:
+        results = {mode: run_mode(mode, args.port + i, args.viewers)
+                   for i, mode in enumerate(("naive", "engine"))}
+        print_table(results)
+        print(json.dumps({"viewers": args.viewers, **results}))
+
+
+if __name__ == "__main__":
+    main()
