@@ -1,0 +1,249 @@
+"""The picamera source: picamera2 with the hardware H.264 encoder (libx264 on a Pi 5).
+
+picamera2 needs libcamera's Python bindings, which only Raspberry Pi OS's apt provides, so it is
+an optional import: without it, choosing this source fails with a message saying what to
+install. The encoder calls our ``Output.outputframe`` on its own thread; frames are handed to the
+event loop with ``call_soon_threadsafe``. Keyframe requests call ``force_key_frame()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ...config import CameraConfig
+from ..access_unit import VIDEO_CLOCK_RATE, AccessUnit
+from .base import Deliver, SourceUnavailable
+from .rpicam import is_pi5
+
+log = logging.getLogger(__name__)
+
+INSTALL_HINT = ("install python3-picamera2 from Raspberry Pi OS's apt and create the venv with "
+                "--system-site-packages")
+
+
+@dataclass(frozen=True)
+class Picamera2Api:
+    """The picamera2/libcamera names this source uses (tests pass stand-ins)."""
+
+    Picamera2: Any
+    H264Encoder: Any
+    Output: Any
+    LibavH264Encoder: Any | None = None
+    Transform: Any | None = None
+    controls: Any | None = None  # libcamera.controls, for AwbModeEnum
+
+
+def load_picamera2() -> Picamera2Api:
+    """Import picamera2 and libcamera; raise SourceUnavailable with an install hint."""
+    try:
+        from picamera2 import Picamera2
+        from picamera2.encoders import H264Encoder
+        from picamera2.outputs import Output
+    except ImportError as exc:
+        raise SourceUnavailable(f"camera.source = picamera needs picamera2 ({exc}): "
+                                f"{INSTALL_HINT}") from None
+    return Picamera2Api(
+        Picamera2,
+        H264Encoder,
+        Output,
+        LibavH264Encoder=_optional("picamera2.encoders", "LibavH264Encoder"),
+        Transform=_optional("libcamera", "Transform"),
+        controls=_optional("libcamera", "controls"),
+    )
+
+
+def _optional(module: str, name: str) -> Any:
+    """``module.name`` if importable (older picamera2 lacks the libav encoder), else None."""
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return None
+
+
+def camera_present(api: Picamera2Api) -> bool:
+    """Whether libcamera sees at least one camera."""
+    try:
+        return bool(api.Picamera2.global_camera_info())
+    except Exception:  # libcamera errors come in many types; absent is the safe answer
+        return False
+
+
+class KeyframeStream:
+    """Wraps a PyAV stream so a pending keyframe request marks the next frame ``PictureType.I``.
+
+    picamera2's ``LibavH264Encoder`` (the Pi 5 path) sets ``frame.pict_type = "I"``, which PyAV
+    14+ rejects; this proxy sets the enum instead and the encoder's own request counter is
+    never used.
+    """
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self.pending = False
+        self.forced = 0
+
+    def encode(self, frame: Any = None) -> Any:
+        """Encode ``frame``, as an IDR if one was requested."""
+        if frame is not None and self.pending:
+            from av.video.frame import PictureType
+
+            self.pending = False
+            frame.pict_type = PictureType.I
+            self.forced += 1
+        return self._stream.encode(frame)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def fixed_libav_encoder_class(base: Any) -> Any:
+    """A subclass of picamera2's ``LibavH264Encoder`` whose keyframe requests work on PyAV 14+."""
+
+    class FixedLibavH264Encoder(base):  # type: ignore[misc,valid-type]
+        def _start(self) -> None:
+            super()._start()
+            self._stream: Any = KeyframeStream(self._stream)
+
+        def force_key_frame(self) -> None:
+            stream = getattr(self, "_stream", None)
+            if isinstance(stream, KeyframeStream):
+                stream.pending = True
+
+    return FixedLibavH264Encoder
+
+
+def output_class(base: Any) -> Any:
+    """An ``Output`` subclass that hands each encoded frame to the asyncio loop."""
+
+    class LoopOutput(base):  # type: ignore[misc,valid-type]
+        def __init__(self, source: PicameraSource, loop: asyncio.AbstractEventLoop,
+                     deliver: Deliver) -> None:
+            super().__init__()
+            self._source = source
+            self._loop = loop
+            self._deliver = deliver
+
+        def outputframe(self, frame: Any, keyframe: bool = True, timestamp: int | None = None,
+                        packet: Any = None, audio: bool = False) -> None:
+            if audio:
+                return
+            au = self._source.make_access_unit(frame, keyframe, timestamp)
+            # RuntimeError: the loop is closing while the camera is being stopped.
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self._deliver, au)
+
+    return LoopOutput
+
+
+class PicameraSource:
+    """Camera via picamera2, hardware-encoded (or libx264 on a Pi 5)."""
+
+    kind = "picamera"
+
+    def __init__(self, camera: CameraConfig, *, api: Picamera2Api | None = None,
+                 pi5: bool | None = None) -> None:
+        self._camera = camera
+        self._api = api
+        self._pi5 = pi5
+        self._picam2: Any = None
+        self._encoder: Any = None
+        self._last_pts = -1
+        self._pts_origin: int | None = None
+        self.frames = 0
+        self.keyframe_requests = 0
+
+    def make_access_unit(self, frame: Any, keyframe: bool, timestamp_us: int | None) -> AccessUnit:
+        """Turn one encoder buffer into an AccessUnit (runs on the encoder thread)."""
+        # The encoder reuses its buffer after outputframe returns: copy it once here.
+        data = bytes(frame)
+        now_us = time.time_ns() // 1000
+        if timestamp_us is None:
+            timestamp_us = time.monotonic_ns() // 1000
+        if self._pts_origin is None:
+            self._pts_origin = timestamp_us
+        pts = (timestamp_us - self._pts_origin) * VIDEO_CLOCK_RATE // 1_000_000
+        pts = max(pts, self._last_pts + 1)
+        self._last_pts = pts
+        self.frames += 1
+        return AccessUnit(data, pts, bool(keyframe), now_us)
+
+    def _make_encoder(self, api: Picamera2Api) -> Any:
+        cam = self._camera
+        pi5 = is_pi5() if self._pi5 is None else self._pi5
+        if pi5 and api.LibavH264Encoder is not None:
+            cls = fixed_libav_encoder_class(api.LibavH264Encoder)
+            return cls(bitrate=cam.bitrate, repeat=True, iperiod=cam.keyframe_interval,
+                       framerate=cam.framerate, profile=cam.profile)
+        try:
+            return api.H264Encoder(bitrate=cam.bitrate, repeat=True,
+                                   iperiod=cam.keyframe_interval, framerate=cam.framerate,
+                                   profile=cam.profile)
+        except TypeError:  # picamera2 before 0.3.17 knows only these three
+            return api.H264Encoder(cam.bitrate, repeat=True, iperiod=cam.keyframe_interval)
+
+    def _controls(self, api: Picamera2Api) -> dict[str, Any]:
+        cam = self._camera
+        controls: dict[str, Any] = {"FrameRate": float(cam.framerate)}
+        if cam.exposure_us:
+            controls["ExposureTime"] = cam.exposure_us
+        if cam.gain:
+            controls["AnalogueGain"] = cam.gain
+        if cam.exposure_us or cam.gain:
+            controls["AeEnable"] = False
+        if cam.awb and cam.awb != "auto":
+            enum = getattr(getattr(api.controls, "AwbModeEnum", None), cam.awb.capitalize(), None)
+            if enum is None:
+                log.warning("camera.awb = %r is not known to libcamera; keeping auto", cam.awb)
+            else:
+                controls["AwbMode"] = enum
+        return controls
+
+    def _open(self, loop: asyncio.AbstractEventLoop, deliver: Deliver) -> None:
+        api = self._api if self._api is not None else load_picamera2()
+        cam = self._camera
+        picam2 = api.Picamera2()
+        kwargs: dict[str, Any] = {
+            "main": {"size": (cam.width, cam.height), "format": "YUV420"},
+            "controls": self._controls(api),
+        }
+        if api.Transform is not None:
+            kwargs["transform"] = api.Transform(hflip=int(cam.hflip), vflip=int(cam.vflip))
+        picam2.configure(picam2.create_video_configuration(**kwargs))
+        encoder = self._make_encoder(api)
+        output = output_class(api.Output)(self, loop, deliver)
+        picam2.start_recording(encoder, output)
+        self._picam2, self._encoder = picam2, encoder
+
+    def _close(self) -> None:
+        picam2, self._picam2 = self._picam2, None
+        self._encoder = None
+        if picam2 is not None:
+            try:
+                picam2.stop_recording()
+            finally:
+                picam2.close()
+
+    async def start(self, deliver: Deliver) -> None:
+        """Open the camera and start recording (off the loop: libcamera calls block)."""
+        if self._picam2 is not None:
+            return
+        await asyncio.to_thread(self._open, asyncio.get_running_loop(), deliver)
+
+    async def stop(self) -> None:
+        """Stop recording and release the camera."""
+        await asyncio.to_thread(self._close)
+
+    def request_keyframe(self) -> None:
+        """Ask the encoder for an IDR (V4L2 FORCE_KEY_FRAME, or the Pi 5 libav fix)."""
+        self.keyframe_requests += 1
+        if self._encoder is not None:
+            self._encoder.force_key_frame()
+
+    def stats(self) -> dict[str, Any]:
+        """Frame and request counters."""
+        return {"frames": self.frames, "keyframe_requests": self.keyframe_requests}
