@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from ruseon_appliance.capture.h264 import AccessUnitSplitter  # noqa: E402
+from ruseon_appliance.capture.h264 import AccessUnitSplitter
 
 
 def main() -> int:

@@ -89,7 +89,7 @@ async def test_file_source_missing_file_is_a_clear_error(tmp_path: Path) -> None
         await source.start(lambda au: None)
     junk = tmp_path / "junk.h264"
     junk.write_bytes(b"\x00" * 1000)
-    with pytest.raises(SourceUnavailable, match="no H.264 IDR"):
+    with pytest.raises(SourceUnavailable, match=r"no H\.264 IDR"):
         await FileSource(CAMERA, junk).start(lambda au: None)
 
 
