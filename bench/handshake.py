@@ -105,7 +105,10 @@ async def serve(mode: str, port: int) -> None:
         # The tutorial way: everything per offer.
         pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
         track = ViewerTrack(feed, frame_interval=3000, catch_up_max_frames=15,
-                            keyframe_interval_frames=60)
+                            keyframe_interval_frames=60,
+                            # Same join behaviour as the engine's viewers (fresh IDR on join),
+                            # so both servers send the same video and only the handshake differs.
+                            on_keyframe_request=lambda r: feed.request_keyframe(r) and None)
         transceiver = pc.addTransceiver(track, direction="sendonly")
         assert feed.stream_info is not None
         transceiver.setCodecPreferences(registry.select(feed.stream_info.profile_level_id))
