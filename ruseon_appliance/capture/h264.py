@@ -329,11 +329,14 @@ class AccessUnitSplitter:
             del buf[: self._au_start]
             self._scan -= self._au_start
             self._au_start = 0
-        elif self._au_start < 0 and len(buf) > 3:
-            # No start code seen yet: everything but a possible partial start code is garbage.
-            drop = len(buf) - 3
-            self.discarded_bytes += drop
-            del buf[:drop]
+        elif self._au_start < 0 and len(buf) > 4:
+            # No unit started yet: everything before the first (possibly partial, possibly
+            # still undecided) start code is garbage.
+            p = buf.find(START_CODE)
+            drop = len(buf) - 3 if p < 0 else (p - 1 if p > 0 and buf[p - 1] == 0 else p)
+            if drop > 0:
+                self.discarded_bytes += drop
+                del buf[:drop]
             self._scan = 0
         if len(buf) > self._max:
             # A unit larger than anything the muxer accepts: drop it and resynchronise.
