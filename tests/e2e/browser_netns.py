@@ -1,0 +1,242 @@
+"""A private network namespace Chromium can do WebRTC in, a real ``ruseon serve``, and Chromium.
+
+Chromium gathers no ICE candidate from loopback, and none at all in a namespace with only ``lo``
+and no default route. So each browser test re-runs itself under ``unshare --net`` (see
+:func:`rerun_in_browser_netns`); inside, :func:`prepare_namespace` adds a veth pair with a test
+address (198.18.0.0/15 is reserved for benchmarking) and a default route through it. Chromium then
+offers an mDNS host candidate, its checks reach the server's 127.0.0.1 candidate, and the server
+learns its address as peer-reflexive. No packet leaves the namespace: the veth's peer end is in
+the same namespace and nothing listens on 198.18.0.2.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.tooling import IN_CI, free_port, require_root, require_tool
+
+REPO = Path(__file__).resolve().parents[2]
+ARTIFACTS = REPO / "artifacts"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]
+NETNS_ENV = "RUSEON_BROWSER_NETNS"
+VETH, VETH_PEER = "rbr0", "rbr1"
+TEST_ADDRESS, TEST_GATEWAY = "198.18.0.1/24", "198.18.0.2"
+# The synthetic source's size in browser tests: small enough for three decoders on two cores.
+SOURCE_WIDTH, SOURCE_HEIGHT = 640, 360
+READY_TIMEOUT_S = 90
+
+
+def inside_browser_netns() -> bool:
+    """True in the re-run child, inside its private namespace."""
+    return os.environ.get(NETNS_ENV) == "1"
+
+
+def rerun_in_browser_netns(nodeid: str) -> None:
+    """Run the test ``nodeid`` again in a fresh network namespace; fail with its output if it
+    fails there. Called by the test itself when :func:`inside_browser_netns` is false."""
+    require_root("creates a network namespace with a veth pair for Chromium")
+    unshare = require_tool("unshare", "apt-get install util-linux")
+    require_tool("ip", "apt-get install iproute2")
+    if not Path(CHROMIUM).exists():
+        message = f"{CHROMIUM} is not installed (apt-get install chromium)"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+    env = {**os.environ, NETNS_ENV: "1"}
+    command = [unshare, "--net", "--fork", "--", sys.executable, "-m", "pytest", nodeid,
+               "-q", "-x", "-p", "no:cacheprovider", "-o", "addopts=", "--timeout=240"]
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
+                            timeout=300, check=False)
+    if result.returncode != 0:
+        pytest.fail(f"in the browser namespace:\n{result.stdout[-8000:]}\n{result.stderr[-4000:]}",
+                    pytrace=False)
+
+
+def prepare_namespace() -> None:
+    """Bring up ``lo`` and a veth pair with a default route, in *this* (private) namespace."""
+    # Asked over netlink (if_nameindex), not via /sys/class/net, which shows the namespace sysfs
+    # was mounted in rather than this process's.
+    present = {name for _, name in socket.if_nameindex()}
+    # Refuse to touch a namespace that has real interfaces: this must be the private one.
+    if not present <= {"lo", VETH, VETH_PEER}:
+        raise RuntimeError(f"not a private network namespace (interfaces: {sorted(present)})")
+    commands = [["ip", "link", "set", "lo", "up"]]
+    if VETH not in present:
+        commands += [
+            ["ip", "link", "add", VETH, "type", "veth", "peer", "name", VETH_PEER],
+            ["ip", "addr", "add", TEST_ADDRESS, "dev", VETH],
+            ["ip", "link", "set", VETH, "up"],
+            ["ip", "link", "set", VETH_PEER, "up"],
+            ["ip", "route", "add", "default", "via", TEST_GATEWAY, "dev", VETH],
+        ]
+    for command in commands:
+        subprocess.run(command, check=True, capture_output=True)
+
+
+class Server:
+    """A real ``python -m ruseon_appliance serve`` with the synthetic source on loopback."""
+
+    def __init__(self, state_dir: Path, *, token: str = "") -> None:
+        self.state_dir = state_dir
+        self.token = token
+        self.http_port = free_port()
+        self.rtc_port = free_port(kind=socket.SOCK_DGRAM)
+        self.proc: subprocess.Popen[str] | None = None
+        self.output: list[str] = []
+        self._ready = threading.Event()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}/"
+
+    def start(self) -> None:
+        """Start and wait for the ready line (the first frame is then in the ring)."""
+        command = [
+            sys.executable, "-m", "ruseon_appliance", "serve", "--config", "/dev/null",
+            "--source", "synthetic", "--http", f"127.0.0.1:{self.http_port}",
+            "--rtc", f"127.0.0.1:{self.rtc_port}", "--advertise", "127.0.0.1",
+            "--state-dir", str(self.state_dir),
+        ]
+        if self.token:
+            command += ["--token", self.token]
+        env = {**os.environ, "RUSEON_CAMERA_WIDTH": str(SOURCE_WIDTH),
+               "RUSEON_CAMERA_HEIGHT": str(SOURCE_HEIGHT)}
+        env.pop(NETNS_ENV, None)
+        self._ready.clear()
+        self.proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True)
+        threading.Thread(target=self._pump, args=(self.proc,), daemon=True).start()
+        if not self._ready.wait(READY_TIMEOUT_S) or self.proc.poll() is not None:
+            self.stop()
+            raise AssertionError("ruseon serve did not get ready:\n" + "".join(self.output))
+
+    def _pump(self, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            self.output.append(line)
+            if "ready: open" in line:
+                self._ready.set()
+        self._ready.set()  # it exited: stop waiting, start() reports the output
+
+    def stop(self) -> None:
+        """SIGTERM and wait (the service closes every session on the way out)."""
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.proc = None
+
+    def status(self) -> dict[str, Any]:
+        """``/api/status`` as JSON."""
+        request = urllib.request.Request(self.url + "api/status")
+        if self.token:
+            request.add_header("Authorization", f"Bearer {self.token}")
+        with urllib.request.urlopen(request, timeout=10) as response:
+            document: dict[str, Any] = json.load(response)
+            return document
+
+
+@contextlib.contextmanager
+def running_server(state_dir: Path, *, token: str = "") -> Iterator[Server]:
+    """A started :class:`Server`, stopped on exit."""
+    server = Server(state_dir, token=token)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@contextlib.contextmanager
+def chromium() -> Iterator[Any]:
+    """Debian's Chromium driven by Playwright (never a downloaded browser)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+        )
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+# What the page reports about its stream, read from the player's RTCPeerConnection.
+PAGE_STATS_JS = """async () => {
+  const p = window.ruseon;
+  const v = document.getElementById('video');
+  const out = {state: p ? p.state : null, generation: p ? p.generation : 0,
+               videoWidth: v.videoWidth, videoHeight: v.videoHeight, framesDecoded: 0,
+               codec: null, viewers: p ? p.viewers : null};
+  if (!p || !p.pc) return out;
+  const report = await p.pc.getStats();
+  const byId = new Map();
+  report.forEach((s) => byId.set(s.id, s));
+  report.forEach((s) => {
+    if (s.type === 'inbound-rtp' && s.kind === 'video') {
+      out.framesDecoded = s.framesDecoded || 0;
+      const codec = s.codecId ? byId.get(s.codecId) : null;
+      out.codec = codec ? codec.mimeType : null;
+    }
+  });
+  return out;
+}"""
+
+
+def page_stats(page: Any) -> dict[str, Any]:
+    """The page's player state, video size, frames decoded and codec."""
+    stats: dict[str, Any] = page.evaluate(PAGE_STATS_JS)
+    return stats
+
+
+def wait_for_page(
+    page: Any, condition: str, predicate: Any, timeout_s: float = 60
+) -> dict[str, Any]:
+    """Poll :func:`page_stats` until ``predicate(stats)``; fail naming ``condition`` otherwise.
+    (The timeout only keeps a broken run from hanging; nothing here measures time.)"""
+    deadline = time.monotonic() + timeout_s
+    stats = page_stats(page)
+    while not predicate(stats):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"page never reached: {condition}; last stats {stats}")
+        page.wait_for_timeout(250)
+        stats = page_stats(page)
+    return stats
+
+
+def save_screenshot(page: Any, name: str) -> Path:
+    """Save a screenshot under artifacts/ (gitignored) and return its path."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    path = ARTIFACTS / name
+    page.screenshot(path=str(path))
+    return path
+
+
+def chromium_available() -> bool:
+    """Debian's Chromium is installed."""
+    return shutil.which(CHROMIUM) is not None
