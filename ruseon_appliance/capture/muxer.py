@@ -145,8 +145,10 @@ class Muxer:
         *,
         with_parameter_sets: bool,
     ) -> AccessUnit | None:
-        buf = self._buf
-        limit = len(buf)
+        # Write through the memoryview: assigning to a bytearray slice from anything but a
+        # bytearray makes a temporary copy of the source first (CPython), a memoryview does not.
+        out = self._view
+        limit = len(out)
         pos = 0
         if with_parameter_sets:
             assert self._sps is not None and self._pps is not None
@@ -155,8 +157,8 @@ class Muxer:
                 if end > limit:
                     self._drop("oversized", f"access unit over {limit} bytes")
                     return None
-                buf[pos : pos + 4] = START_CODE_4
-                buf[pos + 4 : end] = ps
+                out[pos : pos + 4] = START_CODE_4
+                out[pos + 4 : end] = ps
                 pos = end
         # Slicing a memoryview copies nothing; slicing bytes would copy each payload once more.
         source = memoryview(data)
@@ -171,8 +173,8 @@ class Muxer:
             if end > limit:
                 self._drop("oversized", f"access unit over {limit} bytes")
                 return None
-            buf[pos : pos + 4] = START_CODE_4
-            buf[pos + 4 : end] = source[start:stop]
+            out[pos : pos + 4] = START_CODE_4
+            out[pos + 4 : end] = source[start:stop]
             pos = end
         self.counters["rebuilt"] += 1
         if with_parameter_sets:

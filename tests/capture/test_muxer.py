@@ -103,3 +103,30 @@ def test_bad_units_are_counted_not_raised(cam_units: list[tuple[bytes, bool]]) -
     assert_idr_shape(bytes(emitted.data), muxer)
     kinds = [emitted.data[s] & 0x1F for s, _ in nal_spans(bytes(emitted.data))]
     assert kinds[:2] == [NAL_SPS, NAL_PPS] and kinds.count(NAL_SPS) == 1
+
+
+def test_assembly_allocates_nothing_proportional_to_the_frame(
+    cam_units: list[tuple[bytes, bool]],
+) -> None:
+    """The IDR rebuild copies into the preallocated buffer only (no temporary payload copies)."""
+    import tracemalloc
+
+    from ruseon_appliance.capture.ring import RingBuffer
+
+    muxer = Muxer(1024 * 1024)
+    ring = RingBuffer(4 * 1024 * 1024, 64)
+    idr = cam_units[0][0]
+    big_idr = idr + b"\x00\x00\x00\x01\x05" + b"\x55" * 300_000  # a second, huge IDR slice
+    muxer.push(unit(big_idr, 0, True))  # warm up (first-time SPS parse, caches)
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        base = tracemalloc.get_traced_memory()[0]
+        out = muxer.push(unit(big_idr, 1, True))
+        assert out is not None
+        ring.write(out)
+        transient = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    assert len(out.data) > 300_000
+    assert transient < 16 * 1024, transient
