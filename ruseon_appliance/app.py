@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import socket
 import ssl
 import time
 from pathlib import Path
@@ -19,9 +20,8 @@ from aiohttp import web
 
 from .capture.pipeline import CapturePipeline
 from .config import Config
-from .engine.engine import Engine
-from .engine.interfaces import interface_addresses
-from .systemd_integration import SystemdNotifier
+from .engine.engine import Engine, default_advertise
+from .systemd_integration import SystemdNotifier, frames_flowing
 from .web.app import make_app
 
 log = logging.getLogger("ruseon")
@@ -32,8 +32,6 @@ FIRST_FRAME_TIMEOUT_S = 20.0
 SHUTDOWN_TIMEOUT_S = 10.0
 # How often STATUS= is refreshed for `systemctl status`.
 STATUS_INTERVAL_S = 5.0
-# Frames must have arrived within this long for the watchdog to be fed (see systemd unit).
-FRAME_STALL_S = 5.0
 
 
 class Appliance:
@@ -48,11 +46,6 @@ class Appliance:
         self._tasks: list[asyncio.Task[None]] = []
         self.started = time.time()
 
-    def healthy(self) -> bool:
-        """Frames are flowing (for the watchdog and /healthz's notion of liveness)."""
-        last = self.capture.last_frame_monotonic
-        return last is not None and time.monotonic() - last < FRAME_STALL_S
-
     async def start(self) -> None:
         """Start everything; returns once the appliance serves video."""
         config = self.config
@@ -61,7 +54,13 @@ class Appliance:
         passed = self.notifier.passed_sockets()
 
         await self.capture.start()
-        self.engine = Engine(config.webrtc, state_dir, self.capture, udp_socket=passed.get("rtc"))
+        self.engine = Engine(
+            config.webrtc,
+            state_dir,
+            self.capture,
+            udp_socket=passed.get("rtc"),
+            max_offer_bytes=config.http.max_offer_bytes,
+        )
         await self.engine.start()
 
         app = make_app(config, self.engine, self.capture, started=self.started)
@@ -83,9 +82,10 @@ class Appliance:
                 f"{FIRST_FRAME_TIMEOUT_S:.0f} s"
             )
         self.notifier.ready()
-        self._tasks.append(asyncio.create_task(self.notifier.watchdog_loop(self.healthy)))
+        healthy = frames_flowing(lambda: self.capture.last_frame_monotonic)
+        self._tasks.append(asyncio.create_task(self.notifier.watchdog_loop(healthy)))
         self._tasks.append(asyncio.create_task(self._status_loop()))
-        urls = self.urls(site)
+        urls = self.urls()
         log.info(
             "ready: open %s",
             urls[0],
@@ -100,14 +100,16 @@ class Appliance:
         context.load_cert_chain(http.tls_cert, http.tls_key)
         return context
 
-    def urls(self, site: web.BaseSite) -> list[str]:
+    def urls(self) -> list[str]:
         """Where a person can open the device page, most useful first."""
         scheme = "https" if self.config.http.tls_cert else "http"
-        sockets = [s for s in (getattr(site._server, "sockets", None) or [])]  # noqa: SLF001
-        port = sockets[0].getsockname()[1] if sockets else self.config.http.listen.port
+        assert self._runner is not None
+        bound = self._runner.addresses
+        port = bound[0][1] if bound else self.config.http.listen.port
         host = self.config.http.listen.host
         if host in ("0.0.0.0", "::", ""):
-            hosts = [a for a in interface_addresses() if not a.startswith("127.") and a != "::1"]
+            lan = default_advertise([socket.AF_INET])
+            hosts = [a for a in lan if not a.startswith("127.")]
             hosts += ["127.0.0.1"]
         else:
             hosts = [host]
