@@ -4,11 +4,21 @@ and the synthetic source."""
 from __future__ import annotations
 
 import asyncio
+import datetime
+import ipaddress
 import re
+import ssl
+from pathlib import Path
 from typing import Any
 
+import aiohttp
 import av
+from aiohttp import web
 from aiohttp.test_utils import TestClient
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from ruseon_appliance import __version__
 from ruseon_appliance.engine.engine import Engine
@@ -152,3 +162,53 @@ async def test_device_page_is_served_with_its_player(device: Device) -> None:
     for asset in ("/static/device.js", "/static/whep.js", "/static/device.css"):
         response = await client.get(asset)
         assert response.status == 200, asset
+
+
+async def test_https_when_a_certificate_is_configured(
+    device: Device, viewers: list[Viewer], tmp_path: Path
+) -> None:
+    """The same app behind TLS (as app.py serves it when http.tls_cert/tls_key are set)."""
+    _, _, plain = device
+    cert, key = self_signed_certificate(tmp_path)
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_tls.load_cert_chain(cert, key)
+    runner = web.AppRunner(plain.app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_tls)
+    await site.start()
+    port = runner.addresses[0][1]
+    client_tls = ssl.create_default_context(cafile=str(cert))
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"https://127.0.0.1:{port}/healthz", ssl=client_tls) as r:
+                assert r.status == 200
+            _, offer = await new_offer(viewers)
+            async with session.post(f"https://127.0.0.1:{port}/whep", data=offer, headers=SDP,
+                                    ssl=client_tls) as r:
+                assert r.status == 201
+                assert r.headers["Location"].startswith("/whep/sessions/")
+    finally:
+        await runner.cleanup()
+
+
+def self_signed_certificate(directory: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and its key, as PEM files."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    certificate = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name)
+        .public_key(key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName(
+            [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = directory / "cert.pem", directory / "key.pem"
+    cert_path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()))
+    return cert_path, key_path
