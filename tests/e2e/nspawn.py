@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -322,6 +322,35 @@ class Container:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def require_bench() -> None:
+    """Root, the tools and the cached layers for a container test; fail in CI, skip elsewhere."""
+    import pytest
+
+    from tests.tooling import IN_CI, require_root, require_tool
+
+    require_root("mount overlayfs and boot systemd-nspawn")
+    for tool in ("systemd-nspawn", "nsenter", "mmdebstrap"):
+        require_tool(tool, "scripts/install-system-deps")
+    try:
+        base_rootfs(build=False)
+        wheels_dir(build=False)
+    except PrepareError as exc:
+        if IN_CI:
+            pytest.fail(str(exc))
+        pytest.skip(str(exc))
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, what: str,
+             interval: float = 0.1) -> None:
+    """Poll ``predicate()`` until it is truthy; raise AssertionError naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def _log(message: str) -> None:

@@ -8,7 +8,6 @@ run in file order and build on each other (watchdog restart, then socket activat
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import re
 import socket
@@ -19,29 +18,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import aiohttp
 import aioice.ice
 import pytest
-from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
 from tests.e2e import nspawn
-from tests.tooling import IN_CI, free_port, require_root, require_tool
+from tests.e2e.whep_viewer import watch
+from tests.tooling import free_port
 
 pytestmark = [pytest.mark.container, pytest.mark.slow, pytest.mark.timeout(600)]
-
-
-def require_container_bench() -> None:
-    """Root, the tools, and the cached rootfs; fail in CI, skip elsewhere."""
-    require_root("mount overlayfs and boot systemd-nspawn")
-    for tool in ("systemd-nspawn", "nsenter", "mmdebstrap"):
-        require_tool(tool, "scripts/install-system-deps")
-    try:
-        nspawn.base_rootfs(build=False)
-        nspawn.wheels_dir(build=False)
-    except nspawn.PrepareError as exc:
-        if IN_CI:
-            pytest.fail(str(exc))
-        pytest.skip(str(exc))
 
 
 @dataclass
@@ -80,7 +64,7 @@ def quiet_the_rootfs(rootfs: Path) -> None:
 @pytest.fixture(scope="module")
 def booted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Booted]:
     """Overlay over the cached rootfs, install.sh, config, boot; shut down at the end."""
-    require_container_bench()
+    nspawn.require_bench()
     overlay = nspawn.Overlay(nspawn.base_rootfs(build=False), "systemd")
     try:
         wheel = nspawn.project_wheel(overlay.root / "dist")
@@ -103,17 +87,6 @@ def booted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Booted]:
             container.stop()
     finally:
         overlay.remove()
-
-
-def wait_for(predicate: object, timeout: float, what: str, interval: float = 0.1) -> None:
-    """Poll ``predicate()`` until true; fail naming ``what``."""
-    assert callable(predicate)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def http_get(url: str, timeout: float = 2) -> bytes | None:
@@ -143,41 +116,6 @@ def loopback_candidates(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(aioice.ice, "get_host_addresses", lambda use_ipv4, use_ipv6: ["127.0.0.1"])
 
 
-async def watch(base_url: str, frames: int = 5, timeout: float = 30) -> tuple[int, int, str]:
-    """WHEP POST, then decode ``frames`` video frames; returns (width, height, session URL)."""
-    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-    try:
-        pc.addTransceiver("video", direction="recvonly")
-        got_track: asyncio.Future[object] = asyncio.get_running_loop().create_future()
-
-        def on_track(track: object) -> None:
-            if not got_track.done():
-                got_track.set_result(track)
-
-        pc.on("track", on_track)
-
-        await pc.setLocalDescription(await pc.createOffer())
-        async with aiohttp.ClientSession() as http:
-            async with http.post(
-                base_url + "/whep", data=pc.localDescription.sdp,
-                headers={"Content-Type": "application/sdp"},
-            ) as response:
-                assert response.status == 201, await response.text()
-                answer = await response.text()
-                location = response.headers["Location"]
-            await pc.setRemoteDescription(RTCSessionDescription(answer, "answer"))
-            track = await asyncio.wait_for(got_track, timeout)
-            size = (0, 0)
-            for _ in range(frames):
-                frame = await asyncio.wait_for(track.recv(), timeout)  # type: ignore[attr-defined]
-                size = (frame.width, frame.height)
-            async with http.delete(base_url + location) as response:
-                assert response.status == 200
-        return size[0], size[1], location
-    finally:
-        await pc.close()
-
-
 # -- 1. READY ordering ----------------------------------------------------------------------------
 
 
@@ -193,7 +131,7 @@ def test_unit_is_notify_with_watchdog(booted: Booted) -> None:
 def test_active_only_after_ready(booted: Booted) -> None:
     """Restart and watch: while systemd says active, the page and frames are already there."""
     c = booted.container
-    wait_for(lambda: service_active(c), 60, "ruseon.service active after boot")
+    nspawn.wait_for(lambda: service_active(c), 60, "ruseon.service active after boot")
     c.systemctl("restart", "--no-block", "ruseon")
     observations: list[tuple[str, bool]] = []
     deadline = time.monotonic() + 60
@@ -252,11 +190,13 @@ async def test_sigstop_is_caught_by_the_watchdog_and_a_client_reconnects(booted:
     pid = int(before["MainPID"])
     stopped_at = time.monotonic()
     c.run("kill", "-STOP", str(pid))
-    wait_for(
+    nspawn.wait_for(
         lambda: c.show("ruseon", "NRestarts")["NRestarts"] != before["NRestarts"], 60,
         "systemd to restart the stopped service",
     )
-    wait_for(lambda: service_active(c) and main_pid(c) not in (0, pid), 60, "the new process")
+    nspawn.wait_for(
+        lambda: service_active(c) and main_pid(c) not in (0, pid), 60, "the new process"
+    )
     print(f"\n[systemd e2e] SIGSTOP to active again: {time.monotonic() - stopped_at:.1f} s")
     log = c.run("journalctl", "-u", "ruseon", "--no-pager", "-n", "60").stdout
     assert "Watchdog timeout" in log, log
