@@ -15,16 +15,29 @@ from .logs import setup_logging
 
 
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", type=Path, metavar="FILE",
-                        help="TOML config file (default: $RUSEON_CONFIG or /etc/ruseon/ruseon.toml)")
-    parser.add_argument("--source", metavar="KIND",
-                        help="camera source: auto, synthetic, picamera, rpicam or file:PATH")
+    parser.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="TOML config file (default: $RUSEON_CONFIG or /etc/ruseon/ruseon.toml)",
+    )
+    parser.add_argument(
+        "--source",
+        metavar="KIND",
+        help="camera source: auto, synthetic, picamera, rpicam or file:PATH",
+    )
     parser.add_argument("--http", metavar="HOST:PORT", help="HTTP listen address (WHEP, page, API)")
     parser.add_argument("--rtc", metavar="HOST:PORT", help="the single WebRTC UDP listen address")
-    parser.add_argument("--advertise", metavar="ADDR", action="append",
-                        help="address to put in answers as a host candidate (repeatable)")
+    parser.add_argument(
+        "--advertise",
+        metavar="ADDR",
+        action="append",
+        help="address to put in answers as a host candidate (repeatable)",
+    )
     parser.add_argument("--state-dir", metavar="DIR", help="state directory (certificate, ...)")
-    parser.add_argument("--token", metavar="TOKEN", help="Bearer token required on WHEP and the API")
+    parser.add_argument(
+        "--token", metavar="TOKEN", help="Bearer token required on WHEP and the API"
+    )
     parser.add_argument("--max-viewers", metavar="N", help="maximum concurrent viewers")
     parser.add_argument("--log-level", metavar="LEVEL", help="debug, info, warning or error")
 

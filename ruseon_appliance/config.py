@@ -325,29 +325,67 @@ def validate(config: Config) -> None:
         cam.source,
         "allowed are auto, synthetic, picamera, rpicam, file:PATH",
     )
-    _check(16 <= cam.width <= 4096 and cam.width % 2 == 0, "camera.width", cam.width,
-           "an even number from 16 to 4096")
-    _check(16 <= cam.height <= 4096 and cam.height % 2 == 0, "camera.height", cam.height,
-           "an even number from 16 to 4096")
+    _check(
+        16 <= cam.width <= 4096 and cam.width % 2 == 0,
+        "camera.width",
+        cam.width,
+        "an even number from 16 to 4096",
+    )
+    _check(
+        16 <= cam.height <= 4096 and cam.height % 2 == 0,
+        "camera.height",
+        cam.height,
+        "an even number from 16 to 4096",
+    )
     _check(1 <= cam.framerate <= 120, "camera.framerate", cam.framerate, "1 to 120")
-    _check(50_000 <= cam.bitrate <= 50_000_000, "camera.bitrate", cam.bitrate,
-           "50000 to 50000000 bits/s")
-    _check(1 <= cam.keyframe_interval <= 600, "camera.keyframe_interval", cam.keyframe_interval,
-           "1 to 600 frames")
-    _check(cam.profile in PROFILES, "camera.profile", cam.profile, "allowed are " + ", ".join(PROFILES))
-    _check(0 <= cam.keyframe_request_interval_ms <= 60_000, "camera.keyframe_request_interval_ms",
-           cam.keyframe_request_interval_ms, "0 to 60000 ms")
+    _check(
+        50_000 <= cam.bitrate <= 50_000_000,
+        "camera.bitrate",
+        cam.bitrate,
+        "50000 to 50000000 bits/s",
+    )
+    _check(
+        1 <= cam.keyframe_interval <= 600,
+        "camera.keyframe_interval",
+        cam.keyframe_interval,
+        "1 to 600 frames",
+    )
+    _check(
+        cam.profile in PROFILES, "camera.profile", cam.profile, "allowed are " + ", ".join(PROFILES)
+    )
+    _check(
+        0 <= cam.keyframe_request_interval_ms <= 60_000,
+        "camera.keyframe_request_interval_ms",
+        cam.keyframe_request_interval_ms,
+        "0 to 60000 ms",
+    )
     _check(cam.exposure_us >= 0, "camera.exposure_us", cam.exposure_us, "0 (auto) or more µs")
     _check(cam.gain >= 0, "camera.gain", cam.gain, "0 (auto) or more")
-    _check(64 * 1024 <= cam.ring_bytes <= 512 * 1024 * 1024, "camera.ring_bytes", cam.ring_bytes,
-           "64 KiB to 512 MiB")
+    _check(
+        64 * 1024 <= cam.ring_bytes <= 512 * 1024 * 1024,
+        "camera.ring_bytes",
+        cam.ring_bytes,
+        "64 KiB to 512 MiB",
+    )
     _check(16 <= cam.ring_slots <= 65536, "camera.ring_slots", cam.ring_slots, "16 to 65536")
-    _check(16 * 1024 <= cam.max_frame_bytes <= cam.ring_bytes, "camera.max_frame_bytes",
-           cam.max_frame_bytes, "16 KiB up to camera.ring_bytes")
-    _check(bool(config.http.tls_cert) == bool(config.http.tls_key), "http.tls_cert",
-           config.http.tls_cert, "set together with http.tls_key (both or neither)")
-    _check(config.http.max_offer_bytes >= 1024, "http.max_offer_bytes", config.http.max_offer_bytes,
-           "at least 1024")
+    _check(
+        16 * 1024 <= cam.max_frame_bytes <= cam.ring_bytes,
+        "camera.max_frame_bytes",
+        cam.max_frame_bytes,
+        "16 KiB up to camera.ring_bytes",
+    )
+    _check(
+        bool(config.http.tls_cert) == bool(config.http.tls_key),
+        "http.tls_cert",
+        config.http.tls_cert,
+        "set together with http.tls_key (both or neither)",
+    )
+    _check(
+        config.http.max_offer_bytes >= 1024,
+        "http.max_offer_bytes",
+        config.http.max_offer_bytes,
+        "at least 1024",
+    )
     for addr in config.webrtc.advertise:
         try:
             ipaddress.ip_address(addr)
@@ -356,16 +394,36 @@ def validate(config: Config) -> None:
                 f"webrtc.advertise = {addr!r} is not valid: an IPv4 or IPv6 address"
             ) from None
     for url in config.webrtc.ice_servers:
-        _check(url.split(":", 1)[0] in ("stun", "stuns", "turn", "turns"), "webrtc.ice_servers",
-               url, "stun:, stuns:, turn: or turns: URLs")
-    _check(1 <= config.webrtc.max_viewers <= 10_000, "webrtc.max_viewers",
-           config.webrtc.max_viewers, "1 to 10000")
-    _check(config.webrtc.connect_timeout_s > 0, "webrtc.connect_timeout_s",
-           config.webrtc.connect_timeout_s, "more than 0 seconds")
-    _check(config.webrtc.send_path in ("fanout", "aiortc"), "webrtc.send_path",
-           config.webrtc.send_path, "allowed are fanout, aiortc")
-    _check(config.log.level.lower() in ("debug", "info", "warning", "error"), "log.level",
-           config.log.level, "allowed are debug, info, warning, error")
+        _check(
+            url.split(":", 1)[0] in ("stun", "stuns", "turn", "turns"),
+            "webrtc.ice_servers",
+            url,
+            "stun:, stuns:, turn: or turns: URLs",
+        )
+    _check(
+        1 <= config.webrtc.max_viewers <= 10_000,
+        "webrtc.max_viewers",
+        config.webrtc.max_viewers,
+        "1 to 10000",
+    )
+    _check(
+        config.webrtc.connect_timeout_s > 0,
+        "webrtc.connect_timeout_s",
+        config.webrtc.connect_timeout_s,
+        "more than 0 seconds",
+    )
+    _check(
+        config.webrtc.send_path in ("fanout", "aiortc"),
+        "webrtc.send_path",
+        config.webrtc.send_path,
+        "allowed are fanout, aiortc",
+    )
+    _check(
+        config.log.level.lower() in ("debug", "info", "warning", "error"),
+        "log.level",
+        config.log.level,
+        "allowed are debug, info, warning, error",
+    )
     _check(bool(config.state.dir), "state.dir", config.state.dir, "a directory path")
 
 
@@ -391,4 +449,3 @@ def to_toml(config: Config) -> str:
             lines.append(f"{f.name} = {render(getattr(values, f.name))}")
         lines.append("")
     return "\n".join(lines)
-

@@ -65,7 +65,9 @@ def check_encoder(config: Config) -> Finding:
         reason = str(exc)
     hardware = [d for d in ("/dev/video11",) if os.path.exists(d)]
     if hardware:
-        return Finding("encoder", "ok", f"V4L2 M2M encoder {hardware[0]}; software: {software or '-'}")
+        return Finding(
+            "encoder", "ok", f"V4L2 M2M encoder {hardware[0]}; software: {software or '-'}"
+        )
     if software:
         return Finding("encoder", "ok", software)
     return Finding("encoder", "FAIL", f"no H.264 encoder: {reason}")

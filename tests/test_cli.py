@@ -12,7 +12,10 @@ import pytest
 def ruseon(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "ruseon_appliance", *args],
-        capture_output=True, text=True, timeout=60, env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
     )
 
 
@@ -51,8 +54,17 @@ def test_bad_config_file_exits_nonzero_with_one_clear_line(
 
 
 def test_config_prints_effective_toml_with_flags_applied(tmp_path: Path) -> None:
-    result = ruseon("config", "--config", "/dev/null", "--rtc", "127.0.0.1:9999",
-                    "--advertise", "127.0.0.1", "--advertise", "::1")
+    result = ruseon(
+        "config",
+        "--config",
+        "/dev/null",
+        "--rtc",
+        "127.0.0.1:9999",
+        "--advertise",
+        "127.0.0.1",
+        "--advertise",
+        "::1",
+    )
     assert result.returncode == 0, result.stderr
     assert 'listen = "127.0.0.1:9999"' in result.stdout
     assert 'advertise = ["127.0.0.1", "::1"]' in result.stdout
@@ -64,15 +76,35 @@ def test_check_reports_each_item_and_fails_on_a_busy_port(tmp_path: Path) -> Non
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as busy:
         busy.bind(("127.0.0.1", 0))
         port = busy.getsockname()[1]
-        result = ruseon("check", "--config", "/dev/null", "--source", "synthetic",
-                        "--http", "127.0.0.1:0", "--rtc", f"127.0.0.1:{port}",
-                        "--state-dir", str(tmp_path / "state"))
+        result = ruseon(
+            "check",
+            "--config",
+            "/dev/null",
+            "--source",
+            "synthetic",
+            "--http",
+            "127.0.0.1:0",
+            "--rtc",
+            f"127.0.0.1:{port}",
+            "--state-dir",
+            str(tmp_path / "state"),
+        )
     assert result.returncode == 1
     assert "FAIL webrtc port" in result.stdout and "in use" in result.stdout
     assert "ok   encoder" in result.stdout
-    healthy = ruseon("check", "--config", "/dev/null", "--source", "synthetic",
-                     "--http", "127.0.0.1:0", "--rtc", "127.0.0.1:0",
-                     "--state-dir", str(tmp_path / "state"))
+    healthy = ruseon(
+        "check",
+        "--config",
+        "/dev/null",
+        "--source",
+        "synthetic",
+        "--http",
+        "127.0.0.1:0",
+        "--rtc",
+        "127.0.0.1:0",
+        "--state-dir",
+        str(tmp_path / "state"),
+    )
     assert healthy.returncode == 0, healthy.stdout
     assert healthy.stdout.strip().endswith("healthy")
     assert (tmp_path / "state").is_dir()
@@ -81,8 +113,18 @@ def test_check_reports_each_item_and_fails_on_a_busy_port(tmp_path: Path) -> Non
 def test_check_fails_when_state_dir_is_not_writable(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
-    result = ruseon("check", "--config", "/dev/null", "--source", "synthetic",
-                    "--http", "127.0.0.1:0", "--rtc", "127.0.0.1:0",
-                    "--state-dir", str(blocker / "state"))
+    result = ruseon(
+        "check",
+        "--config",
+        "/dev/null",
+        "--source",
+        "synthetic",
+        "--http",
+        "127.0.0.1:0",
+        "--rtc",
+        "127.0.0.1:0",
+        "--state-dir",
+        str(blocker / "state"),
+    )
     assert result.returncode == 1
     assert "FAIL state dir" in result.stdout

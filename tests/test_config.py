@@ -42,7 +42,9 @@ def test_explicit_missing_file_is_an_error(tmp_path: Path) -> None:
 
 
 def test_precedence_file_then_env_then_flags(tmp_path: Path) -> None:
-    path = write(tmp_path, '[camera]\nframerate = 25\nwidth = 640\n[http]\nlisten = "127.0.0.1:9000"\n')
+    path = write(
+        tmp_path, '[camera]\nframerate = 25\nwidth = 640\n[http]\nlisten = "127.0.0.1:9000"\n'
+    )
     env = {"RUSEON_CAMERA_FRAMERATE": "20", "RUSEON_WEBRTC_ADVERTISE": "127.0.0.1, ::1"}
     config = load_config(path, env=env, overrides={"camera": {"framerate": "15"}})
     assert config.camera.framerate == 15  # flag beats env beats file
@@ -60,17 +62,17 @@ def test_config_env_var_names_the_file(tmp_path: Path) -> None:
     ("text", "expected"),
     [
         ("[camera]\nwidht = 640\n", "camera.widht in .* is not a known key"),
-        ("[camera]\nwidth = \"big\"\n", r"camera.width = 'big' is not valid: expected int"),
+        ('[camera]\nwidth = "big"\n', r"camera.width = 'big' is not valid: expected int"),
         ("[camera]\nwidth = 641\n", "camera.width = 641 is not valid: an even number"),
-        ("[camera]\nprofile = \"extended\"\n", "allowed are baseline, main, high"),
-        ("[camera]\nsource = \"webcam\"\n", "camera.source = 'webcam'"),
+        ('[camera]\nprofile = "extended"\n', "allowed are baseline, main, high"),
+        ('[camera]\nsource = "webcam"\n', "camera.source = 'webcam'"),
         ("[cameras]\nwidth = 640\n", r"\[cameras\] .* is not a known section"),
-        ("[http]\nlisten = \"localhost\"\n", "http.listen = 'localhost' is not valid"),
-        ("[webrtc]\nadvertise = \"127.0.0.1\"\n", "expected list of strings"),
-        ("[webrtc]\nadvertise = [\"pi.local\"]\n", "an IPv4 or IPv6 address"),
-        ("[webrtc]\nice_servers = [\"http://x\"]\n", "stun:, stuns:, turn: or turns:"),
+        ('[http]\nlisten = "localhost"\n', "http.listen = 'localhost' is not valid"),
+        ('[webrtc]\nadvertise = "127.0.0.1"\n', "expected list of strings"),
+        ('[webrtc]\nadvertise = ["pi.local"]\n', "an IPv4 or IPv6 address"),
+        ('[webrtc]\nice_servers = ["http://x"]\n', "stun:, stuns:, turn: or turns:"),
         ("[webrtc]\nmax_viewers = true\n", "expected int"),
-        ("[http]\ntls_cert = \"/c.pem\"\n", "both or neither"),
+        ('[http]\ntls_cert = "/c.pem"\n', "both or neither"),
         ("camera = 3\n", "must be a \\[section\\] table"),
         ("[camera\n", "is not valid TOML"),
     ],
@@ -84,7 +86,7 @@ def test_bad_file_values_give_one_line_naming_key(tmp_path: Path, text: str, exp
 def test_bad_environment_variable_is_named(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="RUSEON_CAMERA"):
         load_config(tmp_path / "x.toml", env={"RUSEON_CAMERA": "1"})
-    with pytest.raises(ConfigError, match="camera.framerate = 'fast'"):
+    with pytest.raises(ConfigError, match=r"camera\.framerate = .fast."):
         load_config(tmp_path / "x.toml", env={"RUSEON_CAMERA_FRAMERATE": "fast"})
 
 
@@ -119,5 +121,5 @@ def test_token_file_is_read_and_stripped(tmp_path: Path) -> None:
     config = load_config(write(tmp_path, f'[auth]\ntoken_file = "{token_file}"\n'), env={})
     assert config.auth.resolve_token() == "s3cret"
     missing = load_config(write(tmp_path, '[auth]\ntoken_file = "/nonexistent/t"\n'), env={})
-    with pytest.raises(ConfigError, match="auth.token_file"):
+    with pytest.raises(ConfigError, match=r"auth\.token_file"):
         missing.auth.resolve_token()
