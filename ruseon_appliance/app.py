@@ -19,6 +19,7 @@ from pathlib import Path
 from aiohttp import web
 
 from .capture.pipeline import CapturePipeline
+from .capture.sources.base import SourceUnavailable
 from .config import Config
 from .engine.engine import Engine, default_advertise
 from .systemd_integration import SystemdNotifier, frames_flowing
@@ -140,7 +141,11 @@ class Appliance:
 
 async def serve(config: Config) -> int:
     """Run the appliance until SIGTERM or SIGINT; return the exit status."""
-    appliance = Appliance(config)
+    try:
+        appliance = Appliance(config)
+    except SourceUnavailable as exc:
+        log.error("%s", exc, extra={"EVENT": "startup_failed"})
+        return 1
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -128,3 +128,16 @@ def test_check_fails_when_state_dir_is_not_writable(tmp_path: Path) -> None:
     )
     assert result.returncode == 1
     assert "FAIL state dir" in result.stdout
+
+
+def test_serve_with_an_unavailable_camera_says_what_to_install(tmp_path: Path) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("picamera2") is not None:
+        pytest.skip("this machine has picamera2: the source is available")
+    result = ruseon("serve", "--config", "/dev/null", "--source", "picamera",
+                    "--http", "127.0.0.1:0", "--rtc", "127.0.0.1:0",
+                    "--state-dir", str(tmp_path))
+    assert result.returncode == 1
+    assert "python3-picamera2" in result.stderr
+    assert "Traceback" not in result.stderr
