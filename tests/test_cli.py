@@ -70,41 +70,22 @@ def test_config_prints_effective_toml_with_flags_applied(tmp_path: Path) -> None
     assert 'advertise = ["127.0.0.1", "::1"]' in result.stdout
 
 
+def check(state_dir: Path, rtc: str = "127.0.0.1:0") -> subprocess.CompletedProcess[str]:
+    """``ruseon check`` with the synthetic source and loopback ports."""
+    return ruseon("check", "--config", "/dev/null", "--source", "synthetic",
+                  "--http", "127.0.0.1:0", "--rtc", rtc, "--state-dir", str(state_dir))
+
+
 def test_check_reports_each_item_and_fails_on_a_busy_port(tmp_path: Path) -> None:
     import socket
 
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as busy:
         busy.bind(("127.0.0.1", 0))
-        port = busy.getsockname()[1]
-        result = ruseon(
-            "check",
-            "--config",
-            "/dev/null",
-            "--source",
-            "synthetic",
-            "--http",
-            "127.0.0.1:0",
-            "--rtc",
-            f"127.0.0.1:{port}",
-            "--state-dir",
-            str(tmp_path / "state"),
-        )
+        result = check(tmp_path / "state", rtc=f"127.0.0.1:{busy.getsockname()[1]}")
     assert result.returncode == 1
     assert "FAIL webrtc port" in result.stdout and "in use" in result.stdout
     assert "ok   encoder" in result.stdout
-    healthy = ruseon(
-        "check",
-        "--config",
-        "/dev/null",
-        "--source",
-        "synthetic",
-        "--http",
-        "127.0.0.1:0",
-        "--rtc",
-        "127.0.0.1:0",
-        "--state-dir",
-        str(tmp_path / "state"),
-    )
+    healthy = check(tmp_path / "state")
     assert healthy.returncode == 0, healthy.stdout
     assert healthy.stdout.strip().endswith("healthy")
     assert (tmp_path / "state").is_dir()
@@ -113,19 +94,7 @@ def test_check_reports_each_item_and_fails_on_a_busy_port(tmp_path: Path) -> Non
 def test_check_fails_when_state_dir_is_not_writable(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
-    result = ruseon(
-        "check",
-        "--config",
-        "/dev/null",
-        "--source",
-        "synthetic",
-        "--http",
-        "127.0.0.1:0",
-        "--rtc",
-        "127.0.0.1:0",
-        "--state-dir",
-        str(blocker / "state"),
-    )
+    result = check(blocker / "state")
     assert result.returncode == 1
     assert "FAIL state dir" in result.stdout
 
@@ -136,8 +105,7 @@ def test_serve_with_an_unavailable_camera_says_what_to_install(tmp_path: Path) -
     if importlib.util.find_spec("picamera2") is not None:
         pytest.skip("this machine has picamera2: the source is available")
     result = ruseon("serve", "--config", "/dev/null", "--source", "picamera",
-                    "--http", "127.0.0.1:0", "--rtc", "127.0.0.1:0",
-                    "--state-dir", str(tmp_path))
+                    "--http", "127.0.0.1:0", "--rtc", "127.0.0.1:0", "--state-dir", str(tmp_path))
     assert result.returncode == 1
     assert "python3-picamera2" in result.stderr
     assert "Traceback" not in result.stderr
