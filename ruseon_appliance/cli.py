@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any
 from . import __version__
 from .config import Config, ConfigError, load_config, to_toml
 from .logs import setup_logging
+from .systemd_integration import LOG_PATHS, journal_handler
 
 
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
@@ -86,7 +88,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "config":
             sys.stdout.write(to_toml(config))
             return 0
-        setup_logging(config.log.level)
+        # Under systemd, stderr is the journal: send structured fields instead of text.
+        handler, log_path = journal_handler()
+        setup_logging(config.log.level, handler=handler)
+        logging.getLogger("ruseon").info("logging to %s", LOG_PATHS[log_path])
         if args.command == "check":
             from .diagnostics import run_checks
 

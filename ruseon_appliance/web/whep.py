@@ -153,7 +153,8 @@ class WhepResource:
             response.headers.add("Link", ice_server_link(url))
         log.info(
             "viewer session created",
-            extra={"EVENT": "whep_session", "SESSION_ID": session.id, "PEER": request.remote},
+            extra={"EVENT": "whep_session", "SESSION_ID": session.id,
+                   "REMOTE_ADDR": request.remote},
         )
         return response
 
