@@ -118,9 +118,11 @@ class Server:
         ]
         if self.token:
             command += ["--token", self.token]
-        env = {**os.environ, "RUSEON_CAMERA_WIDTH": str(SOURCE_WIDTH),
-               "RUSEON_CAMERA_HEIGHT": str(SOURCE_HEIGHT)}
-        env.pop(NETNS_ENV, None)
+        # Only our settings: the service refuses unknown RUSEON_* variables (the test bench's
+        # RUSEON_TEST_NETNS, our own NETNS_ENV).
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RUSEON_")}
+        env["RUSEON_CAMERA_WIDTH"] = str(SOURCE_WIDTH)
+        env["RUSEON_CAMERA_HEIGHT"] = str(SOURCE_HEIGHT)
         self._ready.clear()
         self.proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True)
