@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -237,8 +236,3 @@ def save_screenshot(page: Any, name: str) -> Path:
     path = ARTIFACTS / name
     page.screenshot(path=str(path))
     return path
-
-
-def chromium_available() -> bool:
-    """Debian's Chromium is installed."""
-    return shutil.which(CHROMIUM) is not None

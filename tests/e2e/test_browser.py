@@ -6,12 +6,15 @@ Each test re-runs itself in a fresh namespace (see :mod:`tests.e2e.browser_netns
 
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.e2e.browser_netns import (
+    ARTIFACTS,
     SOURCE_HEIGHT,
     SOURCE_WIDTH,
     chromium,
@@ -49,8 +52,16 @@ def test_device_page_plays_the_stream(request: pytest.FixtureRequest, tmp_path: 
     prepare_namespace()
     with running_server(tmp_path) as server, chromium() as browser:
         page = browser.new_page(viewport={"width": 1280, "height": 720})
+        opened = time.monotonic()
         page.goto(server.url)
+        wait_for_page(page, "the first decoded frame", lambda s: s["framesDecoded"] > 0)
+        # Recorded, not asserted (shared machine): how soon the picture appears.
+        first_frame_s = time.monotonic() - opened
         assert_plays_the_source(page, server.status())
+        ARTIFACTS.mkdir(exist_ok=True)
+        (ARTIFACTS / "browser-first-frame.json").write_text(
+            json.dumps({"page_open_to_first_decoded_frame_s": round(first_frame_s, 3)})
+        )
         # The overlay shows what getStats says (the stats tick runs once a second).
         page.wait_for_function(
             "document.getElementById('stat-resolution').textContent.includes('\\u00d7')"
