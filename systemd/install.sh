@@ -85,6 +85,8 @@ install -m 0644 "$here/ruseon.service" "$here/ruseon-http.socket" "$here/ruseon-
     /etc/systemd/system/
 install -m 0644 "$here/ruseon.sysusers" /usr/lib/sysusers.d/ruseon.conf
 install -m 0644 "$here/ruseon.tmpfiles" /usr/lib/tmpfiles.d/ruseon.conf
+install -d "$prefix/share/ruseon"
+install -m 0644 "$here/README.md" "$prefix/share/ruseon/README.systemd.md"
 systemd-sysusers /usr/lib/sysusers.d/ruseon.conf
 systemd-tmpfiles --create /usr/lib/tmpfiles.d/ruseon.conf
 
