@@ -23,22 +23,44 @@ What is relied upon, and why:
   packet/octet counters and RTT are read for per-session stats.
 - ``aioice.ice.CONSENT_INTERVAL`` / ``CONSENT_FAILURES`` are module globals read by
   ``Connection.query_consent``; tests shorten them to see consent expiry in seconds.
+- The lean offer path (:func:`lean_offer`): while an engine answers an offer, four module-level
+  names are hooked so nothing is done per offer that was done before. ``SessionDescription.parse``
+  returns the description the engine already parsed (the offer) or built (the answer, captured
+  in ``rtcpeerconnection.wrap_session_description``) instead of parsing the text again;
+  ``rtcpeerconnection.find_common_codecs`` matches against the session's two codec entries with
+  shallow copies instead of every registered codec with ``deepcopy``; and the
+  ``RemoteBitrateEstimator`` a video ``RTCRtpReceiver`` allocates (a 50,000-entry table, about
+  1 ms) is not built for a sendonly viewer, whose receiver never receives. Outside the engine's
+  offers every hook falls through to aiortc's own code.
+- The fan-out send path: ``RTCRtpSender.send`` is replaced per sender so aiortc never starts its
+  RTP/RTCP loops; the engine registers its own RTCP sink on the DTLS transport's router
+  (``_register_rtp_sender``), encrypts with the transport's ``_tx_srtp`` session, reads the
+  sender's ``_ssrc`` / ``_rtx_ssrc`` and the ICE connection's nominated pair, and packetizes with
+  ``H264Encoder._split_bitstream`` / ``_packetize``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextvars import ContextVar
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import aioice
 import aioice.ice
 import aiortc
+import aiortc.rtcpeerconnection
+import aiortc.rtcrtpreceiver
+import aiortc.rtp
 from aioice import Candidate, Connection
 from aioice.ice import StunProtocol
 from aiortc import RTCCertificate, RTCPeerConnection, RTCRtpSender
+from aiortc.codecs import CODECS
+from aiortc.codecs.h264 import H264Encoder
+from aiortc.rtcrtpparameters import RTCRtpCodecParameters, RTCRtpSendParameters
+from aiortc.sdp import SessionDescription
 
 AIORTC_VERSION = "1.16.0"
 AIOICE_VERSION = "0.13.0"
@@ -258,3 +280,188 @@ def sender_counters(sender: RTCRtpSender) -> tuple[int, int, float | None]:
 def installed_versions() -> tuple[str, str]:
     """``(aiortc.__version__, aioice.__version__)`` as installed."""
     return aiortc.__version__, aioice.__version__
+
+
+# ---------------------------------------------------------------------------------------------
+# The lean offer path
+
+
+@dataclass(slots=True)
+class _LeanOffer:
+    video_codecs: list[RTCRtpCodecParameters]
+    # SDP text -> the description already parsed (the offer) or built (the answer).
+    parsed: dict[str, SessionDescription] = field(default_factory=dict)
+
+
+_lean: ContextVar[_LeanOffer | None] = ContextVar("ruseon_lean_offer", default=None)
+_original: dict[str, Any] = {}
+
+
+def _lean_parse(cls: type[SessionDescription], sdp: str) -> SessionDescription:
+    lean = _lean.get()
+    if lean is not None:
+        description = lean.parsed.pop(sdp, None)
+        if description is not None:
+            return description
+    parsed: SessionDescription = _original["parse"](sdp)
+    return parsed
+
+
+def _lean_wrap(description: SessionDescription | None) -> Any:
+    wrapped = _original["wrap_session_description"](description)
+    lean = _lean.get()
+    if lean is not None and description is not None and description.type == "answer":
+        # createAnswer's description object: setLocalDescription gets it back instead of
+        # parsing its text (add_transport_description assigns, so re-applying it is idempotent).
+        lean.parsed[wrapped.sdp] = description
+    return wrapped
+
+
+def _copy_codec(codec: RTCRtpCodecParameters) -> RTCRtpCodecParameters:
+    # What deepcopy does, for the three mutable fields aiortc's codec objects have.
+    return RTCRtpCodecParameters(
+        mimeType=codec.mimeType, clockRate=codec.clockRate, channels=codec.channels,
+        payloadType=codec.payloadType, rtcpFeedback=list(codec.rtcpFeedback),
+        parameters=dict(codec.parameters))
+
+
+def lean_find_common_codecs(
+    local_codecs: list[RTCRtpCodecParameters], remote_codecs: list[RTCRtpCodecParameters]
+) -> list[RTCRtpCodecParameters]:
+    """``rtcpeerconnection.find_common_codecs`` with shallow copies (same result)."""
+    is_compatible = aiortc.rtcpeerconnection.is_codec_compatible
+    dynamic = aiortc.rtp.DYNAMIC_PAYLOAD_TYPES
+    common: list[RTCRtpCodecParameters] = []
+    common_base: dict[int, RTCRtpCodecParameters] = {}
+    for c in remote_codecs:
+        if c.mimeType.lower().endswith("/rtx"):
+            apt = c.parameters.get("apt")
+            if (isinstance(apt, int) and apt in common_base
+                    and c.clockRate == common_base[apt].clockRate):
+                common.append(_copy_codec(c))
+            continue
+        for local in local_codecs:
+            if is_compatible(local, c):
+                codec = _copy_codec(local)
+                if c.payloadType in dynamic:
+                    codec.payloadType = c.payloadType
+                codec.rtcpFeedback = [x for x in codec.rtcpFeedback if x in c.rtcpFeedback]
+                common.append(codec)
+                common_base[codec.payloadType] = codec
+                break
+    return common
+
+
+def _lean_find_common_codecs(
+    local_codecs: list[RTCRtpCodecParameters], remote_codecs: list[RTCRtpCodecParameters]
+) -> list[RTCRtpCodecParameters]:
+    lean = _lean.get()
+    if lean is None:
+        result: list[RTCRtpCodecParameters] = _original["find_common_codecs"](
+            local_codecs, remote_codecs)
+        return result
+    if local_codecs is CODECS["video"]:
+        # The session's preferences keep only these two entries afterwards anyway.
+        local_codecs = lean.video_codecs
+    return lean_find_common_codecs(local_codecs, remote_codecs)
+
+
+def _lean_estimator(*args: Any, **kwargs: Any) -> Any:
+    if _lean.get() is not None:
+        return None  # a sendonly viewer's receiver never receives: no bandwidth estimation
+    return _original["RemoteBitrateEstimator"](*args, **kwargs)
+
+
+def install_lean_offer_hooks() -> None:
+    """Install the lean offer path's hooks once per process (idempotent)."""
+    if _original:
+        return
+    _original["parse"] = SessionDescription.parse
+    _original["wrap_session_description"] = aiortc.rtcpeerconnection.wrap_session_description
+    _original["find_common_codecs"] = aiortc.rtcpeerconnection.find_common_codecs
+    _original["RemoteBitrateEstimator"] = aiortc.rtcrtpreceiver.RemoteBitrateEstimator
+    SessionDescription.parse = classmethod(_lean_parse)  # type: ignore[method-assign,assignment]
+    aiortc.rtcpeerconnection.wrap_session_description = _lean_wrap
+    aiortc.rtcpeerconnection.find_common_codecs = _lean_find_common_codecs
+    aiortc.rtcrtpreceiver.RemoteBitrateEstimator = _lean_estimator
+
+
+@contextlib.contextmanager
+def lean_offer(
+    offer_sdp: str, offer: SessionDescription, video_codecs: list[RTCRtpCodecParameters]
+) -> Iterator[None]:
+    """Answer one offer the lean way: ``offer`` is ``offer_sdp`` already parsed (aiortc gets
+    it instead of parsing again), ``video_codecs`` the session's H.264 entry and its RTX."""
+    install_lean_offer_hooks()
+    token = _lean.set(_LeanOffer(video_codecs, {offer_sdp: offer}))
+    try:
+        yield
+    finally:
+        _lean.reset(token)
+
+
+def cache_fingerprints(certificate: RTCCertificate) -> None:
+    """Compute the certificate's fingerprints once; aiortc asks for them several times per
+    offer (``getFingerprints`` hashes the certificate with three digests each time)."""
+    fingerprints = certificate.getFingerprints()
+    certificate.getFingerprints = lambda: fingerprints  # type: ignore[method-assign]
+
+
+# ---------------------------------------------------------------------------------------------
+# The fan-out send path
+
+
+class RtcpSink(Protocol):
+    """What the DTLS transport's RTP router delivers RTCP to: the engine's per-viewer sender."""
+
+    _ssrc: int
+
+    async def _handle_rtcp_packet(self, packet: Any) -> None: ...
+
+
+def sender_ssrcs(sender: RTCRtpSender) -> tuple[int, int]:
+    """``(ssrc, rtx_ssrc)`` the answer's ``a=ssrc`` lines carry for this sender."""
+    return sender._ssrc, sender._rtx_ssrc
+
+
+def take_over_sending(
+    sender: RTCRtpSender, on_start: Callable[[RTCRtpSendParameters], Awaitable[None]]
+) -> None:
+    """Make aiortc hand the sender's negotiated parameters to ``on_start`` when DTLS is up,
+    instead of starting its own RTP and RTCP loops (``stop()`` is then a no-op)."""
+
+    async def send(parameters: RTCRtpSendParameters) -> None:
+        await on_start(parameters)
+
+    sender.send = send  # type: ignore[method-assign]
+
+
+def route_rtcp_to(sender: RTCRtpSender, sink: RtcpSink,
+                  parameters: RTCRtpSendParameters) -> None:
+    """Deliver RTCP about ``sink._ssrc`` (reports, NACK, PLI/FIR, REMB) to ``sink``."""
+    sender.transport._register_rtp_sender(sink, parameters)
+
+
+def srtp_session(sender: RTCRtpSender) -> Any:
+    """The DTLS transport's outbound ``pylibsrtp.Session`` (None before DTLS completes)."""
+    return sender.transport._tx_srtp
+
+
+def transport_connected(sender: RTCRtpSender) -> bool:
+    """Whether the sender's DTLS transport is connected (SRTP keys exist)."""
+    return bool(sender.transport.state == "connected")
+
+
+def nominated_pair(connection: Connection) -> tuple[Any, tuple[str, int]] | None:
+    """``(protocol, remote_address)`` of component 1's nominated pair, or None."""
+    pair = connection._nominated.get(1)
+    if pair is None:
+        return None
+    return pair.protocol, pair.remote_addr
+
+
+def packetize_h264(annexb: bytes) -> list[bytes]:
+    """RTP payloads (single NAL, STAP-A, FU-A; at most 1300 bytes) of one Annex B access unit,
+    exactly as aiortc's sender would make them."""
+    payloads: list[bytes] = H264Encoder._packetize(H264Encoder._split_bitstream(annexb))
+    return payloads

@@ -57,6 +57,9 @@ class CodecRegistry:
     def __init__(self) -> None:
         self._entries: dict[str, RTCRtpCodecParameters] = {}
         self._front: str | None = None
+        # Built once per profile-level-id: (preferences, [entry, rtx]).
+        self._selections: dict[
+            str, tuple[list[RTCRtpCodecCapability], list[RTCRtpCodecParameters]]] = {}
 
     def install(self) -> None:
         """Register the base profiles (idempotent; CODECS is process-wide)."""
@@ -101,10 +104,21 @@ class CodecRegistry:
         """Codec preferences for a session of a stream with this profile-level-id.
 
         Moves that entry to the front of the registry, so the answer's fmtp carries this exact
-        profile-level-id (aiortc matches on profile only, first entry wins).
+        profile-level-id (aiortc matches on profile only, first entry wins). The list is built
+        once per profile-level-id; callers must not modify it.
         """
-        entry = self._ensure(profile_level_id)
+        return self._selection(profile_level_id)[0]
+
+    def local_codecs(self, profile_level_id: str) -> list[RTCRtpCodecParameters]:
+        """The registered ``[H.264 entry, its RTX]`` a session of this stream negotiates from."""
+        return self._selection(profile_level_id)[1]
+
+    def _selection(
+        self, profile_level_id: str
+    ) -> tuple[list[RTCRtpCodecCapability], list[RTCRtpCodecParameters]]:
         plid = profile_level_id.lower()
+        selection = self._selections.get(plid)
+        entry = self._ensure(plid)
         if self._front != plid or CODECS["video"][0] is not entry:
             rtx = next(c for c in CODECS["video"]
                        if c.mimeType.lower() == "video/rtx"
@@ -113,8 +127,11 @@ class CodecRegistry:
             CODECS["video"].remove(rtx)
             CODECS["video"][0:0] = [entry, rtx]
             self._front = plid
-        return [
-            RTCRtpCodecCapability(mimeType=H264_MIME, clockRate=CLOCK_RATE,
-                                  parameters=dict(entry.parameters)),
-            RTCRtpCodecCapability(mimeType=RTX_MIME, clockRate=CLOCK_RATE),
-        ]
+        if selection is None:
+            rtx = CODECS["video"][1]
+            selection = self._selections[plid] = (
+                [RTCRtpCodecCapability(mimeType=H264_MIME, clockRate=CLOCK_RATE,
+                                       parameters=dict(entry.parameters)),
+                 RTCRtpCodecCapability(mimeType=RTX_MIME, clockRate=CLOCK_RATE)],
+                [entry, rtx])
+        return selection

@@ -12,7 +12,6 @@ import logging
 import math
 import secrets
 import socket
-import string
 from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -24,6 +23,7 @@ from aiortc import (
     RTCConfiguration,
     RTCIceServer,
     RTCPeerConnection,
+    RTCRtpCodecCapability,
     RTCSessionDescription,
 )
 from aiortc.rtcconfiguration import RTCBundlePolicy
@@ -40,7 +40,7 @@ from ruseon_appliance.engine.errors import (
     UnknownSession,
     UnsupportedOffer,
 )
-from ruseon_appliance.engine.offer import check_offer
+from ruseon_appliance.engine.offer import CheckedOffer, check_offer
 from ruseon_appliance.engine.session import WhepSession
 from ruseon_appliance.engine.track import ViewerTrack
 from ruseon_appliance.engine.udp_mux import UdpMux
@@ -50,7 +50,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_OFFER_BYTES = 64 * 1024
 # How long an offer may wait for the camera's first SPS before being told to retry.
 STREAM_READY_TIMEOUT_S = 3.0
-_ICE_CHARS = string.ascii_letters + string.digits
 
 SessionListener = Callable[[str, WhepSession], None]
 
@@ -60,7 +59,8 @@ class StreamNotReady(TooManyViewers):
 
 
 def _ice_string(length: int) -> str:
-    return "".join(secrets.choice(_ICE_CHARS) for _ in range(length))
+    # Hex is a subset of ICE's ice-char set; token_hex is one urandom call, not one per char.
+    return secrets.token_hex((length + 1) // 2)[:length]
 
 
 def default_advertise(families: list[int]) -> list[str]:
@@ -95,6 +95,7 @@ class Engine:
         self._pending = 0
         self._listeners: list[SessionListener] = []
         self._advertise: list[str] = []
+        self._rtc_configuration = RTCConfiguration(iceServers=[])
         self._started = False
         self._stopping = False
         self.offers_accepted = 0
@@ -110,6 +111,10 @@ class Engine:
             return
         self._certificate = await asyncio.to_thread(load_or_create_certificate, self._state_dir)
         aiortc_internals.install_certificate_hook()
+        aiortc_internals.install_lean_offer_hooks()
+        aiortc_internals.cache_fingerprints(self._certificate.rtc)
+        self._rtc_configuration = RTCConfiguration(iceServers=self._ice_servers(),
+                                                   bundlePolicy=RTCBundlePolicy.BALANCED)
         self._codecs.install()
         self._mux.start()
         if self.config.advertise:
@@ -235,7 +240,7 @@ class Engine:
                 raise StreamNotReady("the camera has not produced video yet", retry_after=2)
             checked = check_offer(sdp, max_bytes=self._max_offer_bytes,
                                   stream_profile_level_id=info.profile_level_id)
-            return await self._build_session(checked.sdp, info.profile_level_id)
+            return await self._build_session(checked, info.profile_level_id)
         finally:
             self._pending -= 1
 
@@ -256,14 +261,20 @@ class Engine:
         )
 
     async def _build_session(
-        self, offer_sdp: str, profile_level_id: str
+        self, offer: CheckedOffer, profile_level_id: str
     ) -> tuple[WhepSession, str]:
         assert self._certificate is not None
         preferences = self._codecs.select(profile_level_id)
-        configuration = RTCConfiguration(iceServers=self._ice_servers(),
-                                         bundlePolicy=RTCBundlePolicy.BALANCED)
+        with aiortc_internals.lean_offer(offer.sdp, offer.description,
+                                         self._codecs.local_codecs(profile_level_id)):
+            return await self._build_lean_session(offer.sdp, preferences)
+
+    async def _build_lean_session(
+        self, offer_sdp: str, preferences: list[RTCRtpCodecCapability]
+    ) -> tuple[WhepSession, str]:
+        assert self._certificate is not None
         with aiortc_internals.shared_certificate(self._certificate.rtc):
-            pc = RTCPeerConnection(configuration)
+            pc = RTCPeerConnection(self._rtc_configuration)
         track = self._new_track()
         transceiver = pc.addTransceiver(track, direction="sendonly")
         # Before setRemoteDescription: set afterwards, aiortc silently falls back to VP8.

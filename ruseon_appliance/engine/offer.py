@@ -22,6 +22,8 @@ class CheckedOffer:
     """An offer that passed :func:`check_offer`, with remote candidates removed."""
 
     sdp: str
+    # ``sdp`` parsed (once: the engine hands this object to aiortc instead of the text).
+    description: SessionDescription
     media_count: int
     # profile-level-ids of the H.264 packetization-mode=1 formats the offer's video can receive.
     h264_profile_level_ids: tuple[str, ...]
@@ -51,8 +53,9 @@ def check_offer(sdp: str, *, max_bytes: int, stream_profile_level_id: str) -> Ch
     text = sdp.strip()
     if not text.startswith("v=0"):
         raise MalformedOffer("the body is not an SDP offer: it must start with 'v=0'")
+    stripped = strip_remote_candidates(text)
     try:
-        description = SessionDescription.parse(text + "\r\n")
+        description = SessionDescription.parse(stripped)
     except Exception as exc:  # aiortc's parser raises ValueError, IndexError, KeyError...
         raise MalformedOffer(
             f"the SDP offer cannot be parsed ({type(exc).__name__}: {exc})") from None
@@ -109,5 +112,5 @@ def check_offer(sdp: str, *, max_bytes: int, stream_profile_level_id: str) -> Ch
             f"{stream_profile_level_id}) but the offer only receives "
             + ", ".join(offered)
             + "; use a browser that decodes this profile or set the camera profile to baseline")
-    return CheckedOffer(sdp=strip_remote_candidates(text), media_count=len(media),
+    return CheckedOffer(sdp=stripped, description=description, media_count=len(media),
                         h264_profile_level_ids=tuple(offered))

@@ -69,3 +69,74 @@ def test_codec_registry_assumptions() -> None:
     assert "codec.parameters == pref.parameters" in inspect.getsource(
         rtcpeerconnection.filter_preferred_codecs)
     assert aiortc.__version__
+
+
+def test_lean_offer_hook_points() -> None:
+    """The names the lean offer path hooks are still looked up where it expects."""
+    from aiortc import rtcpeerconnection, rtcrtpreceiver
+
+    set_remote = inspect.getsource(RTCPeerConnection.setRemoteDescription)
+    set_local = inspect.getsource(RTCPeerConnection.setLocalDescription)
+    assert "sdp.SessionDescription.parse(sessionDescription.sdp)" in set_remote
+    assert "sdp.SessionDescription.parse(sessionDescription.sdp)" in set_local
+    assert "find_common_codecs(CODECS[media.kind]" in set_remote
+    assert "return wrap_session_description(description)" in inspect.getsource(
+        RTCPeerConnection.createAnswer)
+    # Re-applying the transport description to the answer object must be idempotent.
+    add = inspect.getsource(rtcpeerconnection.add_transport_description)
+    assert "media.ice_candidates = " in add and "media.ice = " in add
+    receiver_init = inspect.getsource(rtcrtpreceiver.RTCRtpReceiver.__init__)
+    assert "RemoteBitrateEstimator()" in receiver_init
+    assert "self.__remote_bitrate_estimator is not None" in inspect.getsource(
+        rtcrtpreceiver.RTCRtpReceiver._handle_rtp_packet)
+
+
+async def test_lean_find_common_codecs_matches_aiortc() -> None:
+    """Same negotiated codecs as aiortc's deepcopy version, for a browser-like offer."""
+    from aiortc import RTCConfiguration, RTCPeerConnection
+    from aiortc.codecs import CODECS
+    from aiortc.sdp import SessionDescription
+
+    from ruseon_appliance.engine.codec_registry import CodecRegistry
+
+    aiortc_internals.install_lean_offer_hooks()
+    registry = CodecRegistry()
+    registry.install()
+    local = registry.local_codecs("42e01f")
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    pc.addTransceiver("video", direction="recvonly")
+    await pc.setLocalDescription(await pc.createOffer())
+    remote = SessionDescription.parse(pc.localDescription.sdp).media[0].rtp.codecs
+    await pc.close()
+    original = aiortc_internals._original["find_common_codecs"]
+    expected = [c for c in original(CODECS["video"], remote)
+                if c.mimeType.lower() == "video/h264"
+                and c.parameters == local[0].parameters]
+    lean = aiortc_internals.lean_find_common_codecs(local, remote)
+    assert expected and [c for c in lean if c.mimeType.lower() == "video/h264"] == expected
+    rtx = [c for c in lean if c.mimeType.lower() == "video/rtx"]
+    assert rtx and all(c.parameters["apt"] in {e.payloadType for e in expected} for c in rtx)
+
+
+def test_fanout_internals() -> None:
+    """What the fan-out send path reads and replaces."""
+    from aiortc.codecs.h264 import H264Encoder
+    from aiortc.rtcdtlstransport import RTCDtlsTransport
+
+    connect = inspect.getsource(RTCPeerConnection._RTCPeerConnection__connect)  # type: ignore[attr-defined]
+    assert "await transceiver.sender.send(self.__localRtp(transceiver))" in connect
+    assert "if self.__started:" in inspect.getsource(RTCRtpSender.stop)
+    init = inspect.getsource(RTCRtpSender.__init__)
+    assert "self._ssrc = " in init and "self._rtx_ssrc = " in init
+    dtls = inspect.getsource(RTCDtlsTransport)
+    assert "self._tx_srtp = Session(tx_policy)" in dtls
+    assert "tx_policy.allow_repeat_tx = True" in dtls
+    assert "self._rtp_router.register_sender(sender, ssrc=sender._ssrc)" in dtls
+    assert "await recipient._handle_rtcp_packet(packet)" in dtls
+    assert hasattr(H264Encoder, "_packetize") and hasattr(H264Encoder, "_split_bitstream")
+    payloads = aiortc_internals.packetize_h264(
+        b"\x00\x00\x00\x01\x67" + b"\x01" * 10 + b"\x00\x00\x01\x68" + b"\x02" * 4
+        + b"\x00\x00\x01\x65" + b"\x03" * 3000)
+    assert payloads[0][0] & 0x1F == 24  # STAP-A of SPS+PPS
+    assert all(p[0] & 0x1F == 28 for p in payloads[1:]) and len(payloads) == 4  # FU-A
+    assert all(len(p) <= 1300 for p in payloads)
