@@ -8,6 +8,7 @@ coordinator aggregates and prints it, then collects every viewer's result.
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import multiprocessing
 import os
 import queue
@@ -17,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 # Extra time a worker gets beyond its longest viewer before it is considered hung.
-WORKER_GRACE_S = 60.0
+WORKER_GRACE_S = float(os.environ.get("HIL_WORKER_GRACE_S", "60"))
 
 
 @dataclass
@@ -62,6 +63,9 @@ def default_workers(viewers: int) -> int:
 
 def _worker_main(worker: int, plans: list[dict[str, Any]], out: Any) -> None:
     """Entry point of one worker process."""
+    # A worker that hangs prints every thread's stack before the coordinator kills it.
+    longest = max((p["start_delay_s"] + p["watch_s"] for p in plans), default=0.0)
+    faulthandler.dump_traceback_later(longest + WORKER_GRACE_S, exit=False)
     asyncio.run(_worker(worker, plans, out))
 
 

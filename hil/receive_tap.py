@@ -141,17 +141,19 @@ class TapFigures:
 
 
 class TapQueue(queue.Queue[Any]):
-    """Stands in for aiortc's decoder queue: access units go to :class:`FrameDecoder` instead."""
+    """Stands in for aiortc's decoder queue: access units go to :class:`FrameDecoder` instead.
 
-    def __init__(self, original: queue.Queue[Any], sink: Callable[[bytes | None], None]) -> None:
+    aiortc's decoder thread reads this queue; it only ever receives the None that tells it to
+    end (which also ends the receiver's track), so it decodes nothing.
+    """
+
+    def __init__(self, sink: Callable[[bytes | None], None]) -> None:
         super().__init__()
-        self._original = original
         self._sink = sink
 
     def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
         if item is None:
-            # aiortc's decoder thread still waits on its own queue: let it end (and end the track).
-            self._original.put(None)
+            super().put(None)
             self._sink(None)
             return
         _codec, encoded_frame = item
@@ -265,7 +267,7 @@ def install(receiver: Any, figures: TapFigures, decoder: FrameDecoder) -> Callab
     receiver._handle_rtp_packet = tapped_rtp
     receiver._send_rtcp_nack = tapped_nack
     receiver._send_rtcp_pli = tapped_pli
-    setattr(receiver, _QUEUE_ATTR, TapQueue(getattr(receiver, _QUEUE_ATTR), decoder.feed))
+    setattr(receiver, _QUEUE_ATTR, TapQueue(decoder.feed))
     error_event: threading.Event = getattr(receiver, _ERROR_ATTR)
     decoder.on_error = error_event.set
 
