@@ -129,14 +129,16 @@ async def watch(
     except Exception as exc:  # the harness reports a crashed viewer instead of dying with it
         result["error"] = f"viewer crashed: {type(exc).__name__}: {exc}"
     finally:
-        result["watched_s"] = time.monotonic() - t_post
+        # The end of watching: a stall that lasts until here is a freeze too.
+        t_end = time.monotonic()
+        result["watched_s"] = t_end - t_post
         if location:
             result["delete_status"] = await _delete(http, plan, location)
         await pc.close()
         decoder.close()
         if live is not None:
             live(None)
-    result.update(_summarize(figures, t_post, plan))
+    result.update(_summarize(figures, t_post, t_end, plan))
     if result["ok"] and result.get("first_au_keyframe") is False:
         result["error"] = "first access unit is not an IDR with SPS and PPS"
     return result
@@ -168,7 +170,7 @@ async def _delete(http: aiohttp.ClientSession, plan: ViewerPlan, location: str) 
         return None
 
 
-def _summarize(fig: TapFigures, t_post: float, plan: ViewerPlan) -> dict[str, Any]:
+def _summarize(fig: TapFigures, t_post: float, t_end: float, plan: ViewerPlan) -> dict[str, Any]:
     """The per-viewer figures from what the tap recorded."""
     frames = fig.frames
     out: dict[str, Any] = {
@@ -195,10 +197,12 @@ def _summarize(fig: TapFigures, t_post: float, plan: ViewerPlan) -> dict[str, An
         out["first_au_keyframe"] = {NAL_IDR, NAL_SPS, NAL_PPS} <= nals
     if frames:
         out["first_frame_keyframe"] = frames[0].keyframe
-        span = frames[-1].monotonic - frames[0].monotonic
+        # Rates over the whole time watched after the first picture, not just until the last
+        # one: a stream that stops early must not look healthy.
+        span = t_end - frames[0].monotonic
         out["fps"] = (len(frames) - 1) / span if span > 0 else None
         out["bitrate_bps"] = 8 * fig.rtp_bytes / span if span > 0 else None
-        gap_list = list(frame_gaps(frames))
+        gap_list = [*frame_gaps(frames), max(0.0, t_end - frames[-1].monotonic)]
         out["freezes"] = sum(1 for g in gap_list if g > FREEZE_GAP_S)
         out["freeze_s"] = sum(g for g in gap_list if g > FREEZE_GAP_S)
         out["max_gap_s"] = max(gap_list, default=0.0)

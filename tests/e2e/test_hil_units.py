@@ -1,0 +1,183 @@
+"""The HIL harness's own parts: report rendering, figures, RTP accounting, aiortc reach, netns."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import av
+import pytest
+from aiortc import RTCPeerConnection, RTCRtpReceiver
+
+from hil import receive_tap
+from hil.battery import Expectation, RigOptions, analyse_viewers
+from hil.device import parse_prometheus
+from hil.report import CheckResult, Progress, Report, Verdict, percentiles
+from hil.simulated_rig import SimulatedRig, _strip_sim_flags, loss_ruleset
+from tests.tooling import require_root, require_tool
+
+
+def _report() -> Report:
+    report = Report(device="http://198.18.100.1:8080", settings={"viewers": 5})
+    report.add(CheckResult("healthz", Verdict.PASS, "200", {"status": 200}, 0.01))
+    report.add(CheckResult("viewers", Verdict.FAIL, "2 of 5 decoded no picture",
+                           {"fps": {"p50": 29.9, "min": 0.0}, "per_viewer": [{}, {}]}, 3.0))
+    report.add(CheckResult("restart", Verdict.SKIP, "needs --ssh user@host"))
+    report.add(CheckResult("churn", Verdict.ERROR, "RuntimeError: boom"))
+    return report
+
+
+def test_a_failed_or_errored_check_fails_the_run_and_a_skip_does_not() -> None:
+    report = _report()
+    assert not report.passed
+    assert report.counts() == {"pass": 1, "fail": 1, "skip": 1, "error": 1}
+    only_skip = Report(device="d")
+    only_skip.add(CheckResult("restart", Verdict.SKIP, "no ssh"))
+    assert only_skip.passed
+
+
+def test_json_report_keeps_every_figure(tmp_path: Path) -> None:
+    path = tmp_path / "r.json"
+    _report().write_json(path)
+    doc = json.loads(path.read_text())
+    viewers = next(c for c in doc["checks"] if c["name"] == "viewers")
+    assert viewers["verdict"] == "fail"
+    assert viewers["figures"]["fps"] == {"p50": 29.9, "min": 0.0}
+    assert len(viewers["figures"]["per_viewer"]) == 2
+    assert doc["passed"] is False and doc["settings"] == {"viewers": 5}
+
+
+def test_junit_maps_verdicts_to_failure_error_skipped() -> None:
+    suite = ET.fromstring(_report().junit_xml().split("\n", 1)[1])
+    assert suite.get("tests") == "4" and suite.get("failures") == "1"
+    assert suite.get("errors") == "1" and suite.get("skipped") == "1"
+    cases = {c.get("name"): c for c in suite.iter("testcase")}
+    assert cases["viewers"].find("failure") is not None
+    assert cases["churn"].find("error") is not None
+    assert cases["restart"].find("skipped") is not None
+    assert cases["healthz"].find("failure") is None
+    props = {p.get("name"): p.get("value") for p in cases["viewers"].iter("property")}
+    assert props["fps.p50"] == "29.9" and props["per_viewer.count"] == "2"
+
+
+def test_summary_table_and_progress_lines() -> None:
+    table = _report().summary_table()
+    assert "viewers" in table and "FAIL" in table and "HIL FAILED" in table
+    out = io.StringIO()
+    progress = Progress(out)
+    progress.verdict(CheckResult("healthz", Verdict.PASS, "200"))
+    assert "healthz: PASS — 200" in out.getvalue()
+
+
+def test_percentiles_nearest_rank() -> None:
+    summary = percentiles(float(i) for i in range(1, 101))
+    assert summary == {"n": 100, "p50": 50.0, "p95": 95.0, "max": 100.0}
+    assert percentiles([])["n"] == 0
+
+
+def test_prometheus_text_is_parsed_with_labels() -> None:
+    text = ("# HELP ruseon_viewers x\n# TYPE ruseon_viewers gauge\nruseon_viewers 3\n"
+            'ruseon_http_errors_total{status="404"} 2\nprocess_resident_memory_bytes 1.5e+08\n')
+    samples = parse_prometheus(text)
+    assert samples["ruseon_viewers"] == 3
+    assert samples['ruseon_http_errors_total{status="404"}'] == 2
+    assert samples["process_resident_memory_bytes"] == 1.5e8
+
+
+def test_sequence_tracker_unwraps_and_counts_gaps() -> None:
+    tracker = receive_tap.SequenceTracker()
+    for seq in [65533, 65534, 65535, 0, 2, 3]:  # 1 is missing, across the wrap
+        tracker.add(seq)
+    assert tracker.expected == 7
+    assert tracker.expected - len(tracker.seen) == 1
+    assert not tracker.add(3)  # a duplicate is not new
+
+
+def test_nal_types_of_a_real_libx264_keyframe() -> None:
+    codec = av.CodecContext.create("libx264", "w")
+    codec.width, codec.height, codec.pix_fmt = 64, 64, "yuv420p"
+    codec.options = {"x264-params": "repeat-headers=1", "tune": "zerolatency"}
+    packets = [p for i in range(3) for p in codec.encode(_frame(i))]
+    packets += codec.encode(None)
+    first = receive_tap.nal_types(bytes(packets[0]))
+    assert {receive_tap.NAL_SPS, receive_tap.NAL_PPS, receive_tap.NAL_IDR} <= set(first)
+    assert receive_tap.NAL_IDR not in receive_tap.nal_types(bytes(packets[1]))
+
+
+def _frame(i: int) -> av.VideoFrame:
+    frame = av.VideoFrame(64, 64, "yuv420p")
+    for plane in frame.planes:
+        plane.update(bytes([i * 40 % 256]) * plane.buffer_size)
+    frame.pts = i
+    return frame
+
+
+async def test_aiortc_receiver_still_has_what_the_tap_reaches_into() -> None:
+    """Fails loudly when an aiortc upgrade renames what hil/receive_tap.py relies on."""
+    pc = RTCPeerConnection()
+    try:
+        receiver = pc.addTransceiver("video", direction="recvonly").receiver
+        assert isinstance(receiver, RTCRtpReceiver)
+        figures = receive_tap.TapFigures()
+        decoder = receive_tap.FrameDecoder(figures, lambda: None)
+        receive_tap.install(receiver, figures, decoder)  # raises if an attribute is gone
+        assert isinstance(receiver._RTCRtpReceiver__decoder_queue, receive_tap.TapQueue)
+        decoder.close()
+    finally:
+        await pc.close()
+
+
+def test_mid_gop_joiners_are_dated_from_the_idr_capture_times() -> None:
+    opts = RigOptions(device="d", expect=Expectation(fps=30, keyframe_interval=30))
+    idrs = [1_000_000, 2_000_000, 3_000_000]
+    results = [
+        {"index": 0, "post_wall_us": 2_500_000, "idr_capture_us": idrs,
+         "latency_s": {"n": 10, "p50": 0.04, "p95": 0.05, "max": 0.06}},
+        {"index": 1, "post_wall_us": 3_010_000, "idr_capture_us": idrs,
+         "latency_s": {"n": 10, "p50": 0.04, "p95": 0.07, "max": 0.08}},
+    ]
+    analysis = analyse_viewers(results, opts)
+    assert results[0]["join_phase"] == 0.5
+    assert analysis["mid_gop"]["viewers"] == 1  # viewer 1 joined right after an IDR
+    assert analysis["latency_s"]["p95"] == 0.07
+
+
+def test_loss_rules_and_flags_for_the_inner_run() -> None:
+    assert "numgen random mod 1000 < 20 counter drop" in loss_ruleset(2.0)
+    inner = _strip_sim_flags(["run", "--simulate", "--loss", "2", "--viewers", "5",
+                              "--fault=stop-source", "--report", "r.json", "--duration", "20"])
+    assert inner == ["run", "--viewers", "5", "--duration", "20"]
+
+
+def test_simulated_rig_namespaces_are_built_and_always_removed() -> None:
+    require_root("creates network namespaces")
+    require_tool("ip", "apt install iproute2")
+    require_tool("nft", "apt install nftables")
+    rig = SimulatedRig(loss_pct=5.0, tag=f"t{__import__('os').getpid()}")
+    try:
+        rig.build()
+        names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        assert rig.dev_ns in names and rig.rig_ns in names
+        # The veth pair carries traffic between the namespaces and nowhere else.
+        ping = subprocess.run(
+            ["ip", "netns", "exec", rig.rig_ns, "python3", "-c",
+             "import socket; s=socket.socket(); s.settimeout(2)\n"
+             "try: s.connect(('198.18.100.1', 9))\n"
+             "except ConnectionRefusedError: print('refused')\n"],
+            capture_output=True, text=True)
+        assert "refused" in ping.stdout  # reached the device namespace, nothing listens there
+        rules = subprocess.run(["ip", "netns", "exec", rig.dev_ns, "nft", "list", "ruleset"],
+                               capture_output=True, text=True).stdout
+        assert "numgen random mod 1000 < 50" in rules
+    finally:
+        rig.teardown()
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert rig.dev_ns not in names and rig.rig_ns not in names
+
+
+@pytest.mark.parametrize("value", [0.5, 2.0, 10.0])
+def test_loss_per_mille_resolution(value: float) -> None:
+    assert f"< {round(value * 10)} " in loss_ruleset(value)
