@@ -162,6 +162,7 @@ class Overlay:
         self.base = base
         run_root = CACHE / "run"
         run_root.mkdir(parents=True, exist_ok=True)
+        sweep_stale_runs(run_root)
         self.root = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=run_root))
         self.upper = self.root / "upper"
         self.work = self.root / "work"
@@ -186,6 +187,22 @@ class Overlay:
 
     def __exit__(self, *exc: object) -> None:
         self.remove()
+
+
+# A run directory untouched for this long belongs to a test that was killed, not a live one.
+STALE_RUN_SECONDS = 3 * 3600
+
+
+def sweep_stale_runs(run_root: Path) -> None:
+    """Unmount and delete run directories left behind by killed test runs."""
+    now = time.time()
+    for entry in run_root.iterdir():
+        with contextlib.suppress(OSError):
+            if now - entry.stat().st_mtime < STALE_RUN_SECONDS:
+                continue
+            subprocess.run(["umount", "-l", str(entry / "merged")], check=False,
+                           capture_output=True)
+            shutil.rmtree(entry, ignore_errors=True)
 
 
 def run_in_rootfs(

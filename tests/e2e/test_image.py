@@ -7,6 +7,7 @@ it takes seconds, not minutes. The container shares the test's private network n
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -193,3 +194,21 @@ def test_rpi_target_fails_early_with_instructions(tmp_path: Path) -> None:
         result.stderr
     )
     assert "== building" not in result.stdout
+
+
+def test_arm64_debian_target_follows_binfmt(tmp_path: Path) -> None:
+    """arm64 builds where qemu-user binfmt is enabled, and says exactly how to enable it if not."""
+    binfmt = Path("/proc/sys/fs/binfmt_misc/qemu-aarch64")
+    available = os.uname().machine == "aarch64" or (
+        binfmt.exists() and binfmt.read_text().startswith("enabled")
+    )
+    result = subprocess.run(
+        [str(REPO / "image/build"), "check", "debian", "--arch", "arm64"],
+        capture_output=True, text=True, timeout=60, check=False, cwd=tmp_path,
+    )
+    if available and os.geteuid() == 0:
+        assert result.returncode == 0, result.stderr
+    else:
+        assert result.returncode == 1
+        if not available:
+            assert "qemu-user-static binfmt-support" in result.stderr, result.stderr
