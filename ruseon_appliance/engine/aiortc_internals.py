@@ -465,3 +465,22 @@ def packetize_h264(annexb: bytes) -> list[bytes]:
     exactly as aiortc's sender would make them."""
     payloads: list[bytes] = H264Encoder._packetize(H264Encoder._split_bitstream(annexb))
     return payloads
+
+
+def tap_received_rtp(pc: RTCPeerConnection, on_packet: Callable[[Any], None]) -> None:
+    """Call ``on_packet(RtpPacket)`` for every decrypted RTP packet a (client) peer connection
+    receives, before aiortc routes it (tests: check SSRC, payload type, header extensions)."""
+    for transceiver in pc.getTransceivers():
+        transport = transceiver.receiver.transport
+        if getattr(transport, "_ruseon_tapped", False):
+            continue
+        original = transport._handle_rtp_data
+        ext_map = transport._rtp_header_extensions_map
+
+        async def handle(data: bytes, arrival_time_ms: int, original: Any = original,
+                         ext_map: Any = ext_map) -> None:
+            on_packet(aiortc.rtp.RtpPacket.parse(data, ext_map))
+            await original(data, arrival_time_ms)
+
+        transport._handle_rtp_data = handle
+        transport._ruseon_tapped = True

@@ -40,9 +40,10 @@ from ruseon_appliance.engine.errors import (
     UnknownSession,
     UnsupportedOffer,
 )
+from ruseon_appliance.engine.fanout import Fanout, FanoutTrack, FanoutViewer
 from ruseon_appliance.engine.offer import CheckedOffer, check_offer
 from ruseon_appliance.engine.session import WhepSession
-from ruseon_appliance.engine.track import ViewerTrack
+from ruseon_appliance.engine.track import ViewerCursor, ViewerTrack
 from ruseon_appliance.engine.udp_mux import UdpMux
 
 logger = logging.getLogger(__name__)
@@ -91,6 +92,7 @@ class Engine:
         self._certificate: DtlsCertificate | None = None
         self._codecs = CodecRegistry()
         self._mux = UdpMux(webrtc.listen, sockets=[udp_socket] if udp_socket else [])
+        self._fanout: Fanout | None = None
         self._sessions: dict[str, WhepSession] = {}
         self._pending = 0
         self._listeners: list[SessionListener] = []
@@ -117,6 +119,11 @@ class Engine:
                                                    bundlePolicy=RTCBundlePolicy.BALANCED)
         self._codecs.install()
         self._mux.start()
+        if self.config.send_path == "fanout":
+            camera = self._feed.camera
+            self._fanout = Fanout(self._feed, self._mux.socket_for,
+                                  framerate=camera.framerate, min_bitrate=camera.bitrate)
+            self._fanout.start()
         if self.config.advertise:
             self._advertise = list(self.config.advertise)
         elif self.config.listen.host not in ("0.0.0.0", "::", ""):
@@ -137,6 +144,9 @@ class Engine:
         self._stopping = True
         await asyncio.gather(*(s.close("shutdown") for s in list(self._sessions.values())),
                              return_exceptions=True)
+        if self._fanout is not None:
+            await self._fanout.stop()
+            self._fanout = None
         self._mux.close()
         self._started = False
         self._stopping = False
@@ -219,6 +229,7 @@ class Engine:
             "sessions_ended": dict(self.sessions_ended),
             "keyframe_requests": dict(self.keyframe_requests),
             "mux": self._mux.stats(),
+            "fanout": self._fanout.stats() if self._fanout is not None else None,
         }
 
     # -- offer handling --------------------------------------------------------------------------
@@ -247,18 +258,28 @@ class Engine:
     def _ice_servers(self) -> list[RTCIceServer]:
         return [RTCIceServer(urls=url) for url in self.config.ice_servers]
 
-    def _new_track(self) -> ViewerTrack:
+    def _cursor_settings(self) -> tuple[int, int, int]:
+        """``(frame_interval, catch_up_max_frames, keyframe_interval_frames)``."""
         camera = self._feed.camera
-        interval = round(90_000 / camera.framerate)
-        return ViewerTrack(
-            self._feed,
-            frame_interval=interval,
-            # A burst of up to the coalescing window (at least a few frames) is cheaper than
-            # waiting for an IDR that coalescing may not force.
-            catch_up_max_frames=max(3, math.ceil(
-                camera.framerate * camera.keyframe_request_interval_ms / 1000)),
-            keyframe_interval_frames=camera.keyframe_interval,
-        )
+        return (round(90_000 / camera.framerate),
+                # A burst of up to the coalescing window (at least a few frames) is cheaper
+                # than waiting for an IDR that coalescing may not force.
+                max(3, math.ceil(camera.framerate * camera.keyframe_request_interval_ms / 1000)),
+                camera.keyframe_interval)
+
+    def _new_track(self) -> ViewerTrack | FanoutTrack:
+        if self._fanout is not None:
+            return FanoutTrack()
+        interval, catch_up, gop = self._cursor_settings()
+        return ViewerTrack(self._feed, frame_interval=interval, catch_up_max_frames=catch_up,
+                           keyframe_interval_frames=gop)
+
+    def _new_fanout_viewer(self, fanout: Fanout) -> FanoutViewer:
+        interval, catch_up, gop = self._cursor_settings()
+        cursor = ViewerCursor(self._feed, fanout.take, frame_interval=interval,
+                              catch_up_max_frames=catch_up, keyframe_interval_frames=gop)
+        return FanoutViewer(fanout, cursor, on_keyframe_request=lambda reason: None,
+                            on_nack=lambda seq: None)
 
     async def _build_session(
         self, offer: CheckedOffer, profile_level_id: str
@@ -276,6 +297,7 @@ class Engine:
         with aiortc_internals.shared_certificate(self._certificate.rtc):
             pc = RTCPeerConnection(self._rtc_configuration)
         track = self._new_track()
+        viewer = self._new_fanout_viewer(self._fanout) if self._fanout is not None else None
         transceiver = pc.addTransceiver(track, direction="sendonly")
         # Before setRemoteDescription: set afterwards, aiortc silently falls back to VP8.
         transceiver.setCodecPreferences(preferences)
@@ -302,18 +324,29 @@ class Engine:
             await pc.setLocalDescription(answer)
             if transceiver.currentDirection != "sendonly":
                 raise UnsupportedOffer("the offer does not let the engine send video")
+            if viewer is not None:
+                viewer.attach(transceiver.sender, connection)
         except BaseException:
             if ufrag is not None:
                 self._mux.unregister(ufrag)
             track.stop()
+            if viewer is not None:
+                viewer.stop()
             await pc.close()
             raise
 
-        session = WhepSession(pc, transceiver.sender, track, ufrag, self._release)
-        track._request = lambda reason: self._request_keyframe(session, reason)
-        aiortc_internals.forward_keyframe_requests(
-            transceiver.sender, lambda: self._request_keyframe(session, "pli/fir"))
-        aiortc_internals.count_retransmissions(transceiver.sender, session.on_nack)
+        if viewer is not None:
+            session = WhepSession(pc, transceiver.sender, viewer, ufrag, self._release)
+            viewer.cursor.request = lambda reason: self._request_keyframe(session, reason)
+            viewer.on_keyframe_request = lambda reason: self._request_keyframe(session, reason)
+            viewer.on_nack = session.on_nack
+        else:
+            assert isinstance(track, ViewerTrack)
+            session = WhepSession(pc, transceiver.sender, track, ufrag, self._release)
+            track._request = lambda reason: self._request_keyframe(session, reason)
+            aiortc_internals.forward_keyframe_requests(
+                transceiver.sender, lambda: self._request_keyframe(session, "pli/fir"))
+            aiortc_internals.count_retransmissions(transceiver.sender, session.on_nack)
         self._sessions[session.id] = session
         session.attach(self.config.connect_timeout_s)
         self.offers_accepted += 1

@@ -12,6 +12,7 @@ from typing import Any
 from aiortc import RTCPeerConnection, RTCRtpSender
 
 from ruseon_appliance.engine import aiortc_internals
+from ruseon_appliance.engine.fanout import FanoutViewer
 from ruseon_appliance.engine.track import ViewerTrack
 
 logger = logging.getLogger(__name__)
@@ -29,7 +30,7 @@ class WhepSession:
         self,
         pc: RTCPeerConnection,
         sender: RTCRtpSender,
-        track: ViewerTrack,
+        track: ViewerTrack | FanoutViewer,
         ufrag: str,
         release: Callable[[WhepSession], Awaitable[None]],
     ) -> None:
@@ -130,7 +131,13 @@ class WhepSession:
 
     def stats(self) -> dict[str, Any]:
         """State, timestamps and counters (bytes/packets sent, keyframes requested, NACKs, RTT)."""
-        packets, octets, rtt = aiortc_internals.sender_counters(self.sender)
+        track = self.track
+        if isinstance(track, FanoutViewer):
+            packets, octets, rtt = track.counters()
+            send_path: dict[str, Any] = {"send_path": "fanout", **track.stats()}
+        else:
+            packets, octets, rtt = aiortc_internals.sender_counters(self.sender)
+            send_path = {"send_path": "aiortc"}
         return {
             "id": self.id,
             "state": self.state,
@@ -149,4 +156,5 @@ class WhepSession:
             "keyframes_forced": self.keyframes_forced,
             "nacks": self.nacks,
             "rtt_ms": None if rtt is None else round(rtt * 1000, 1),
+            **send_path,
         }

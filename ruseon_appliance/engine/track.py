@@ -23,7 +23,7 @@ import fractions
 import logging
 from collections import deque
 from collections.abc import Callable
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 import av
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
@@ -33,6 +33,7 @@ from ruseon_appliance.capture.ring import FrameView, RingBuffer, RingReader
 logger = logging.getLogger(__name__)
 
 TIME_BASE = fractions.Fraction(1, 90_000)
+T = TypeVar("T")
 
 
 class VideoFeed(Protocol):
@@ -43,8 +44,154 @@ class VideoFeed(Protocol):
     def request_keyframe(self, reason: str = "") -> bool: ...
 
 
+class ViewerCursor(Generic[T]):
+    """One viewer's position in the ring and its output timeline (the join logic above).
+
+    ``take`` turns a ring frame into what the consumer keeps (the aiortc path copies the bytes;
+    the fan-out path looks up the frame's shared packetization). Frames ready to send wait in
+    :attr:`queue` as ``(taken, out_pts, keyframe, capture_time_us)``.
+    """
+
+    def __init__(
+        self,
+        feed: VideoFeed,
+        take: Callable[[FrameView], T],
+        *,
+        frame_interval: int,
+        catch_up_max_frames: int,
+        keyframe_interval_frames: int,
+        on_keyframe_request: Callable[[str], None] | None = None,
+    ) -> None:
+        self._feed = feed
+        self._take = take
+        self._frame_interval = max(1, frame_interval)
+        self._catch_up_max = catch_up_max_frames
+        self._gop = keyframe_interval_frames
+        self.request: Callable[[str], None] = on_keyframe_request or (lambda reason: None)
+        self.reader: RingReader | None = None
+        self.queue: deque[tuple[T, int, bool, int]] = deque()
+        self._skip_until_keyframe = False
+        self._skipped_since_request = 0
+        self._offset = 0
+        self._last_pts: int | None = None
+        self.join_mode = ""
+        self.frames_skipped = 0
+
+    def pull(self) -> None:
+        """Join on first use, then move every frame written since into :attr:`queue`."""
+        if self.reader is None:
+            self.join()
+        reader = self.reader
+        assert reader is not None
+        while True:
+            view = reader.poll()
+            if view is None:
+                return
+            self.accept(view)
+
+    def skip_to_next_keyframe(self) -> int:
+        """Drop what is queued and everything up to the next keyframe (a viewer that cannot
+        keep up); returns the number of frames dropped from the queue."""
+        dropped = len(self.queue)
+        self.queue.clear()
+        self.frames_skipped += dropped
+        self._skip_until_keyframe = True
+        self._skipped_since_request = 0
+        return dropped
+
+    def close(self) -> None:
+        """Release the ring cursor."""
+        if self.reader is not None:
+            self.reader.close()
+        self.queue.clear()
+
+    # -- joining ---------------------------------------------------------------------------------
+
+    def join(self) -> None:
+        """Place the cursor as the module docstring describes and queue the first frames."""
+        ring = self._feed.ring
+        keyframe_seq = ring.newest_keyframe_seq
+        newest = ring.newest_seq
+        self.reader = ring.reader("keyframe")
+        if keyframe_seq is None:
+            # Nothing decodable cached (start-up, or the ring lapped the last IDR).
+            self.join_mode = "wait-keyframe"
+            self.request("viewer join: no cached keyframe")
+            return
+        behind = newest - keyframe_seq
+        newest_view = ring.frame(newest)
+        now_pts = newest_view.pts if newest_view is not None else 0
+        if behind == 0:
+            self.join_mode = "on-keyframe"
+            return
+        if behind <= self._catch_up_max:
+            # Burst: keyframe + the few frames after it, squeezed into the last `behind` ticks.
+            self.join_mode = "catch-up"
+            views: list[tuple[T, bool, int]] = []
+            while len(views) <= behind:
+                view = self.reader.poll()
+                if view is None:
+                    break
+                views.append((self._take(view), view.keyframe, view.capture_time_us))
+            base = now_pts - (len(views) - 1)
+            for i, (taken, keyframe, capture_us) in enumerate(views):
+                self._emit(taken, base + i, keyframe, capture_us, rebase=False)
+            self._offset = 0
+            return
+        # Stale keyframe: send it as "now", ask for a fresh IDR, skip the stale P-frames.
+        self.join_mode = "keyframe-then-live"
+        view = self.reader.poll()
+        assert view is not None and view.keyframe
+        self._emit(self._take(view), now_pts, True, view.capture_time_us, rebase=False)
+        self._offset = 0
+        # Everything up to `newest` is stale; the reader resumes after it.
+        while self.reader.position <= newest:
+            if self.reader.poll() is None:
+                break
+            self.frames_skipped += 1
+        self._skip_until_keyframe = True
+        self._skipped_since_request = 0
+        if behind > self._gop:
+            self.request("viewer join: cached keyframe older than the GOP")
+        else:
+            self.request("viewer join mid-GOP")
+
+    def accept(self, view: FrameView) -> None:
+        """Queue ``view`` on the output timeline (or skip it while waiting for a keyframe)."""
+        if self._skip_until_keyframe:
+            if not view.keyframe:
+                self.frames_skipped += 1
+                self._skipped_since_request += 1
+                # The forced IDR may have been absorbed by coalescing: ask again, paced.
+                if self._skipped_since_request >= max(2 * self._catch_up_max, 1):
+                    self._skipped_since_request = 0
+                    self.request("viewer join: still waiting for a fresh keyframe")
+                return
+            self._skip_until_keyframe = False
+        self._emit(self._take(view), view.pts, view.keyframe, view.capture_time_us, rebase=True)
+
+    def _emit(
+        self, taken: T, pts: int, keyframe: bool, capture_us: int, *, rebase: bool
+    ) -> None:
+        out = pts + self._offset if rebase else pts
+        last = self._last_pts
+        if last is not None and out <= last:
+            # Source restarted or went backwards: keep the output timeline moving forward.
+            step = (last + self._frame_interval) - out
+            out += step
+            if rebase:
+                self._offset += step
+        self._last_pts = out
+        self.queue.append((taken, out, keyframe, capture_us))
+
+
+def _copy(view: FrameView) -> bytes:
+    return bytes(view.data)
+
+
 class ViewerTrack(MediaStreamTrack):  # type: ignore[misc]
-    """One viewer's pass-through H.264 track over the shared ring buffer."""
+    """One viewer's pass-through H.264 track over the shared ring buffer (the stock aiortc
+    sender path, ``send_path = "aiortc"``)."""
 
     kind = "video"
 
@@ -58,23 +205,32 @@ class ViewerTrack(MediaStreamTrack):  # type: ignore[misc]
         on_keyframe_request: Callable[[str], None] | None = None,
     ) -> None:
         super().__init__()
-        self._feed = feed
-        self._frame_interval = max(1, frame_interval)
-        self._catch_up_max = catch_up_max_frames
-        self._gop = keyframe_interval_frames
-        self._request = on_keyframe_request or (lambda reason: None)
-        self._reader: RingReader | None = None
-        self._queue: deque[tuple[bytes, int, bool, int]] = deque()
-        self._skip_until_keyframe = False
-        self._skipped_since_request = 0
-        self._offset = 0
-        self._last_pts: int | None = None
-        self.join_mode = ""
+        self.cursor: ViewerCursor[bytes] = ViewerCursor(
+            feed, _copy, frame_interval=frame_interval, catch_up_max_frames=catch_up_max_frames,
+            keyframe_interval_frames=keyframe_interval_frames,
+            on_keyframe_request=on_keyframe_request)
         self.frames_sent = 0
         self.keyframes_sent = 0
-        self.frames_skipped = 0
         self.bytes_sent = 0
         self.last_capture_time_us = 0
+
+    @property
+    def join_mode(self) -> str:
+        """How this viewer joined (see the module docstring)."""
+        return self.cursor.join_mode
+
+    @property
+    def frames_skipped(self) -> int:
+        """Frames never sent to this viewer (stale after joining, or dropped to catch up)."""
+        return self.cursor.frames_skipped
+
+    @property
+    def _request(self) -> Callable[[str], None]:
+        return self.cursor.request
+
+    @_request.setter
+    def _request(self, request: Callable[[str], None]) -> None:
+        self.cursor.request = request
 
     # -- MediaStreamTrack ------------------------------------------------------------------------
 
@@ -82,17 +238,18 @@ class ViewerTrack(MediaStreamTrack):  # type: ignore[misc]
         """The next access unit as an ``av.Packet`` (pts in 1/90000 s)."""
         if self.readyState != "live":
             raise MediaStreamError
-        if self._reader is None:
-            self._join()
-        while not self._queue:
-            reader = self._reader
+        cursor = self.cursor
+        if cursor.reader is None:
+            cursor.join()
+        while not cursor.queue:
+            reader = cursor.reader
             assert reader is not None
             try:
                 view = await reader.next()
             except EOFError:
                 raise MediaStreamError from None
-            self._accept(view)
-        data, pts, keyframe, capture_us = self._queue.popleft()
+            cursor.accept(view)
+        data, pts, keyframe, capture_us = cursor.queue.popleft()
         packet = av.Packet(data)
         packet.pts = pts
         packet.dts = pts
@@ -106,82 +263,4 @@ class ViewerTrack(MediaStreamTrack):  # type: ignore[misc]
     def stop(self) -> None:
         """End the track and release its ring cursor."""
         super().stop()
-        if self._reader is not None:
-            self._reader.close()
-
-    # -- joining ---------------------------------------------------------------------------------
-
-    def _join(self) -> None:
-        ring = self._feed.ring
-        keyframe_seq = ring.newest_keyframe_seq
-        newest = ring.newest_seq
-        self._reader = ring.reader("keyframe")
-        if keyframe_seq is None:
-            # Nothing decodable cached (start-up, or the ring lapped the last IDR).
-            self.join_mode = "wait-keyframe"
-            self._request("viewer join: no cached keyframe")
-            return
-        behind = newest - keyframe_seq
-        newest_view = ring.frame(newest)
-        now_pts = newest_view.pts if newest_view is not None else 0
-        if behind == 0:
-            self.join_mode = "on-keyframe"
-            return
-        if behind <= self._catch_up_max:
-            # Burst: keyframe + the few frames after it, squeezed into the last `behind` ticks.
-            self.join_mode = "catch-up"
-            views: list[tuple[bytes, bool, int]] = []
-            while len(views) <= behind:
-                view = self._reader.poll()
-                if view is None:
-                    break
-                views.append((bytes(view.data), view.keyframe, view.capture_time_us))
-            base = now_pts - (len(views) - 1)
-            for i, (data, keyframe, capture_us) in enumerate(views):
-                self._emit(data, base + i, keyframe, capture_us, rebase=False)
-            self._offset = 0
-            return
-        # Stale keyframe: send it as "now", ask for a fresh IDR, skip the stale P-frames.
-        self.join_mode = "keyframe-then-live"
-        view = self._reader.poll()
-        assert view is not None and view.keyframe
-        self._emit(bytes(view.data), now_pts, True, view.capture_time_us, rebase=False)
-        self._offset = 0
-        # Everything up to `newest` is stale; the reader resumes after it.
-        while self._reader.position <= newest:
-            if self._reader.poll() is None:
-                break
-            self.frames_skipped += 1
-        self._skip_until_keyframe = True
-        self._skipped_since_request = 0
-        if behind > self._gop:
-            self._request("viewer join: cached keyframe older than the GOP")
-        else:
-            self._request("viewer join mid-GOP")
-
-    def _accept(self, view: FrameView) -> None:
-        if self._skip_until_keyframe:
-            if not view.keyframe:
-                self.frames_skipped += 1
-                self._skipped_since_request += 1
-                # The forced IDR may have been absorbed by coalescing: ask again, paced.
-                if self._skipped_since_request >= max(2 * self._catch_up_max, 1):
-                    self._skipped_since_request = 0
-                    self._request("viewer join: still waiting for a fresh keyframe")
-                return
-            self._skip_until_keyframe = False
-        self._emit(bytes(view.data), view.pts, view.keyframe, view.capture_time_us, rebase=True)
-
-    def _emit(
-        self, data: bytes, pts: int, keyframe: bool, capture_us: int, *, rebase: bool
-    ) -> None:
-        out = pts + self._offset if rebase else pts
-        last = self._last_pts
-        if last is not None and out <= last:
-            # Source restarted or went backwards: keep the output timeline moving forward.
-            step = (last + self._frame_interval) - out
-            out += step
-            if rebase:
-                self._offset += step
-        self._last_pts = out
-        self._queue.append((data, out, keyframe, capture_us))
+        self.cursor.close()

@@ -261,6 +261,10 @@ class UdpMux:
         """Whether ``ufrag`` belongs to a registered connection."""
         return ufrag in self._by_ufrag
 
+    def socket_for(self, family: int) -> socket.socket | None:
+        """The mux socket of an address family (the fan-out sends media on it directly)."""
+        return self._sockets.get(family)
+
     # -- DatagramSink (used by MuxStunProtocol) --------------------------------------------------
 
     def send_datagram(self, data: bytes, addr: tuple[str, int], family: int) -> None:

@@ -1,0 +1,271 @@
+"""The fan-out send path with real aiortc viewers over real UDP on 127.0.0.1.
+
+Every picture carries the synthetic camera's stamp (capture time, frame number), so "every frame
+decoded" is checked frame by frame: the numbers a viewer decodes must be consecutive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import re
+import shutil
+import statistics
+import subprocess
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+
+from ruseon_appliance.capture.pipeline import CapturePipeline
+from ruseon_appliance.capture.stamp import read_stamp
+from ruseon_appliance.engine import Engine, aiortc_internals
+from ruseon_appliance.engine.fanout import FanoutViewer
+from tests.engine.conftest import wait_for
+
+FRAME_US = 1_000_000 // 30
+
+
+@dataclass(eq=False)
+class StampedViewer:
+    """A client peer that records every decoded frame's stamp and every RTP packet header."""
+
+    pc: RTCPeerConnection
+    session_id: str = ""
+    answer: str = ""
+    # (frame_number, capture_time_us, decode_time_us)
+    frames: list[tuple[int, int, int]] = field(default_factory=list)
+    unstamped: int = 0
+    packets: list[tuple[int, int, int, str | None, int | None]] = field(default_factory=list)
+    task: asyncio.Task[None] | None = None
+
+    async def consume(self, track: Any) -> None:
+        while True:
+            try:
+                frame = await track.recv()
+            except Exception:
+                return
+            now_us = time.time_ns() // 1000
+            stamp = read_stamp(frame)
+            if stamp is None:
+                self.unstamped += 1
+            else:
+                self.frames.append((stamp[1], stamp[0], now_us))
+
+    def on_packet(self, packet: Any) -> None:
+        self.packets.append((packet.ssrc, packet.payload_type, packet.sequence_number,
+                             packet.extensions.mid, packet.extensions.abs_send_time))
+
+    def numbers(self, start: int = 0) -> list[int]:
+        return [n for n, _, _ in self.frames[start:]]
+
+    async def close(self) -> None:
+        await self.pc.close()
+        if self.task is not None:
+            self.task.cancel()
+
+
+async def connect(engine: Engine) -> StampedViewer:
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    pc.addTransceiver("video", direction="recvonly")
+    viewer = StampedViewer(pc)
+
+    @pc.on("track")
+    def on_track(track: Any) -> None:
+        viewer.task = asyncio.ensure_future(viewer.consume(track))
+
+    await pc.setLocalDescription(await pc.createOffer())
+    session, answer = await engine.offer(pc.localDescription.sdp)
+    viewer.session_id, viewer.answer = session.id, answer
+    await pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
+    aiortc_internals.tap_received_rtp(pc, viewer.on_packet)
+    return viewer
+
+
+def gaps(numbers: list[int]) -> list[tuple[int, int]]:
+    """Places where consecutive decoded frame numbers are not consecutive."""
+    return [(a, b) for a, b in itertools.pairwise(numbers) if b != a + 1]
+
+
+def fanout_viewer(engine: Engine, viewer: StampedViewer) -> FanoutViewer:
+    track = engine.sessions[viewer.session_id].track
+    assert isinstance(track, FanoutViewer)
+    return track
+
+
+class DecodeErrors(logging.Handler):
+    """Counts aiortc's 'failed to decode' warnings (PyAV errors the decoder swallows)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "decode" in record.getMessage().lower():
+            self.count += 1
+
+
+@pytest.fixture
+def decode_errors() -> Any:
+    handler = DecodeErrors()
+    logger = logging.getLogger("aiortc.codecs.h264")
+    logger.addHandler(handler)
+    yield handler
+    logger.removeHandler(handler)
+
+
+async def test_every_frame_decodes_and_rtp_matches_the_answer(
+        engine: Engine, decode_errors: DecodeErrors) -> None:
+    assert engine.stats()["send_path"] == "fanout"
+    viewers = [await connect(engine) for _ in range(3)]
+    try:
+        await wait_for(lambda: all(len(v.frames) >= 75 for v in viewers), timeout=40)
+        for v in viewers:
+            session = engine.sessions[v.session_id]
+            # After the join (which may skip stale frames once), nothing is missing.
+            numbers = v.numbers(start=5)
+            assert gaps(numbers) == [], gaps(numbers)[:5]
+            assert v.unstamped == 0
+            # The packets carry what the answer promised (what Chrome checks).
+            ssrcs = [int(x) for x in re.findall(r"^a=ssrc:(\d+) ", v.answer, re.M)]
+            pt = int(re.search(r"^a=rtpmap:(\d+) H264/90000", v.answer, re.M).group(1))  # type: ignore[union-attr]
+            mid = re.search(r"^a=mid:(\S+)", v.answer, re.M).group(1)  # type: ignore[union-attr]
+            media = [p for p in v.packets if p[1] == pt]
+            assert media and {p[0] for p in media} == {ssrcs[0]}
+            assert {p[3] for p in media} == {mid}
+            assert all(p[4] is not None for p in media)  # abs-send-time (negotiated by aiortc)
+            seqs = [p[2] for p in media]
+            assert all((b - a) & 0xFFFF == 1 for a, b in itertools.pairwise(seqs))
+            stats = session.stats()
+            assert stats["send_path"] == "fanout"
+            assert stats["packets_sent"] >= len(media) and stats["frames_sent"] >= 75
+        assert decode_errors.count == 0
+        # Packetized once, whatever the number of viewers.
+        fanout = engine.stats()["fanout"]
+        sent = sum(fanout_viewer(engine, v).packets_sent for v in viewers)
+        assert fanout["packets_packetized"] < sent / 2
+    finally:
+        for v in viewers:
+            await v.close()
+
+
+async def test_sender_reports_arrive_and_rtt_appears(engine: Engine) -> None:
+    v = await connect(engine)
+    try:
+        await wait_for(lambda: engine.sessions[v.session_id].stats()["rtt_ms"] is not None,
+                       timeout=20)
+        stats = engine.sessions[v.session_id].stats()
+        assert stats["sender_reports"] >= 1 and stats["receiver_reports"] >= 1
+        assert stats["rtt_ms"] >= 0 and stats["packets_lost"] == 0
+        # The client parsed our SR: aiortc records it as remote-outbound-rtp stats.
+        report = await v.pc.getTransceivers()[0].receiver.getStats()
+        remote = [s for s in report.values() if s.type == "remote-outbound-rtp"]
+        assert remote and remote[0].packetsSent > 0
+    finally:
+        await v.close()
+
+
+def nft(*args: str) -> None:
+    subprocess.run(["nft", *args], check=True, capture_output=True, text=True)
+
+
+@pytest.fixture
+def lossy_output() -> Any:
+    """A private nftables table that drops every 25th large UDP datagram from a port."""
+    if shutil.which("nft") is None:
+        pytest.fail("nft (nftables) is needed for the packet-loss test")
+    table = "ruseon_fanout_test"
+
+    def drop_from(port: int) -> None:
+        nft("add", "table", "inet", table)
+        nft("add", "chain", "inet", table, "out",
+            "{ type filter hook output priority 0 ; }")
+        nft("add", "rule", "inet", table, "out", "udp", "sport", str(port), "udp", "length",
+            "gt", "400", "numgen", "inc", "mod", "25", "==", "7", "counter", "drop")
+
+    yield drop_from
+    subprocess.run(["nft", "delete", "table", "inet", table], capture_output=True)
+
+
+async def test_nacked_packets_are_retransmitted_without_a_keyframe(
+        engine: Engine, lossy_output: Any, decode_errors: DecodeErrors) -> None:
+    v = await connect(engine)
+    try:
+        await wait_for(lambda: len(v.frames) >= 20)
+        await asyncio.sleep(0.7)  # past the join's keyframe requests
+        session = engine.sessions[v.session_id]
+        requested = session.keyframes_requested
+        lossy_output(engine.udp_port)
+        mark = len(v.frames)
+        await wait_for(lambda: len(v.frames) >= mark + 90, timeout=40)
+        viewer = fanout_viewer(engine, v)
+        assert viewer.nacked > 0 and viewer.retransmitted > 0
+        assert session.stats()["nacks"] == viewer.nacked
+        # Every frame arrived and decoded, and nobody asked for a keyframe to get there.
+        numbers = v.numbers(start=mark)
+        assert gaps(numbers) == [], gaps(numbers)[:5]
+        assert session.keyframes_requested == requested
+        assert decode_errors.count == 0
+        # Retransmissions were RTX on the answer's second SSRC.
+        ssrcs = [int(x) for x in re.findall(r"^a=ssrc:(\d+) ", v.answer, re.M)]
+        assert viewer.rtx_ssrc == ssrcs[1]
+    finally:
+        await v.close()
+
+
+async def test_a_viewer_that_cannot_keep_up_skips_to_keyframes_others_unaffected(
+        engine: Engine, feed: CapturePipeline, decode_errors: DecodeErrors) -> None:
+    fast, slow = await connect(engine), await connect(engine)
+    try:
+        await wait_for(lambda: len(fast.frames) >= 20 and len(slow.frames) >= 20)
+        await asyncio.sleep(0.5)
+        before = len(fast.frames)
+        await asyncio.sleep(2.0)
+        reference = [d - c for _, c, d in fast.frames[before:]]
+
+        # The slow viewer's budget drops to a third of the stream: it cannot keep up.
+        lagging = fanout_viewer(engine, slow)
+        lagging.budget_bytes_per_s = engine.stats()["fanout"]["stream_byte_rate"] / 3
+        slow_mark, fast_mark = len(slow.frames), len(fast.frames)
+        await wait_for(lambda: lagging.keyframe_skips >= 2, timeout=20)
+        await asyncio.sleep(1.0)
+        during = [d - c for _, c, d in fast.frames[fast_mark:]]
+
+        # The other viewer got every frame, as live as before.
+        assert gaps(fast.numbers(start=fast_mark)) == []
+        assert len(during) >= 60
+        assert statistics.median(during) <= statistics.median(reference) + FRAME_US
+        # The slow one still decodes cleanly: only from keyframes, never a broken picture.
+        assert len(slow.frames) > slow_mark
+        assert decode_errors.count == 0
+        assert engine.sessions[slow.session_id].stats()["keyframe_skips"] >= 2
+
+        # Given its budget back, it is complete again from the next keyframe on.
+        lagging.budget_bytes_per_s = None
+        skips = lagging.keyframe_skips
+        recovered = len(slow.frames)
+        await wait_for(lambda: len(slow.frames) >= recovered + 75, timeout=20)
+        assert lagging.keyframe_skips == skips
+        assert gaps(slow.numbers(start=recovered + 5)) == []
+    finally:
+        await fast.close()
+        await slow.close()
+
+
+async def test_stock_sender_path_still_selectable(feed: CapturePipeline, tmp_path: Any) -> None:
+    from tests.engine.conftest import webrtc_config
+
+    engine = Engine(webrtc_config(send_path="aiortc"), tmp_path / "state", feed)
+    await engine.start()
+    try:
+        v = await connect(engine)
+        await wait_for(lambda: len(v.frames) >= 20)
+        assert engine.sessions[v.session_id].stats()["send_path"] == "aiortc"
+        assert engine.stats()["fanout"] is None
+        assert gaps(v.numbers(start=5)) == []
+        await v.close()
+    finally:
+        await engine.stop()
