@@ -122,13 +122,17 @@ def wheels_dir(*, build: bool = True) -> Path:
 
 
 def project_wheel(out_dir: Path) -> Path:
-    """Build the project's wheel from this checkout, offline (build deps from the cache)."""
+    """Build the project's wheel from this checkout, offline (build deps from the cache).
+
+    ``$E2E_PROJECT_SOURCE`` names another source tree (e.g. a ``git archive`` of a commit).
+    """
     wheels = wheels_dir(build=False)
+    source = Path(os.environ.get("E2E_PROJECT_SOURCE") or REPO)
     out_dir.mkdir(parents=True, exist_ok=True)
     subprocess.run(
         [
             sys.executable, "-m", "pip", "--disable-pip-version-check", "wheel", "-q",
-            "--no-index", "--find-links", str(wheels), "--no-deps", "-w", str(out_dir), str(REPO),
+            "--no-index", "--find-links", str(wheels), "--no-deps", "-w", str(out_dir), str(source),
         ],
         check=True,
         env={**os.environ, "PIP_NO_INPUT": "1"},
