@@ -330,7 +330,8 @@ class Battery:
         device = _device_figures(before, after)
         figures = {k: a[k] for k in ("freezes", "freeze_ratio", "max_gap_s", "bitrate_bps",
                                      "packets_lost", "packets_unrecovered", "packets_expected",
-                                     "rtx_packets", "nacks_sent", "plis_sent")}
+                                     "rtx_packets", "nacks_sent", "plis_sent", "nack_retries",
+                                     "packets_abandoned")}
         figures["device"] = device
         problems = []
         if a["max_gap_s"] > o.max_gap_s:
@@ -343,7 +344,8 @@ class Battery:
         reason = (f"freezes {a['freezes']}, max gap {a['max_gap_s'] * 1000:.0f} ms, bitrate p50 "
                   f"{(a['bitrate_bps']['p50'] or 0) / 1e6:.2f} Mbit/s, lost "
                   f"{a['packets_lost']}/{a['packets_expected']} "
-                  f"(unrecovered {a['packets_unrecovered']}), NACKs {a['nacks_sent']}, PLIs "
+                  f"(unrecovered {a['packets_unrecovered']}), NACKs {a['nacks_sent']} "
+                  f"(+{a['nack_retries']} retries), PLIs "
                   f"{a['plis_sent']}; device {_device_text(device)}")
         if problems:
             return CheckResult("steady-state", Verdict.FAIL, "; ".join(problems) + "; " + reason,
@@ -562,7 +564,8 @@ def analyse_viewers(results: list[dict[str, Any]], opts: RigOptions) -> dict[str
         "bitrate_bps": percentiles(col("bitrate_bps")),
         **{k: sum(r.get(k, 0) for r in results)
            for k in ("packets_lost", "packets_unrecovered", "packets_expected", "rtx_packets",
-                     "nacks_sent", "plis_sent", "rtp_packets", "rtp_bytes")},
+                     "nacks_sent", "plis_sent", "rtp_packets", "rtp_bytes", "nack_retries",
+                     "packets_abandoned")},
     }
 
 

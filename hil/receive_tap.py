@@ -14,6 +14,11 @@ that wants honest figures has to reach into the receiver; every such reach is in
   decode errors exactly.
 - ``RTCRtpReceiver._RTCRtpReceiver__decoder_error``: set on a decode error, as aiortc's own decoder
   does, so the receiver sends a PLI just as a browser would.
+- ``RTCRtpReceiver._RTCRtpReceiver__nack_generator`` and ``__jitter_buffer``: aiortc NACKs a
+  missing packet once and then waits until its 512-packet jitter buffer overflows (seconds) before
+  it gives up. A browser NACKs again every RTT or so and, after about a second, drops the broken
+  frame and asks for a keyframe. :class:`LossRecovery` does the same, so the harness judges the
+  device's loss recovery, not aiortc's receive side.
 """
 
 from __future__ import annotations
@@ -41,7 +46,11 @@ FREEZE_GAP_S = 0.2
 
 _QUEUE_ATTR = "_RTCRtpReceiver__decoder_queue"
 _ERROR_ATTR = "_RTCRtpReceiver__decoder_error"
+_NACK_ATTR = "_RTCRtpReceiver__nack_generator"
+_JITTER_ATTR = "_RTCRtpReceiver__jitter_buffer"
 PRIVATE_RECEIVER_ATTRS = (
+    _NACK_ATTR,
+    _JITTER_ATTR,
     "_handle_rtp_packet",
     "_send_rtcp_nack",
     "_send_rtcp_pli",
@@ -119,6 +128,8 @@ class TapFigures:
     nacks_sent: int = 0
     nacked_packets: int = 0
     plis_sent: int = 0
+    nack_retries: int = 0
+    packets_abandoned: int = 0
     access_units: int = 0
     first_au_nals: list[int] = field(default_factory=list)
     first_decoded_au_nals: list[int] = field(default_factory=list)
@@ -227,7 +238,9 @@ def _rtx_payload_types(sdp: str) -> set[int]:
     return out
 
 
-def install(receiver: Any, figures: TapFigures, decoder: FrameDecoder) -> Callable[[str], None]:
+def install(
+    receiver: Any, figures: TapFigures, decoder: FrameDecoder, recovery: LossRecovery | None = None
+) -> Callable[[str], None]:
     """Hook ``receiver`` (before ``setRemoteDescription``); returns a setter for the answer SDP.
 
     The setter tells the tap which payload types are RTX, so retransmissions are told apart from
@@ -253,6 +266,8 @@ def install(receiver: Any, figures: TapFigures, decoder: FrameDecoder) -> Callab
                 figures.recovered.add(figures.media.extend(seq))
         else:
             figures.media.add(packet.sequence_number)
+            if recovery is not None:
+                recovery.media_ssrc = packet.ssrc
         await handle_rtp(packet, arrival_time_ms)
 
     async def tapped_nack(media_ssrc: int, lost: list[int]) -> None:
@@ -275,6 +290,76 @@ def install(receiver: Any, figures: TapFigures, decoder: FrameDecoder) -> Callab
         rtx_types.update(_rtx_payload_types(sdp))
 
     return set_answer
+
+
+class LossRecovery:
+    """Browser-like NACK retries and give-up for one receiver (see the module docstring).
+
+    Every ``interval_s``, packets missing for longer than ``interval_s`` are NACKed again (at most
+    ``max_retries`` times each, like libwebrtc's NACK module); a packet still missing after
+    ``give_up_s`` is abandoned: its incomplete frame is dropped from the jitter buffer and a PLI
+    asks the device for a keyframe.
+    """
+
+    def __init__(self, receiver: Any, figures: TapFigures, *, interval_s: float = 0.05,
+                 max_retries: int = 10, give_up_s: float = 1.0) -> None:
+        self.receiver = receiver
+        self.figures = figures
+        self.interval_s = interval_s
+        self.max_retries = max_retries
+        self.give_up_s = give_up_s
+        self.media_ssrc: int | None = None
+        self._first_missing: dict[int, float] = {}
+        self._retries: dict[int, int] = {}
+
+    async def run(self) -> None:
+        """Loop until cancelled."""
+        import asyncio
+
+        nack = getattr(self.receiver, _NACK_ATTR)
+        jitter = getattr(self.receiver, _JITTER_ATTR)
+        while True:
+            await asyncio.sleep(self.interval_s)
+            if nack is None or self.media_ssrc is None:
+                continue
+            now = time.monotonic()
+            missing = set(nack.missing)
+            for seq in list(self._first_missing):
+                if seq not in missing:
+                    del self._first_missing[seq]
+                    self._retries.pop(seq, None)
+            retry: list[int] = []
+            abandoned: list[int] = []
+            for seq in missing:
+                first = self._first_missing.setdefault(seq, now)
+                if now - first >= self.give_up_s:
+                    abandoned.append(seq)
+                    continue
+                tries = self._retries.get(seq, 0)
+                if now - first >= self.interval_s and tries < self.max_retries:
+                    self._retries[seq] = tries + 1
+                    retry.append(seq)
+            if retry:
+                self.figures.nack_retries += len(retry)
+                await self.receiver._send_rtcp_nack(self.media_ssrc, sorted(retry))
+            if abandoned:
+                self.figures.packets_abandoned += len(abandoned)
+                for seq in abandoned:
+                    nack.missing.discard(seq)
+                    self._first_missing.pop(seq, None)
+                    self._retries.pop(seq, None)
+                self._skip_hole(jitter, max(abandoned, key=lambda q: (q - jitter._origin) & 0xFFFF
+                                            if jitter._origin is not None else 0))
+                await self.receiver._send_rtcp_pli(self.media_ssrc)
+
+    @staticmethod
+    def _skip_hole(jitter: Any, seq: int) -> None:
+        """Drop everything in the jitter buffer up to and including the frame after ``seq``."""
+        if jitter._origin is None:
+            return
+        distance = (seq - jitter._origin) & 0xFFFF
+        if distance < jitter.capacity:
+            jitter.smart_remove(distance + 1)
 
 
 def gaps(frames: list[FrameRecord]) -> Iterator[float]:

@@ -18,7 +18,15 @@ from typing import Any
 import aiohttp
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCRtpReceiver, RTCSessionDescription
 
-from hil.receive_tap import FREEZE_GAP_S, NAL_IDR, NAL_PPS, NAL_SPS, FrameDecoder, TapFigures
+from hil.receive_tap import (
+    FREEZE_GAP_S,
+    NAL_IDR,
+    NAL_PPS,
+    NAL_SPS,
+    FrameDecoder,
+    LossRecovery,
+    TapFigures,
+)
 from hil.receive_tap import gaps as frame_gaps
 from hil.receive_tap import install as install_tap
 from hil.report import percentiles
@@ -88,11 +96,14 @@ async def watch(
 
     pc.add_listener("connectionstatechange", _on_state)
     location: str | None = None
+    recovery_task: asyncio.Future[None] | None = None
     t_post = time.monotonic()
     try:
         transceiver = pc.addTransceiver("video", direction="recvonly")
         transceiver.setCodecPreferences(_h264_preferences())
-        set_answer = install_tap(transceiver.receiver, figures, decoder)
+        recovery = LossRecovery(transceiver.receiver, figures)
+        set_answer = install_tap(transceiver.receiver, figures, decoder, recovery)
+        recovery_task = asyncio.ensure_future(recovery.run())
         await pc.setLocalDescription(await pc.createOffer())
         headers = {"Content-Type": "application/sdp"}
         if plan.token:
@@ -132,6 +143,8 @@ async def watch(
         # The end of watching: a stall that lasts until here is a freeze too.
         t_end = time.monotonic()
         result["watched_s"] = t_end - t_post
+        if recovery_task is not None:
+            recovery_task.cancel()
         if location:
             result["delete_status"] = await _delete(http, plan, location)
         await pc.close()
@@ -188,6 +201,8 @@ def _summarize(fig: TapFigures, t_post: float, t_end: float, plan: ViewerPlan) -
         "nacks_sent": fig.nacks_sent,
         "nacked_packets": fig.nacked_packets,
         "plis_sent": fig.plis_sent,
+        "nack_retries": fig.nack_retries,
+        "packets_abandoned": fig.packets_abandoned,
         "first_au_nals": fig.first_au_nals,
         "first_decoded_au_nals": fig.first_decoded_au_nals,
         "idr_capture_us": fig.idr_capture_us[:64],
