@@ -44,6 +44,8 @@ from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from types import ModuleType
 from typing import Any, Final
 
+from .logs import context_fields
+
 log = logging.getLogger(__name__)
 
 #: A frame older than this makes :func:`frames_flowing` false and withholds watchdog pings.
@@ -391,15 +393,10 @@ def encode_journal_entry(fields: Mapping[str, Any]) -> bytes:
     return bytes(out)
 
 
-_RECORD_ATTRS: Final = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__)
-
-
 def structured_fields(record: logging.LogRecord) -> Iterator[tuple[str, Any]]:
-    """The record's journal fields: ``extra`` keys that are valid upper-case field names."""
-    for key, value in record.__dict__.items():
-        if key in _RECORD_ATTRS or not key or not key.isupper() or key.startswith("_"):
-            continue
-        if value is None or not all(c.isalnum() or c == "_" for c in key):
+    """The record's journal fields: its context fields that are valid journal field names."""
+    for key, value in context_fields(record).items():
+        if value is None or key.startswith("_") or not all(c.isalnum() or c == "_" for c in key):
             continue
         yield key, value
 
@@ -414,21 +411,6 @@ def _syslog_priority(levelno: int) -> int:
     if levelno >= logging.INFO:
         return 6
     return 7
-
-
-class StderrFormatter(logging.Formatter):
-    """Plain text for a terminal: structured fields appended as ``KEY=value``."""
-
-    def __init__(self, timestamps: bool = True) -> None:
-        fmt = "%(asctime)s %(levelname)s %(name)s: %(message)s" if timestamps \
-            else "%(levelname)s %(name)s: %(message)s"
-        super().__init__(fmt)
-
-    def format(self, record: logging.LogRecord) -> str:
-        """Format ``record`` with its structured fields at the end."""
-        text = super().format(record)
-        extra = " ".join(f"{k}={v}" for k, v in structured_fields(record))
-        return f"{text} [{extra}]" if extra else text
 
 
 def journal_handler(
@@ -464,30 +446,6 @@ LOG_PATHS: Final = {
     "journal-datagram": "journald via its native socket (python3-systemd not installed)",
     "stderr": "stderr",
 }
-
-
-def configure_logging_for_journal(
-    level: str | int = "info",
-    *,
-    identifier: str = "ruseon",
-    environ: Mapping[str, str] | None = None,
-    socket_path: str = JournalDatagramHandler.SOCKET_PATH,
-) -> str:
-    """Install the root log handler chosen by :func:`journal_handler` (stderr text otherwise),
-    log which one, and return its name: ``journal``, ``journal-datagram`` or ``stderr``.
-    """
-    root = logging.getLogger()
-    for old in list(root.handlers):
-        root.removeHandler(old)
-        old.close()
-    root.setLevel(level.upper() if isinstance(level, str) else level)
-    handler, chosen = journal_handler(identifier, environ=environ, socket_path=socket_path)
-    if handler is None:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(StderrFormatter())
-    root.addHandler(handler)
-    log.info("logging: %s", LOG_PATHS[chosen])
-    return chosen
 
 
 def _is_socket(fd: int) -> bool:

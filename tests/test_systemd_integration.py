@@ -270,27 +270,9 @@ def test_journal_is_chosen_only_when_stderr_is_the_journal(tmp_path: Path) -> No
         st = os.fstat(sys.stderr.fileno())
         matching = {"JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}"}
         other = {"JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino + 1}"}
-        root = logging.getLogger()
-        saved = (list(root.handlers), root.level)
-        try:
-            chosen = sdi.configure_logging_for_journal(
-                environ=matching, socket_path=str(journal_socket)
-            )
-            assert chosen in ("journal", "journal-datagram")
-            assert sdi.configure_logging_for_journal(
-                environ=other, socket_path=str(journal_socket)
-            ) == "stderr"
-            assert sdi.configure_logging_for_journal(environ={}) == "stderr"
-        finally:
-            for h in list(root.handlers):
-                root.removeHandler(h)
-            for h in saved[0]:
-                root.addHandler(h)
-            root.setLevel(saved[1])
-
-
-def test_stderr_formatter_appends_fields() -> None:
-    record = logging.makeLogRecord(
-        {"msg": "joined", "levelname": "INFO", "name": "x", "SESSION_ID": "s1", "EVENT": "join"}
-    )
-    assert sdi.StderrFormatter().format(record).endswith("joined [SESSION_ID=s1 EVENT=join]")
+        handler, chosen = sdi.journal_handler(environ=matching, socket_path=str(journal_socket))
+        assert handler is not None and chosen in ("journal", "journal-datagram")
+        handler.close()
+        assert sdi.journal_handler(environ=other, socket_path=str(journal_socket)) == (
+            None, "stderr")
+        assert sdi.journal_handler(environ={}) == (None, "stderr")
