@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.bootstrapped
 # Extra flags for `make run`, e.g. make run ARGS="--source file:clip.h264"
 ARGS   ?=
 
-.PHONY: run test lint bench system-deps clean
+.PHONY: run test lint bench image system-deps clean
 .DEFAULT_GOAL := run
 
 $(STAMP): pyproject.toml scripts/bootstrap-venv
@@ -28,6 +28,11 @@ lint: $(STAMP)
 ## bench: the benchmarks in bench/, side by side with naive aiortc
 bench: $(STAMP)
 	scripts/bench
+
+## image: the flashable image (IMAGE_TARGET=rpi, or debian for the CI-runnable rootfs)
+IMAGE_TARGET ?= rpi
+image: $(STAMP)
+	image/build $(IMAGE_TARGET)
 
 ## system-deps: apt packages the tests need (installs as root, prints the command otherwise)
 system-deps:
