@@ -182,6 +182,7 @@ class FanoutViewer:
         self._sender: RTCRtpSender | None = None
         self._connection: Any = None
         self._srtp: Any = None
+        self._srtp_handle: Any = None
         self._ssrc = 0
         self.rtx_ssrc = 0
         self.payload_type = 0
@@ -268,6 +269,7 @@ class FanoutViewer:
         self._cname = parameters.rtcp.cname or ""
         self._build_header(parameters)
         self._srtp = aiortc_internals.srtp_session(sender)
+        self._srtp_handle = aiortc_internals.srtp_handle(self._srtp)
         aiortc_internals.route_rtcp_to(sender, self, parameters)
         self._token_stamp = time.monotonic()
         self._tokens = self._budget_rate() * BUDGET_BURST_S
@@ -338,42 +340,64 @@ class FanoutViewer:
 
     def _send_frame(self, current: tuple[PacketizedFrame, int, int], sock: socket.socket,
                     addr: tuple[str, int], now: float) -> bool:
-        """Send the rest of ``current`` within budget; True if the whole frame is out."""
+        """Send the rest of ``current`` within budget; True if the whole frame is out.
+
+        The hot loop: per packet, four header fields packed into the shared buffer (the rest
+        of the header, extensions included, is written once per frame and libsrtp leaves it in
+        clear), the payload copied behind it, protected in place, sent from a view.
+        """
         frame, timestamp, start = current
         payloads = frame.payloads
         last = len(payloads) - 1
         header = self._header
-        pt = self.payload_type
-        ssrc = self._ssrc
-        protect = self._srtp.protect
-        sendto = sock.sendto
-        pack_into = _HEADER.pack_into
         if self._abs_offset >= 0:
             abs_time = (ntp_now() >> 14) & 0xFFFFFF
             header[self._abs_offset:self._abs_offset + 3] = abs_time.to_bytes(3, "big")
+        buffer = self._fanout.buffer
+        view = buffer.view
+        cdata = buffer.cdata
+        length = buffer.length
+        protect = aiortc_internals.srtp_protect_in_place
+        handle = self._srtp_handle
+        ok = aiortc_internals.SRTP_OK
+        sendto = sock.sendto
+        pack_into = _HEADER.pack_into
+        hl = len(header)
+        view[0:hl] = header
+        pt = self.payload_type
+        ssrc = self._ssrc
         seq = self._seq
         first_seq = seq
         tokens = self._tokens
+        octets = 0
         i = start
         while i <= last:
             payload = payloads[i]
-            if tokens < len(payload):
+            size = len(payload)
+            if tokens < size:
                 break
-            pack_into(header, 1, (0x80 | pt) if i == last else pt, seq, timestamp, ssrc)
-            try:
-                sendto(protect(b"".join((header, payload))), addr)
-            except BlockingIOError:
-                self.send_dropped_full += 1  # lost like on the wire: a NACK can recover it
-            except OSError:
+            n = hl + size
+            pack_into(view, 1, (0x80 | pt) if i == last else pt, seq, timestamp, ssrc)
+            view[hl:n] = payload
+            length[0] = n
+            if protect(handle, cdata, length) == ok:
+                try:
+                    sendto(view[:length[0]], addr)
+                except BlockingIOError:
+                    self.send_dropped_full += 1  # lost like on the wire: a NACK recovers it
+                except OSError:
+                    self.send_errors += 1
+            else:
                 self.send_errors += 1
-            tokens -= len(payload)
-            self.bytes_sent += len(payload)
+            tokens -= size
+            octets += size
             seq = (seq + 1) & 0xFFFF
             i += 1
         sent = i - start
         self._tokens = tokens
         self._seq = seq
         if sent:
+            self.bytes_sent += octets
             self.packets_sent += sent
             self._last_ts = timestamp
             self._last_send_monotonic = now
@@ -540,6 +564,8 @@ class Fanout:
         self._feed = feed
         self.socket_for = socket_for
         self.history = PacketHistory(history_s)
+        # One packet buffer for every viewer: the loop is single-threaded and sends at once.
+        self.buffer = aiortc_internals.SrtpPacketBuffer()
         self.max_backlog_frames = max(2, round(framerate * MAX_BACKLOG_S))
         self.min_byte_rate = min_bitrate / 8
         self._viewers: list[FanoutViewer] = []
