@@ -140,3 +140,27 @@ def test_fanout_internals() -> None:
     assert payloads[0][0] & 0x1F == 24  # STAP-A of SPS+PPS
     assert all(p[0] & 0x1F == 28 for p in payloads[1:]) and len(payloads) == 4  # FU-A
     assert all(len(p) <= 1300 for p in payloads)
+
+
+def test_pylibsrtp_in_place_protection() -> None:
+    """The fan-out protects in place through pylibsrtp's binding; same bytes as protect()."""
+    import os
+
+    import pylibsrtp
+
+    assert pylibsrtp.__version__ == aiortc_internals.PYLIBSRTP_VERSION
+    key = os.urandom(30)
+
+    def session() -> pylibsrtp.Session:
+        policy = pylibsrtp.Policy(key=key, ssrc_type=pylibsrtp.Policy.SSRC_ANY_OUTBOUND)
+        return pylibsrtp.Session(policy)
+
+    packet = bytes([0x80, 102, 0, 1, 0, 0, 0, 5, 0, 0, 0, 7]) + os.urandom(1000)
+    expected = session().protect(packet)
+    buffer = aiortc_internals.SrtpPacketBuffer()
+    buffer.view[:len(packet)] = packet
+    buffer.length[0] = len(packet)
+    rc = aiortc_internals.srtp_protect_in_place(
+        aiortc_internals.srtp_handle(session()), buffer.cdata, buffer.length)
+    assert rc == aiortc_internals.SRTP_OK
+    assert bytes(buffer.view[:buffer.length[0]]) == expected
