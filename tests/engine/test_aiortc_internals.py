@@ -160,7 +160,8 @@ def test_pylibsrtp_in_place_protection() -> None:
     buffer = aiortc_internals.SrtpPacketBuffer()
     buffer.view[:len(packet)] = packet
     buffer.length[0] = len(packet)
+    sender = session()  # must outlive the handle: the handle is only a pointer into it
     rc = aiortc_internals.srtp_protect_in_place(
-        aiortc_internals.srtp_handle(session()), buffer.cdata, buffer.length)
+        aiortc_internals.srtp_handle(sender), buffer.cdata, buffer.length)
     assert rc == aiortc_internals.SRTP_OK
     assert bytes(buffer.view[:buffer.length[0]]) == expected
