@@ -70,14 +70,20 @@ def rerun_in_browser_netns(nodeid: str) -> None:
                     pytrace=False)
 
 
-def prepare_namespace() -> None:
-    """Bring up ``lo`` and a veth pair with a default route, in *this* (private) namespace."""
+def _assert_private_namespace() -> set[str]:
+    """The interfaces here; raises unless this is the private namespace (only ours)."""
     # Asked over netlink (if_nameindex), not via /sys/class/net, which shows the namespace sysfs
     # was mounted in rather than this process's.
     present = {name for _, name in socket.if_nameindex()}
     # Refuse to touch a namespace that has real interfaces: this must be the private one.
     if not present <= {"lo", VETH, VETH_PEER}:
         raise RuntimeError(f"not a private network namespace (interfaces: {sorted(present)})")
+    return present
+
+
+def prepare_namespace() -> None:
+    """Bring up ``lo`` and a veth pair with a default route, in *this* (private) namespace."""
+    present = _assert_private_namespace()
     commands = [["ip", "link", "set", "lo", "up"]]
     if VETH not in present:
         commands += [
@@ -236,3 +242,132 @@ def save_screenshot(page: Any, name: str) -> Path:
     path = ARTIFACTS / name
     page.screenshot(path=str(path))
     return path
+
+
+LOSS_TABLE = "ruseon_browser_loss"
+
+
+@contextlib.contextmanager
+def udp_loss_from_port(port: int, percent: int) -> Iterator[None]:
+    """Drop about ``percent`` % of the UDP datagrams sent from ``port`` (the server's WebRTC port,
+    so: everything the server sends to the browser), with an nftables rule in *this* private
+    namespace; removed on exit. The kernel has no netem; ``numgen random`` gives random loss."""
+    nft = require_tool("nft", "apt-get install nftables")
+    _assert_private_namespace()
+    commands = [
+        [nft, "add", "table", "inet", LOSS_TABLE],
+        [nft, "add", "chain", "inet", LOSS_TABLE, "out",
+         "{ type filter hook output priority 0 ; }"],
+        [nft, "add", "rule", "inet", LOSS_TABLE, "out", "udp", "sport", str(port),
+         "numgen", "random", "mod", "100", "<", str(percent), "counter", "drop"],
+    ]
+    for command in commands:
+        subprocess.run(command, check=True, capture_output=True, text=True)
+    try:
+        yield
+    finally:
+        subprocess.run([nft, "delete", "table", "inet", LOSS_TABLE], check=False,
+                       capture_output=True)
+
+
+def udp_loss_dropped() -> int:
+    """How many datagrams the loss rule has dropped so far (its nft counter)."""
+    listing = subprocess.run(["nft", "-j", "list", "table", "inet", LOSS_TABLE], check=True,
+                             capture_output=True, text=True).stdout
+    for item in json.loads(listing)["nftables"]:
+        for expression in item.get("rule", {}).get("expr", []):
+            if "counter" in expression:
+                packets: int = expression["counter"]["packets"]
+                return packets
+    raise AssertionError(f"no counter in the loss table: {listing}")
+
+
+# The video receiver's RTP statistics and the sender reports it has seen, straight from Chromium's
+# getStats(): the inbound-rtp (video) and the remote-outbound-rtp that the server's RTCP SRs feed.
+STREAM_STATS_JS = """async () => {
+  const p = window.ruseon;
+  if (!p || !p.pc) return null;
+  const report = await p.pc.getStats();
+  let inbound = null;
+  report.forEach((s) => { if (s.type === 'inbound-rtp' && s.kind === 'video') inbound = s; });
+  if (!inbound) return null;
+  let remoteOutbound = null;
+  report.forEach((s) => {
+    if (s.type === 'remote-outbound-rtp' && (s.localId === inbound.id || s.kind === 'video')) {
+      remoteOutbound = s;
+    }
+  });
+  const plain = (s) => (s ? JSON.parse(JSON.stringify(s)) : null);
+  return {inbound: plain(inbound), remoteOutbound: plain(remoteOutbound)};
+}"""
+
+
+def stream_stats(page: Any) -> dict[str, Any]:
+    """``{"inbound": inbound-rtp (video), "remoteOutbound": remote-outbound-rtp or None}``."""
+    stats: dict[str, Any] | None = page.evaluate(STREAM_STATS_JS)
+    if stats is None:
+        raise AssertionError("the page has no inbound video stream in getStats()")
+    return stats
+
+
+def stream_window(first: dict[str, Any], last: dict[str, Any]) -> dict[str, Any]:
+    """What happened between two :func:`stream_stats` samples: counter deltas, the decoded frame
+    rate over getStats' own timestamps, and the mean jitter-buffer delay of the frames emitted."""
+    a, b = first["inbound"], last["inbound"]
+    seconds = (b["timestamp"] - a["timestamp"]) / 1000
+
+    def delta(name: str) -> float:
+        return float(b.get(name, 0) - a.get(name, 0))
+
+    emitted = delta("jitterBufferEmittedCount")
+    return {
+        "seconds": round(seconds, 3),
+        "frames_decoded": int(delta("framesDecoded")),
+        "decoded_fps": round(delta("framesDecoded") / seconds, 2) if seconds > 0 else None,
+        "frames_dropped": int(delta("framesDropped")),
+        "freezes": int(delta("freezeCount")),
+        "plis": int(delta("pliCount")),
+        "firs": int(delta("firCount")),
+        "nacks": int(delta("nackCount")),
+        "packets_lost": int(delta("packetsLost")),
+        "packets_received": int(delta("packetsReceived")),
+        "keyframes_decoded": int(delta("keyFramesDecoded")),
+        "jitter_buffer_delay_ms": (
+            round(1000 * delta("jitterBufferDelay") / emitted, 1) if emitted > 0 else None
+        ),
+    }
+
+
+def inbound_totals(sample: dict[str, Any]) -> dict[str, Any]:
+    """The cumulative inbound-rtp and remote-outbound-rtp figures worth keeping in artifacts."""
+    inbound = sample["inbound"]
+    names = ["framesReceived", "framesDecoded", "framesDropped", "keyFramesDecoded",
+             "freezeCount", "totalFreezesDuration", "pauseCount", "pliCount", "firCount",
+             "nackCount", "packetsReceived", "packetsLost", "jitter", "jitterBufferDelay",
+             "jitterBufferEmittedCount", "framesPerSecond", "frameWidth", "frameHeight",
+             "totalDecodeTime", "decoderImplementation"]
+    totals: dict[str, Any] = {name: inbound.get(name) for name in names}
+    emitted = inbound.get("jitterBufferEmittedCount") or 0
+    totals["mean_jitter_buffer_delay_ms"] = (
+        round(1000 * inbound.get("jitterBufferDelay", 0) / emitted, 1) if emitted else None
+    )
+    remote = sample["remoteOutbound"]
+    totals["remote_outbound_rtp"] = None if remote is None else {
+        name: remote.get(name)
+        for name in ["remoteTimestamp", "reportsSent", "packetsSent", "bytesSent",
+                     "roundTripTimeMeasurements", "totalRoundTripTime"]
+    }
+    return totals
+
+
+def record_browser_stats(key: str, figures: dict[str, Any]) -> None:
+    """Merge ``figures`` under ``key`` into artifacts/browser-stats.json (one file for all the
+    browser tests' figures, so runs can be compared)."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    path = ARTIFACTS / "browser-stats.json"
+    try:
+        document: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError):
+        document = {}
+    document[key] = figures
+    path.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")

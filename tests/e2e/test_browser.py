@@ -6,6 +6,7 @@ Each test re-runs itself in a fresh namespace (see :mod:`tests.e2e.browser_netns
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from pathlib import Path
@@ -17,12 +18,19 @@ from tests.e2e.browser_netns import (
     ARTIFACTS,
     SOURCE_HEIGHT,
     SOURCE_WIDTH,
+    Server,
     chromium,
+    inbound_totals,
     inside_browser_netns,
     prepare_namespace,
+    record_browser_stats,
     rerun_in_browser_netns,
     running_server,
     save_screenshot,
+    stream_stats,
+    stream_window,
+    udp_loss_dropped,
+    udp_loss_from_port,
     wait_for_page,
 )
 
@@ -73,6 +81,137 @@ def test_device_page_plays_the_stream(request: pytest.FixtureRequest, tmp_path: 
         phone.goto(server.url)
         wait_for_page(phone, "live on a phone-sized page", playing)
         save_screenshot(phone, "browser-device-page-phone.png")
+
+
+# How long the browser plays while we watch its receive statistics.
+WATCH_S = 4
+LOSS_WATCH_S = 8
+LOSS_PERCENT = 3
+# The decoded frame rate from getStats may differ from the source's by at most this fraction.
+FPS_TOLERANCE = 0.2
+# A mean jitter-buffer delay above this means the browser is replaying a backlog (e.g. a GOP
+# sent in a burst), not playing live: generous, since live on loopback is a few tens of ms.
+MAX_JITTER_BUFFER_DELAY_MS = 500
+
+
+def viewer_session_stats(server: Server) -> dict[str, Any]:
+    """The one viewer's session counters from ``/api/status``."""
+    sessions = server.status()["viewers"]["sessions"]
+    assert len(sessions) == 1, sessions
+    stats: dict[str, Any] = sessions[0]["stats"]
+    return stats
+
+
+def source_fps(server: Server) -> float:
+    """The source's measured frame rate, as the server reports it."""
+    fps = server.status()["source"]["fps"]
+    assert fps, "the server reports no measured source frame rate"
+    return float(fps)
+
+
+def test_chromium_decodes_every_frame_the_fanout_path_sends(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Issue 9: with the fan-out send path Chromium decodes every frame cleanly and sees the
+    sender reports."""
+    if not inside_browser_netns():
+        rerun_in_browser_netns(request.node.nodeid)
+        return
+    prepare_namespace()
+    with running_server(tmp_path) as server, chromium() as browser:
+        page = browser.new_page()
+        page.goto(server.url)
+        wait_for_page(page, "the first decoded frame", lambda s: s["framesDecoded"] > 0)
+        assert viewer_session_stats(server)["send_path"] == "fanout"
+        first = stream_stats(page)
+        page.wait_for_timeout(WATCH_S * 1000)
+        last = stream_stats(page)
+        fps = source_fps(server)
+        session = viewer_session_stats(server)
+
+        window = stream_window(first, last)
+        totals = inbound_totals(last)
+        record_browser_stats("clean", {
+            "source_fps": fps, "window": window, "totals": totals,
+            "server_session": {k: session.get(k) for k in (
+                "frames_sent", "keyframes_sent", "packets_sent", "nacks", "retransmitted",
+                "keyframes_requested", "sender_reports", "receiver_reports", "rtt_ms",
+                "packets_lost", "jitter_ms", "frames_skipped", "keyframe_skips")},
+        })
+        inbound = last["inbound"]
+        assert inbound["framesDecoded"] > FRAMES, totals
+        # Every frame received was decoded: none dropped, no freeze, no frame still missing.
+        assert inbound["framesDropped"] == 0, totals
+        # At most the frame in the decoder may be received and not yet decoded.
+        assert inbound["framesReceived"] - inbound["framesDecoded"] <= 2, totals
+        assert inbound["freezeCount"] == 0, totals
+        # Chromium may ask for one keyframe when it joins; a clean stream needs no more.
+        assert inbound["pliCount"] <= 1, totals
+        assert "nackCount" in inbound and "packetsLost" in inbound, totals
+        assert window["decoded_fps"] is not None
+        assert abs(window["decoded_fps"] / fps - 1) <= FPS_TOLERANCE, (window, fps)
+        assert totals["mean_jitter_buffer_delay_ms"] < MAX_JITTER_BUFFER_DELAY_MS, totals
+        # The fan-out path's RTCP sender reports reach the browser, and keep coming.
+        remote = last["remoteOutbound"]
+        assert remote is not None, "no remote-outbound-rtp: no sender report arrived"
+        assert remote["remoteTimestamp"] > 0
+        assert first["remoteOutbound"] is None or (
+            remote["reportsSent"] > first["remoteOutbound"]["reportsSent"]
+        ), (first["remoteOutbound"], remote)
+        assert remote["reportsSent"] >= 2, remote
+        assert session["sender_reports"] >= remote["reportsSent"], (session, remote)
+        # ...and the browser's receiver reports answer them: the server knows the round trip.
+        assert session["receiver_reports"] > 0 and session["rtt_ms"] is not None, session
+
+
+def test_chromium_recovers_lost_packets_by_nack_and_retransmission(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Issue 9: with about 3 % of the server's datagrams dropped, Chromium NACKs, the fan-out
+    path retransmits, and the picture keeps moving."""
+    if not inside_browser_netns():
+        rerun_in_browser_netns(request.node.nodeid)
+        return
+    prepare_namespace()
+    with running_server(tmp_path) as server, chromium() as browser:
+        page = browser.new_page()
+        page.goto(server.url)
+        wait_for_page(page, f"more than {FRAMES} frames decoded", playing)
+        fps = source_fps(server)
+        before_server = viewer_session_stats(server)
+        samples = [stream_stats(page)]
+        with udp_loss_from_port(server.rtc_port, LOSS_PERCENT):
+            for _ in range(LOSS_WATCH_S):
+                page.wait_for_timeout(1000)
+                samples.append(stream_stats(page))
+            dropped = udp_loss_dropped()
+        session = viewer_session_stats(server)
+
+        window = stream_window(samples[0], samples[-1])
+        seconds = [stream_window(a, b) for a, b in itertools.pairwise(samples)]
+        retransmitted = session["retransmitted"] - before_server["retransmitted"]
+        record_browser_stats("loss", {
+            "loss_percent": LOSS_PERCENT, "datagrams_dropped_by_nft": dropped,
+            "source_fps": fps, "window": window,
+            "decoded_per_second": [s["frames_decoded"] for s in seconds],
+            "server_retransmitted": retransmitted,
+            "server_nacks": session["nacks"] - before_server["nacks"],
+            "server_keyframes_requested": (
+                session["keyframes_requested"] - before_server["keyframes_requested"]),
+            "totals": inbound_totals(samples[-1]),
+        })
+        assert dropped > 0, "the nft rule dropped nothing"
+        assert window["nacks"] > 0, window
+        assert retransmitted > 0, session
+        # The picture keeps moving: frames decoded in every second, and a near-normal rate.
+        slowest = min(s["frames_decoded"] for s in seconds)
+        assert slowest >= fps / 3, [s["frames_decoded"] for s in seconds]
+        assert window["decoded_fps"] is not None
+        assert window["decoded_fps"] >= fps * (1 - FPS_TOLERANCE), (window, fps)
+        assert window["freezes"] <= 1, window
+        # Retransmission repairs the loss; a keyframe should not be needed (one is tolerated, if
+        # a packet and its retransmission were both dropped until Chromium gave up on it).
+        assert window["plis"] <= 1, window
 
 
 def test_three_pages_play_at_once(request: pytest.FixtureRequest, tmp_path: Path) -> None:
