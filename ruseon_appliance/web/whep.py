@@ -226,10 +226,14 @@ class WhepResource:
         if not restart:
             return web.Response(status=204)
         if self._restart_ice is None:
+            # aiortc 1.16 cannot restart ICE on a live connection; the draft asks a server that
+            # takes trickle but not restarts for 422 (and Accept-Patch still lists what it takes).
             raise Problem(
                 422,
-                "ICE restart is not supported by this device; DELETE the session and POST a new "
-                "offer",
+                "ICE restart is not supported by this device: the fragment carries new ICE "
+                "credentials (ice-ufrag), and only trickled candidates for the current ones are "
+                "accepted. To recover the stream, DELETE this session and POST a new offer.",
+                headers={"Accept-Patch": SDPFRAG},
             )
         if if_match is None:
             raise Problem(428, 'an ICE restart needs "If-Match: *"')

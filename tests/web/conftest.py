@@ -98,7 +98,11 @@ class Viewer:
                 [c for c in capabilities if c.mimeType in codecs]
             )
         self.track: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self.pc.on("track", lambda track: self.track.done() or self.track.set_result(track))
+        self.pc.on("track", self._on_track)
+
+    def _on_track(self, track: Any) -> None:
+        if not self.track.done():
+            self.track.set_result(track)
 
     async def offer(self) -> str:
         """Create the offer (gathering completes first in aiortc)."""

@@ -262,7 +262,21 @@ async def test_ice_restart_is_422_when_the_engine_cannot_restart(
     body = TRICKLE.format(ufrag="newfrag1", pwd="a-brand-new-ice-password-1234")
     response = await client.patch(location, data=body, headers={**SDPFRAG, "If-Match": "*"})
     problem = await assert_problem(response, 422)
-    assert "restart" in problem["detail"]
+    assert "ICE restart is not supported" in problem["detail"]
+    assert "POST a new offer" in problem["detail"]
+    assert response.headers["Accept-Patch"] == "application/trickle-ice-sdpfrag"
+    assert location.rsplit("/", 1)[1] in engine.sessions  # refused, not ended
+
+
+async def test_options_on_a_session_advertises_only_trickle_patches(
+    device: Device, viewers: list[Viewer]
+) -> None:
+    _, _, client = device
+    _, offer = await new_offer(viewers)
+    location, _ = await create_session(client, offer)
+    response = await client.options(location)
+    assert response.status in (200, 204)
+    assert response.headers["Accept-Patch"] == "application/trickle-ice-sdpfrag"
 
 
 # -- other methods ---------------------------------------------------------------------------------
