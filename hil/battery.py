@@ -52,6 +52,14 @@ class RigOptions:
     token: str = ""
     ssh: str | None = None
     power_cmd: str | None = None
+    # Rig-side command equivalent to `systemctl restart ruseon` (default over --ssh).
+    restart_cmd: str | None = None
+    # Rig-side command that SIGSTOPs the service, for the watchdog check (default over --ssh).
+    stop_cmd: str | None = None
+    # How long the power stays off in the power check.
+    power_off_s: float = 3.0
+    # The device is the simulated rig's (no systemd there: the watchdog check cannot run).
+    simulated: bool = False
     viewers: int = 5
     duration_s: float = 20.0
     workers: int = 2
@@ -71,6 +79,11 @@ class RigOptions:
     churn_rss_margin_mb: float = 24.0
     recover_timeout_s: float = 90.0
     ssh_service: str = "ruseon"
+    # Most sessions the whep check opens to reach the device's max_viewers for the 503 case.
+    whep_fill_limit: int = 32
+    # Viewers need this long after their start to be live: the steady-state window for comparing
+    # the harness's viewer count with the device's begins that long after the last one started.
+    settle_s: float = 6.0
 
 
 def _skip(name: str, reason: str) -> CheckResult:
@@ -99,6 +112,8 @@ class Battery:
             "viewers": o.viewers, "duration_s": o.duration_s, "workers": o.workers,
             "skip": sorted(o.skip), "clock_shared": o.clock_shared, "glass": o.glass,
             "ssh": o.ssh or "", "power_cmd": o.power_cmd or "",
+            "restart_cmd": o.restart_cmd or "", "stop_cmd": o.stop_cmd or "",
+            "simulated": o.simulated,
             "expect": {k: v for k, v in vars(o.expect).items() if v is not None},
         }
         async with Device(o.device, o.token) as device:
@@ -188,14 +203,19 @@ class Battery:
 
     async def check_whep(self) -> CheckResult:
         """Status codes and headers for good and bad WHEP requests."""
-        cases = await whep_conformance.run_cases(self.device)
+        cases = await whep_conformance.run_cases(self.device,
+                                                 fill_limit=self.opts.whep_fill_limit)
         failed = [c for c in cases if not c.ok]
-        figures = {"cases": [c.to_json() for c in cases], "failed": len(failed)}
+        skipped = [c for c in cases if c.skipped]
+        figures = {"cases": [c.to_json() for c in cases], "failed": len(failed),
+                   "skipped": len(skipped)}
         if failed:
             reason = "; ".join(f"{c.name}: {c.detail}" for c in failed[:4])
             return CheckResult("whep", Verdict.FAIL, f"{len(failed)}/{len(cases)} cases failed: "
                                + reason, figures)
-        return CheckResult("whep", Verdict.PASS, f"{len(cases)} cases ok", figures)
+        tried = len(cases) - len(skipped)
+        extra = "".join(f"; not tried: {c.name} ({c.detail})" for c in skipped)
+        return CheckResult("whep", Verdict.PASS, f"{tried} cases ok" + extra, figures)
 
     # --- viewers ----------------------------------------------------------------------------
 
@@ -229,10 +249,20 @@ class Battery:
         def show(p: FleetProgress, elapsed: float) -> None:
             self.progress.line("viewers", _whep_line(p, elapsed))
 
-        results = await asyncio.to_thread(run_fleet, plans, workers=o.workers, on_progress=show)
+        # While every viewer is watching, the device must count exactly as many as we run.
+        window = (spread + o.settle_s, o.duration_s - 0.5)
+        samples: list[tuple[float, int | None]] = []
+        counting = asyncio.ensure_future(self._count_device_viewers(t0, window, samples))
+        try:
+            results = await asyncio.to_thread(run_fleet, plans, workers=o.workers,
+                                              on_progress=show)
+        finally:
+            counting.cancel()
         elapsed = time.monotonic() - t0
         after = await self._sample()
         analysis = analyse_viewers(results, self.opts)
+        analysis["device_count"] = device_count_figures(
+            samples, window, sum(1 for r in results if r.get("ok")))
         for name, make in (("viewers", self._viewers_result),
                            ("first-frame", self._first_frame_result),
                            ("latency", self._latency_result),
@@ -242,6 +272,24 @@ class Battery:
                 continue
             result = make(results, analysis, before, after)
             self._add(result, elapsed)
+
+    async def _count_device_viewers(self, t0: float, window: tuple[float, float],
+                                    samples: list[tuple[float, int | None]]) -> None:
+        """Append ``(seconds since t0, /api/status viewers.count)`` about once a second within
+        ``window`` (runs until cancelled)."""
+        while True:
+            now = time.monotonic() - t0
+            if now > window[1]:
+                return
+            if now >= window[0]:
+                try:
+                    doc = await self.device.status()
+                    count = (doc.get("viewers") or {}).get("count")
+                    samples.append((time.monotonic() - t0,
+                                    count if isinstance(count, int) else None))
+                except (TimeoutError, RuntimeError, ValueError, aiohttp.ClientError, OSError):
+                    samples.append((time.monotonic() - t0, None))
+            await asyncio.sleep(1.0)
 
     async def _sample(self) -> ProcessSample | None:
         try:
@@ -255,8 +303,14 @@ class Battery:
         figures = {"viewers": o.viewers, "connected": a["connected"], "decoding": a["decoding"],
                    "first_au_keyframe": a["first_au_keyframe"], "decode_errors": a["decode_errors"],
                    "fps": a["fps"], "source_fps": o.expect.fps,
+                   "device_count": a.get("device_count"),
                    "per_viewer": [_viewer_row(r) for r in results]}
         problems = []
+        count = a.get("device_count") or {}
+        if count.get("mismatches"):
+            problems.append(f"/api/status counted {count['counts']} viewers while the harness "
+                            f"ran {count['expected']} (steady window "
+                            f"{count['window_s'][0]:.0f}-{count['window_s'][1]:.0f} s)")
         errors = [f"viewer {r['index']}: {r['error']}" for r in results if r.get("error")]
         if a["connected"] < o.viewers:
             problems.append(f"{o.viewers - a['connected']} of {o.viewers} viewers did not connect")
@@ -278,9 +332,11 @@ class Battery:
             return CheckResult("viewers", Verdict.FAIL,
                                "; ".join(problems + errors[:2]), figures)
         fps = a["fps"]
+        counted = (f"; device counts {count['expected']} in {len(count['counts'])} samples"
+                   if count.get("counts") else "; device count not sampled (window too short)")
         return CheckResult("viewers", Verdict.PASS,
                            f"{o.viewers}/{o.viewers} decoding, first AU IDR+SPS+PPS, fps "
-                           f"{fps['p50']:.1f} (min {fps['min']:.1f})", figures)
+                           f"{fps['p50']:.1f} (min {fps['min']:.1f})" + counted, figures)
 
     def _first_frame_result(self, results: list[dict[str, Any]], a: dict[str, Any],
                             before: ProcessSample | None,
@@ -300,19 +356,27 @@ class Battery:
         o = self.opts
         lat = a["latency_s"]
         figures = {"latency_s": lat, "first_frame_latency_s": a["first_frame_latency_s"],
+                   "catch_up_latency_s": a["catch_up_latency_s"],
+                   "catch_up_frames": a["catch_up_frames"],
+                   "latency_all_s": a["latency_all_s"],
                    "mid_gop": a["mid_gop"], "stamps_read": a["stamps_read"],
                    "kind": "glass-to-glass" if o.glass else "capture-to-decode",
                    "max_latency_ms": o.max_latency_ms,
                    "per_viewer": [{"index": r["index"], "latency_s": r.get("latency_s"),
                                    "join_phase": r.get("join_phase"),
-                                   "first_frame_latency_s": r.get("first_frame_latency_s")}
+                                   "first_frame_latency_s": r.get("first_frame_latency_s"),
+                                   "catch_up_frames": r.get("catch_up_frames"),
+                                   "catch_up_latency_s": r.get("catch_up_latency_s"),
+                                   "latency_all_s": r.get("latency_all_s")}
                                   for r in results]}
         if not lat["n"]:
             return CheckResult("latency", Verdict.FAIL,
                                "no picture carried a readable stamp", figures)
         mid = a["mid_gop"]
-        reason = (f"p50/p95/max {format_ms(lat)} over {lat['n']} frames; mid-GOP joiners "
-                  f"{mid['viewers']} (their p95 {format_ms(mid['latency_s'])})")
+        reason = (f"live p50/p95/max {format_ms(lat)} over {lat['n']} frames; mid-GOP joiners "
+                  f"{mid['viewers']} (their p95 {format_ms(mid['latency_s'])}); first picture "
+                  f"age {format_ms(a['first_frame_latency_s'])} (cached keyframe + "
+                  f"{a['catch_up_frames']} catch-up frames, not judged)")
         if not o.clock_shared:
             return CheckResult("latency", Verdict.SKIP,
                                "not judged: the device clock is not the rig's (use --glass or "
@@ -400,7 +464,7 @@ class Battery:
     # --- restart, watchdog, power -----------------------------------------------------------
 
     async def _probe_video(self, timeout_s: float) -> tuple[float | None, str | None]:
-        """Seconds until a fresh viewer decodes a picture, and the answer's fingerprint."""
+        """Seconds until a fresh viewer decodes a picture, and its answer's fingerprint."""
         o = self.opts
         t0 = time.monotonic()
         last_error = None
@@ -411,81 +475,141 @@ class Battery:
                 if result.get("ok"):
                     return time.monotonic() - t0, result.get("fingerprint")
                 last_error = result.get("error")
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(0.25)
         self.progress.line("probe", f"no video within {timeout_s:.0f} s: {last_error}")
         return None, None
 
-    async def _ssh(self, command: str) -> subprocess.CompletedProcess[str]:
-        assert self.opts.ssh
-        argv = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", self.opts.ssh, command]
-        return await asyncio.to_thread(subprocess.run, argv, capture_output=True, text=True,
-                                       timeout=60)
+    async def _status_fingerprint(self, timeout_s: float) -> str | None:
+        """``webrtc.fingerprint`` from ``/api/status``, retried while the device comes up."""
+        t0 = time.monotonic()
+        while True:
+            try:
+                fingerprint = ((await self.device.status()).get("webrtc") or {}).get(
+                    "fingerprint")
+                if isinstance(fingerprint, str) and fingerprint:
+                    return fingerprint
+            except (TimeoutError, RuntimeError, ValueError, aiohttp.ClientError, OSError):
+                pass
+            if time.monotonic() - t0 > timeout_s:
+                return None
+            await asyncio.sleep(0.25)
+
+    async def _run_command(self, what: str, command: str) -> str | None:
+        """Run a rig-side command (no shell); None when it succeeded, else why it did not."""
+        try:
+            done = await asyncio.to_thread(subprocess.run, shlex.split(command),
+                                           capture_output=True, text=True, timeout=120)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"{what} ({command}) could not run: {exc}"
+        if done.returncode != 0:
+            return (f"{what} ({command}) failed with {done.returncode}: "
+                    f"{(done.stderr or done.stdout).strip()[:200]}")
+        return None
 
     async def _recovery(self, name: str, disrupt: Callable[[], Awaitable[str | None]]
                         ) -> CheckResult:
-        """Common shape: fingerprint before, disrupt, time until video is back, same cert."""
-        _, before_fp = await self._probe_video(15.0)
-        if before_fp is None:
+        """Common shape: video and certificate before, disrupt, time until a fresh viewer decodes
+        again, and the certificate (``/api/status`` ``webrtc.fingerprint``) unchanged."""
+        _, answer_fp_before = await self._probe_video(15.0)
+        if answer_fp_before is None:
             return CheckResult(name, Verdict.FAIL, "no video before the disruption")
+        status_fp_before = await self._status_fingerprint(5.0)
         t0 = time.monotonic()
         problem = await disrupt()
         if problem:
             return CheckResult(name, Verdict.ERROR, problem)
-        back, after_fp = await self._probe_video(self.opts.recover_timeout_s)
-        total = time.monotonic() - t0
-        figures = {"video_back_s": total if back is not None else None,
-                   "fingerprint_before": before_fp, "fingerprint_after": after_fp}
+        t_done = time.monotonic()
+        back, answer_fp_after = await self._probe_video(self.opts.recover_timeout_s)
+        t_back = time.monotonic()
+        status_fp_after = await self._status_fingerprint(10.0) if back is not None else None
+        figures = {
+            # From the start of the disruption until a fresh viewer decoded a picture.
+            "outage_s": t_back - t0 if back is not None else None,
+            # From the moment the command returned (power back on, restart issued).
+            "video_back_s": t_back - t_done if back is not None else None,
+            "disrupt_s": t_done - t0,
+            "fingerprint_before": status_fp_before, "fingerprint_after": status_fp_after,
+            "answer_fingerprint_before": answer_fp_before,
+            "answer_fingerprint_after": answer_fp_after,
+        }
         if back is None:
             return CheckResult(name, Verdict.FAIL,
                                f"video not back within {self.opts.recover_timeout_s:.0f} s",
                                figures)
-        if after_fp != before_fp:
-            return CheckResult(name, Verdict.FAIL,
-                               f"certificate fingerprint changed ({before_fp} -> {after_fp})",
-                               figures)
-        return CheckResult(name, Verdict.PASS,
-                           f"video back after {total:.1f} s, certificate unchanged", figures)
+        problems = []
+        if status_fp_before is None or status_fp_after is None:
+            problems.append("/api/status has no webrtc.fingerprint")
+        elif same_fingerprint(status_fp_before, status_fp_after) is False:
+            problems.append(f"certificate fingerprint changed ({status_fp_before} -> "
+                            f"{status_fp_after})")
+        if not same_fingerprint(answer_fp_before, answer_fp_after):
+            problems.append("the answers' a=fingerprint changed")
+        if status_fp_after and not same_fingerprint(status_fp_after, answer_fp_after):
+            problems.append("/api/status and the SDP answer disagree on the fingerprint")
+        reason = (f"video back {t_back - t_done:.1f} s after the {name} command returned "
+                  f"(outage {t_back - t0:.1f} s)")
+        if problems:
+            return CheckResult(name, Verdict.FAIL, "; ".join(problems) + "; " + reason, figures)
+        return CheckResult(name, Verdict.PASS, reason + ", certificate unchanged", figures)
 
     async def check_restart(self) -> CheckResult:
-        """``systemctl restart`` over SSH: time until video is back; same certificate."""
-        if not self.opts.ssh:
-            return _skip("restart", "needs --ssh user@host")
+        """``systemctl restart`` (``--restart-cmd``, or over ``--ssh``): time until video is
+        back; same certificate."""
+        command = self.opts.restart_cmd
+        if not command:
+            return _skip("restart", "needs --ssh user@host or --restart-cmd CMD")
 
         async def disrupt() -> str | None:
-            done = await self._ssh(f"sudo systemctl restart {shlex.quote(self.opts.ssh_service)}")
-            return None if done.returncode == 0 else f"ssh restart failed: {done.stderr.strip()}"
+            return await self._run_command("restart", command)
 
         return await self._recovery("restart", disrupt)
 
     async def check_watchdog(self) -> CheckResult:
-        """``kill -STOP`` of the service: time until systemd's watchdog restarted it."""
-        if not self.opts.ssh:
-            return _skip("watchdog", "needs --ssh user@host")
-        service = shlex.quote(self.opts.ssh_service)
+        """``kill -STOP`` of the service (``--stop-cmd``, or over ``--ssh``): time until systemd's
+        watchdog restarted it and video is back."""
+        command = self.opts.stop_cmd
+        if not command:
+            if self.opts.simulated:
+                return _skip("watchdog", "needs systemd; covered by tests/e2e/test_systemd.py")
+            return _skip("watchdog", "needs --ssh user@host or --stop-cmd CMD")
 
         async def disrupt() -> str | None:
-            done = await self._ssh(f"sudo systemctl kill --signal=SIGSTOP {service}")
-            return None if done.returncode == 0 else f"ssh kill -STOP failed: {done.stderr.strip()}"
+            return await self._run_command("stop", command)
 
         return await self._recovery("watchdog", disrupt)
 
     async def check_power(self) -> CheckResult:
-        """Power cycle through ``--power-cmd``: time until video is back."""
+        """Power cycle through ``--power-cmd``: off, a pause, on; time until video is back."""
         if not self.opts.power_cmd:
             return _skip("power", "needs --power-cmd 'CMD {on|off}'")
         template = self.opts.power_cmd
 
         async def disrupt() -> str | None:
-            for state, pause in (("off", 3.0), ("on", 0.0)):
-                argv = shlex.split(template.replace("{on|off}", state).replace("{}", state))
-                done = await asyncio.to_thread(subprocess.run, argv, capture_output=True,
-                                               text=True, timeout=60)
-                if done.returncode != 0:
-                    return f"power {state} failed ({done.returncode}): {done.stderr.strip()}"
+            for state, pause in (("off", self.opts.power_off_s), ("on", 0.0)):
+                problem = await self._run_command(f"power {state}", power_command(template, state))
+                if problem:
+                    return problem
                 await asyncio.sleep(pause)
             return None
 
         return await self._recovery("power", disrupt)
+
+
+def power_command(template: str, state: str) -> str:
+    """``--power-cmd`` with ``{on|off}`` (or ``{}``) replaced by ``state``."""
+    return template.replace("{on|off}", state).replace("{}", state)
+
+
+def same_fingerprint(a: str | None, b: str | None) -> bool | None:
+    """Whether two ``[sha-256] AB:CD:...`` fingerprints name the same certificate (None when one
+    is missing); the algorithm prefix, case and spacing do not matter."""
+    if not a or not b:
+        return None
+
+    def digest(value: str) -> str:
+        return value.strip().split()[-1].replace(":", "").lower()
+
+    return digest(a) == digest(b)
 
 
 # --- analysis ---------------------------------------------------------------------------------
@@ -533,15 +657,7 @@ def analyse_viewers(results: list[dict[str, Any]], opts: RigOptions) -> dict[str
     def col(key: str) -> list[float]:
         return [r[key] for r in results if isinstance(r.get(key), int | float)]
 
-    all_latency = [x for r in results for x in (r.get("latency_s", {}).get("p50"),) if x]
     watched = [(r.get("freeze_s", 0.0) / r["watched_s"]) for r in results if r.get("watched_s")]
-    lat_by_viewer = [r["latency_s"] for r in results if r.get("latency_s", {}).get("n")]
-    merged_latency = {
-        "n": sum(v["n"] for v in lat_by_viewer),
-        "p50": statistics.median(all_latency) if all_latency else None,
-        "p95": max((v["p95"] for v in lat_by_viewer), default=None),
-        "max": max((v["max"] for v in lat_by_viewer), default=None),
-    }
     return {
         "connected": sum(1 for r in results if r.get("connected_s") is not None),
         "decoding": sum(1 for r in results if r.get("frames")),
@@ -552,9 +668,13 @@ def analyse_viewers(results: list[dict[str, Any]], opts: RigOptions) -> dict[str
         "connected_s": percentiles(col("connected_s")),
         "first_rtp_s": percentiles(col("first_rtp_s")),
         "first_frame_s": percentiles(col("first_frame_s")),
-        # p50 is the median of viewers' medians; p95 and max are the worst viewer's.
-        "latency_s": merged_latency,
+        # Live pictures only (captured after the viewer connected); see viewer._summarize.
+        "latency_s": merge_latency(results, "latency_s"),
+        # The first picture's age: the cached keyframe, old by design.
         "first_frame_latency_s": percentiles(col("first_frame_latency_s")),
+        "catch_up_latency_s": merge_latency(results, "catch_up_latency_s"),
+        "catch_up_frames": sum(r.get("catch_up_frames", 0) for r in results),
+        "latency_all_s": merge_latency(results, "latency_all_s"),
         "stamps_read": sum(r.get("stamps_read", 0) for r in results),
         "mid_gop": {"viewers": mid_viewers, "gop_s": gop_s,
                     "latency_s": percentiles(mid_latency)},
@@ -567,6 +687,28 @@ def analyse_viewers(results: list[dict[str, Any]], opts: RigOptions) -> dict[str
                      "nacks_sent", "plis_sent", "rtp_packets", "rtp_bytes", "nack_retries",
                      "packets_abandoned")},
     }
+
+
+def merge_latency(results: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    """Viewers' ``key`` percentiles merged: p50 is the median of their medians, p95 and max are
+    the worst viewer's (a release is judged by its worst-served viewer)."""
+    by_viewer = [r[key] for r in results if (r.get(key) or {}).get("n")]
+    medians = [v["p50"] for v in by_viewer]
+    return {
+        "n": sum(v["n"] for v in by_viewer),
+        "p50": statistics.median(medians) if medians else None,
+        "p95": max((v["p95"] for v in by_viewer), default=None),
+        "max": max((v["max"] for v in by_viewer), default=None),
+    }
+
+
+def device_count_figures(samples: list[tuple[float, int | None]], window: tuple[float, float],
+                         expected: int) -> dict[str, Any]:
+    """The device's viewer count sampled in the steady window against the harness's own."""
+    counts = [c for _, c in samples]
+    return {"window_s": list(window), "expected": expected, "counts": counts,
+            "at_s": [round(t, 2) for t, _ in samples],
+            "mismatches": sum(1 for c in counts if c != expected)}
 
 
 def _device_figures(before: ProcessSample | None, after: ProcessSample | None) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shlex
 import sys
 import time
 import tomllib
@@ -63,9 +64,21 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="run the release battery; exit 1 if any check fails")
     _add_device_flags(run)
     run.add_argument("--ssh", metavar="USER@HOST",
-                     help="enables restart and watchdog checks (passwordless sudo systemctl)")
+                     help="enables restart and watchdog checks (passwordless sudo systemctl): "
+                          "the defaults of --restart-cmd and --stop-cmd")
+    run.add_argument("--restart-cmd", metavar="CMD",
+                     help="rig-side command restarting the service (default with --ssh: ssh "
+                          "USER@HOST sudo systemctl restart ruseon)")
+    run.add_argument("--stop-cmd", metavar="CMD",
+                     help="rig-side command freezing the service for the watchdog check "
+                          "(default with --ssh: ssh USER@HOST sudo systemctl kill "
+                          "--signal=SIGSTOP ruseon)")
     run.add_argument("--power-cmd", metavar="CMD",
                      help="power switch command; '{on|off}' is replaced by on or off")
+    run.add_argument("--power-off-s", type=float, default=3.0, metavar="S",
+                     help="how long the power check leaves the device off")
+    # Set by the simulated rig for its inner run: there is no systemd for the watchdog check.
+    run.add_argument("--simulated-device", action="store_true", help=argparse.SUPPRESS)
     run.add_argument("--skip", nargs="+", default=[], choices=CHECKS, metavar="CHECK",
                      help="checks to skip: " + ", ".join(CHECKS))
     run.add_argument("--glass", action="store_true",
@@ -81,6 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="decode only up to each viewer's first picture (default) or all")
     load.add_argument("--ramp", type=float, default=0.0, metavar="S",
                       help="spread the joins over S seconds (default: all at once)")
+    switch = commands.add_parser(
+        "sim-switch", help="the simulated rig's power switch / service control (internal)")
+    switch.add_argument("--socket", type=Path, required=True)
+    switch.add_argument("action", choices=("on", "off", "restart", "stop"))
     glass = commands.add_parser("glass", help="render the rig's clock as stamp pictures (y4m)")
     glass.add_argument("--width", type=int, default=1280)
     glass.add_argument("--height", type=int, default=720)
@@ -120,10 +137,22 @@ def _finish(report: Report, args: argparse.Namespace) -> int:
     return 0 if report.passed else 1
 
 
+def ssh_command(ssh: str, remote: str) -> str:
+    """A rig-side command running ``remote`` on ``ssh`` (key login, no prompts)."""
+    return shlex.join(["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", ssh, remote])
+
+
 def command_run(args: argparse.Namespace) -> int:
     """``hil run`` against ``--device``."""
+    restart_cmd, stop_cmd = args.restart_cmd, args.stop_cmd
+    if args.ssh:
+        restart_cmd = restart_cmd or ssh_command(args.ssh, "sudo systemctl restart ruseon")
+        stop_cmd = stop_cmd or ssh_command(args.ssh,
+                                           "sudo systemctl kill --signal=SIGSTOP ruseon")
     options = RigOptions(
         device=args.device, token=args.token, ssh=args.ssh, power_cmd=args.power_cmd,
+        restart_cmd=restart_cmd, stop_cmd=stop_cmd, power_off_s=args.power_off_s,
+        simulated=args.simulated_device,
         viewers=args.viewers, duration_s=args.duration,
         workers=args.workers or default_workers(args.viewers), skip=set(args.skip),
         expect=expectation_from(args), clock_shared=args.clock_synced or args.glass,
@@ -142,6 +171,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from hil.glass import render
 
         return render(args.output, args.width, args.height, args.fps, args.seconds)
+    if args.command == "sim-switch":
+        from hil.simulated_rig import switch
+
+        return switch(args.socket, args.action)
     if args.simulate:
         from hil.simulated_rig import run_simulated
 

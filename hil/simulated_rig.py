@@ -20,6 +20,15 @@ Faults (``--fault``) break the simulated device on purpose, to prove the harness
   once the device is up its encoder is stopped (SIGSTOP). HTTP keeps answering; video stops.
 - ``drop-media``: every UDP packet the device sends is dropped (an nftables rule).
 - ``freeze-device``: the whole device process is stopped (SIGSTOP).
+
+The rig also plays the device's power switch and service manager, so the ``power`` and
+``restart`` checks run here too: the inner run gets ``--power-cmd`` and ``--restart-cmd`` that
+call ``python -m hil sim-switch`` (:func:`switch`), which asks this outer process over a Unix
+socket in the work directory to SIGKILL the device ("off": the power is cut), start it again in
+the device namespace with the same state directory ("on": it boots and must present the same
+certificate), or stop it gracefully and start it again ("restart", as ``systemctl restart``
+does). There is no systemd here to restart a frozen service, so the ``watchdog`` check is left
+to ``tests/e2e/test_systemd.py``.
 """
 
 from __future__ import annotations
@@ -31,9 +40,11 @@ import os
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +59,11 @@ DEFAULT_CAMERA: dict[str, object] = {
     "width": 320, "height": 240, "framerate": 30, "bitrate": 500_000, "keyframe_interval": 30,
 }
 START_TIMEOUT_S = 60.0
+# The device's viewer limit unless --serve-arg says otherwise: small, so the whep check can
+# fill it for the 503 case, yet above the battery's viewers (see _max_viewers).
+SIM_MAX_VIEWERS = 8
+# How long a graceful stop (SIGTERM) may take before the simulated restart kills the device.
+STOP_TIMEOUT_S = 10.0
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -65,6 +81,11 @@ class SimulatedRig:
     device_proc: subprocess.Popen[bytes] | None = None
     delay_proc: subprocess.Popen[bytes] | None = None
     _made: list[str] = field(default_factory=list)
+    _device_argv: list[str] = field(default_factory=list)
+    # The device process is replaced by the control thread (power, restart): one at a time.
+    _device_lock: threading.Lock = field(default_factory=threading.Lock)
+    _control: socket.socket | None = None
+    _control_thread: threading.Thread | None = None
 
     @property
     def dev_ns(self) -> str:
@@ -118,9 +139,86 @@ class SimulatedRig:
                 "--advertise", DEVICE_ADDR, "--state-dir", str(self.work_dir / "state"), *extra]
         if token:
             argv += ["--token", token]
-        log = (self.work_dir / "device.log").open("wb")
-        self.device_proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                            start_new_session=True)
+        self._device_argv = argv
+        self._spawn_device()
+
+    def _spawn_device(self) -> None:
+        # Appending: a power cycle or restart keeps the earlier lives' log.
+        with (self.work_dir / "device.log").open("ab") as log:
+            self.device_proc = subprocess.Popen(self._device_argv, stdout=log,
+                                                stderr=subprocess.STDOUT, start_new_session=True)
+
+    def _end_device(self, sig: signal.Signals, timeout_s: float) -> None:
+        """Send ``sig`` to the device's process group and wait for it (SIGKILL after
+        ``timeout_s``)."""
+        proc = self.device_proc
+        if proc is None or proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGCONT)
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=5)
+
+    def control(self, action: str) -> str:
+        """Do one switch ``action`` (on, off, restart, stop) to the device; "ok" or why not."""
+        with self._device_lock:
+            running = self.device_proc is not None and self.device_proc.poll() is None
+            if action == "off":
+                self._end_device(signal.SIGKILL, 5.0)  # the power is cut: no goodbye
+            elif action == "on":
+                if running:
+                    return "error: the device is already on"
+                self._spawn_device()
+            elif action == "restart":
+                self._end_device(signal.SIGTERM, STOP_TIMEOUT_S)
+                self._spawn_device()
+            elif action == "stop":
+                if not running:
+                    return "error: the device is not running"
+                self.signal_device(signal.SIGSTOP)
+            else:
+                return f"error: unknown action {action!r}"
+        return "ok"
+
+    @property
+    def control_path(self) -> Path:
+        """The Unix socket :func:`switch` talks to (a path, so it works across namespaces)."""
+        return self.work_dir / "switch.sock"
+
+    def serve_control(self) -> None:
+        """Answer :func:`switch` requests on :attr:`control_path` in a thread until teardown."""
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.bind(str(self.control_path))
+        server.listen(4)
+        server.settimeout(0.5)
+        self._control = server
+
+        def loop() -> None:
+            while self._control is not None:
+                try:
+                    conn, _ = server.accept()
+                except TimeoutError:
+                    continue
+                except OSError:
+                    return  # closed by teardown
+                with conn:
+                    conn.settimeout(None)
+                    action = conn.makefile("r").readline().strip()
+                    conn.sendall((self.control(action) + "\n").encode())
+
+        self._control_thread = threading.Thread(target=loop, name="sim-switch", daemon=True)
+        self._control_thread.start()
+
+    def switch_commands(self) -> dict[str, str]:
+        """``--power-cmd`` and ``--restart-cmd`` for the inner run."""
+        base = [sys.executable, "-m", "hil", "sim-switch", "--socket", str(self.control_path)]
+        return {"--power-cmd": shlex.join(base) + " {on|off}",
+                "--restart-cmd": shlex.join([*base, "restart"])}
 
     def wait_device(self, timeout_s: float = START_TIMEOUT_S) -> bool:
         """True once ``/healthz`` answers 200 (probed from the rig namespace)."""
@@ -154,6 +252,12 @@ class SimulatedRig:
 
     def teardown(self) -> None:
         """Stop the device and the helpers, delete the namespaces (idempotent)."""
+        server, self._control = self._control, None
+        if server is not None:
+            server.close()
+        if self._control_thread is not None:
+            self._control_thread.join(timeout=STOP_TIMEOUT_S + 10)
+            self._control_thread = None
         for proc in (self.device_proc, self.delay_proc):
             if proc is None or proc.poll() is not None:
                 continue
@@ -225,10 +329,35 @@ def _read_camera(path: Path | None) -> dict[str, object]:
     return camera
 
 
+def switch(path: Path, action: str) -> int:
+    """``hil sim-switch``: ask the simulated rig to do ``action``; 0 when it did."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(STOP_TIMEOUT_S + 20)
+            conn.connect(str(path))
+            conn.sendall(action.encode() + b"\n")
+            answer = conn.makefile("r").readline().strip()
+    except OSError as exc:
+        print(f"hil sim-switch: {path}: {exc}", file=sys.stderr)
+        return 1
+    if answer != "ok":
+        print(f"hil sim-switch {action}: {answer or 'no answer'}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _max_viewers(serve_args: list[str], viewers: int) -> list[str]:
+    """``--max-viewers`` for the simulated device unless ``--serve-arg`` sets it: small enough
+    for the 503 case, with room for the battery's viewers and a probe beside them."""
+    if any(a.split("=", 1)[0] == "--max-viewers" for a in serve_args):
+        return []
+    return ["--max-viewers", str(max(SIM_MAX_VIEWERS, viewers + 3))]
+
+
 def _strip_sim_flags(argv: list[str]) -> list[str]:
     """``argv`` without the flags only the outer (namespace-building) process understands."""
     with_value = {"--loss", "--delay-ms", "--fault", "--serve-arg", "--device", "--device-config",
-                  "--report", "--junit", "--power-cmd"}
+                  "--report", "--junit", "--power-cmd", "--restart-cmd", "--stop-cmd"}
     out: list[str] = []
     skip = False
     for arg in argv:
@@ -303,7 +432,9 @@ def run_simulated(args: argparse.Namespace, argv: list[str]) -> int:
               f"loss {args.loss:g}%, delay {args.delay_ms:g} ms, fault {fault}, "
               f"work dir {rig.work_dir}", flush=True)
         rig.build()
-        rig.start_device(config, list(args.serve_arg), source=source, token=args.token)
+        serve_args = list(args.serve_arg)
+        rig.start_device(config, serve_args + _max_viewers(serve_args, args.viewers),
+                         source=source, token=args.token)
         if not rig.wait_device():
             print("[sim] the simulated device did not become healthy; its log:\n"
                   + rig.device_log(), file=sys.stderr)
@@ -313,7 +444,10 @@ def run_simulated(args: argparse.Namespace, argv: list[str]) -> int:
         inner = [sys.executable, "-m", "hil", *_strip_sim_flags(argv),
                  "--device", rig.device_url, "--device-config", str(config)]
         if args.command == "run":
-            inner.append("--clock-synced")  # same machine, same clock
+            inner += ["--clock-synced", "--simulated-device"]  # same machine, same clock
+            rig.serve_control()
+            for flag, command in rig.switch_commands().items():
+                inner += [flag, command]
         for flag, value in (("--report", args.report), ("--junit", args.junit)):
             if value is not None:
                 inner += [flag, str(Path(value).resolve())]

@@ -90,6 +90,8 @@ async def watch(
     def _on_state() -> None:
         if pc.connectionState == "connected" and not t_connected:
             t_connected.append(time.monotonic())
+            # Wall clock too: pictures captured before this moment were cached on the device.
+            result["connected_wall_us"] = time.time_ns() // 1000
             connected.set()
         elif pc.connectionState in ("failed", "closed"):
             failed.set()
@@ -151,7 +153,7 @@ async def watch(
         decoder.close()
         if live is not None:
             live(None)
-    result.update(_summarize(figures, t_post, t_end, plan))
+    result.update(_summarize(figures, t_post, t_end, plan, result.get("connected_wall_us")))
     if result["ok"] and result.get("first_au_keyframe") is False:
         result["error"] = "first access unit is not an IDR with SPS and PPS"
     return result
@@ -183,8 +185,16 @@ async def _delete(http: aiohttp.ClientSession, plan: ViewerPlan, location: str) 
         return None
 
 
-def _summarize(fig: TapFigures, t_post: float, t_end: float, plan: ViewerPlan) -> dict[str, Any]:
-    """The per-viewer figures from what the tap recorded."""
+def _summarize(fig: TapFigures, t_post: float, t_end: float, plan: ViewerPlan,
+               connected_wall_us: int | None = None) -> dict[str, Any]:
+    """The per-viewer figures from what the tap recorded.
+
+    Latency is split in two. A joining viewer first gets the device's cached keyframe and the
+    frames after it (the GOP catch-up burst): those pictures were captured before the viewer's
+    transport was even up, so they are old by design and their age says how stale the first
+    picture is, not how late the live stream runs. ``latency_s`` covers only pictures captured
+    after the viewer connected; ``catch_up_latency_s`` the ones before; ``latency_all_s`` both.
+    """
     frames = fig.frames
     out: dict[str, Any] = {
         "first_rtp_s": fig.first_rtp - t_post if fig.first_rtp is not None else None,
@@ -224,7 +234,16 @@ def _summarize(fig: TapFigures, t_post: float, t_end: float, plan: ViewerPlan) -
         stamped = [f for f in frames if f.stamp is not None]
         out["stamps_read"] = len(stamped)
         latencies = [(f.wall_us - f.stamp[0]) / 1e6 for f in stamped if f.stamp is not None]
-        out["latency_s"] = percentiles(latencies)
+        # Without a connect time (the viewer never connected) nothing counts as catch-up.
+        live_from = connected_wall_us if connected_wall_us is not None else 0
+        catch_up = [(f.wall_us - f.stamp[0]) / 1e6 for f in stamped
+                    if f.stamp is not None and f.stamp[0] < live_from]
+        live = [(f.wall_us - f.stamp[0]) / 1e6 for f in stamped
+                if f.stamp is not None and f.stamp[0] >= live_from]
+        out["latency_s"] = percentiles(live)
+        out["catch_up_latency_s"] = percentiles(catch_up)
+        out["catch_up_frames"] = len(catch_up)
+        out["latency_all_s"] = percentiles(latencies)
         if stamped and stamped[0].stamp is not None:
             out["first_frame_latency_s"] = (stamped[0].wall_us - stamped[0].stamp[0]) / 1e6
             out["first_frame_number"] = stamped[0].stamp[1]

@@ -7,6 +7,8 @@ draft's MUSTs and the device's documented error answers (problem+json bodies).
 
 from __future__ import annotations
 
+import email.utils
+import json
 import secrets
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +18,7 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCRtpReceiver
 from hil.device import Device, HttpAnswer
 
 PROBLEM_JSON = "application/problem+json"
+SDPFRAG = "application/trickle-ice-sdpfrag"
 
 
 @dataclass
@@ -25,10 +28,13 @@ class Case:
     name: str
     ok: bool
     detail: str
+    # Not tried (the rig could not set it up); counts as neither passed nor failed.
+    skipped: bool = False
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready form for the report."""
-        return {"case": self.name, "ok": self.ok, "detail": self.detail}
+        return {"case": self.name, "ok": self.ok, "detail": self.detail,
+                "skipped": self.skipped}
 
 
 async def make_offer() -> str:
@@ -59,6 +65,55 @@ def _problem_case(name: str, answer: HttpAnswer) -> Case:
                 f"Content-Type {content_type or 'missing'} (want {PROBLEM_JSON})")
 
 
+def with_fresh_ice_credentials(offer: str) -> str:
+    """``offer`` with a new ICE ufrag and password, so the device sees one more distinct viewer
+    without the cost of another peer connection."""
+    ufrag, pwd = secrets.token_hex(4), secrets.token_hex(12)
+    lines = []
+    for line in offer.split("\r\n"):
+        if line.startswith("a=ice-ufrag:"):
+            line = "a=ice-ufrag:" + ufrag
+        elif line.startswith("a=ice-pwd:"):
+            line = "a=ice-pwd:" + pwd
+        lines.append(line)
+    return "\r\n".join(lines)
+
+
+def trickle_fragment(offer: str) -> str:
+    """A trickle-ice-sdpfrag (RFC 8840) for ``offer``'s session: its ufrag/pwd, its first media
+    section with one host candidate and end-of-candidates.
+
+    The candidate is on loopback (127.0.0.1, discard port) so that a device which does use
+    trickled candidates sends its checks nowhere but to itself.
+    """
+    ufrag = pwd = mid = ""
+    for line in offer.splitlines():
+        if line.startswith("a=ice-ufrag:") and not ufrag:
+            ufrag = line.split(":", 1)[1]
+        elif line.startswith("a=ice-pwd:") and not pwd:
+            pwd = line.split(":", 1)[1]
+        elif line.startswith("a=mid:") and not mid:
+            mid = line.split(":", 1)[1]
+    return ("\r\n".join([
+        f"a=ice-ufrag:{ufrag}", f"a=ice-pwd:{pwd}", "m=video 9 UDP/TLS/RTP/SAVPF 0",
+        f"a=mid:{mid or '0'}", "a=candidate:1 1 udp 2130706431 127.0.0.1 9 typ host",
+        "a=end-of-candidates",
+    ]) + "\r\n")
+
+
+def retry_after_ok(value: str | None) -> bool:
+    """True for a valid ``Retry-After``: delay-seconds (> 0) or an HTTP-date (RFC 9110)."""
+    if not value:
+        return False
+    value = value.strip()
+    if value.isdigit():
+        return int(value) > 0
+    try:
+        return email.utils.parsedate_to_datetime(value) is not None
+    except (TypeError, ValueError):
+        return False
+
+
 def answer_problems(sdp: str) -> list[str]:
     """What a WHEP answer lacks, by the draft's rules (empty when it is fine)."""
     problems = []
@@ -80,8 +135,13 @@ def answer_problems(sdp: str) -> list[str]:
     return problems
 
 
-async def run_cases(device: Device, *, max_offer_bytes: int = 64 * 1024) -> list[Case]:
-    """Every conformance case against ``device``; none raises for a bad answer."""
+async def run_cases(device: Device, *, max_offer_bytes: int = 64 * 1024,
+                    fill_limit: int = 32) -> list[Case]:
+    """Every conformance case against ``device``; none raises for a bad answer.
+
+    ``fill_limit``: the most sessions the harness opens to reach the device's viewer limit for
+    the 503 case (a device configured for more is not filled; the case is reported as skipped).
+    """
     cases: list[Case] = []
     offer = await make_offer()
     sdp_headers = {"Content-Type": "application/sdp"}
@@ -132,6 +192,9 @@ async def run_cases(device: Device, *, max_offer_bytes: int = 64 * 1024) -> list
             headers={**sdp_headers, "Authorization": "Bearer wrong-" + secrets.token_hex(8)},
         )
         cases.append(_status_case("POST with a wrong token -> 401", wrong, (401,)))
+        challenge = wrong.header("WWW-Authenticate") or ""
+        cases.append(Case("401 (wrong token) has WWW-Authenticate: Bearer",
+                          challenge.lower().startswith("bearer"), challenge or "missing"))
 
     good = await device.request("POST", "/whep", body=offer, headers=sdp_headers)
     cases.append(_status_case("POST good offer -> 201", good, (201,)))
@@ -144,8 +207,80 @@ async def run_cases(device: Device, *, max_offer_bytes: int = 64 * 1024) -> list
         problems = answer_problems(good.text)
         cases.append(Case("answer SDP is complete", not problems, "; ".join(problems) or "ok"))
         if location:
+            trickle = await device.request("PATCH", location, body=trickle_fragment(offer),
+                                           headers={"Content-Type": SDPFRAG})
+            cases.append(_status_case(f"PATCH {SDPFRAG} -> 204", trickle, (204,)))
+            wrong_patch = await device.request("PATCH", location, body=trickle_fragment(offer),
+                                               headers={"Content-Type": "text/plain"})
+            cases.append(_status_case("PATCH text/plain -> 415", wrong_patch, (415,)))
             deleted = await device.request("DELETE", location)
             cases.append(_status_case("DELETE session -> 200", deleted, (200,)))
             again = await device.request("DELETE", location)
             cases.append(_status_case("DELETE it again -> 404", again, (404,)))
+    cases.extend(await _capacity_cases(device, offer, fill_limit))
+    return cases
+
+
+async def _viewer_count(device: Device) -> tuple[int | None, int | None]:
+    """``(viewers.count, webrtc.max_viewers)`` from ``/api/status`` (None where absent)."""
+    answer = await device.request("GET", "/api/status")
+    if answer.status != 200:
+        return None, None
+    doc = json.loads(answer.body)
+    count = (doc.get("viewers") or {}).get("count")
+    limit = (doc.get("webrtc") or {}).get("max_viewers")
+    return (count if isinstance(count, int) else None,
+            limit if isinstance(limit, int) else None)
+
+
+async def _capacity_cases(device: Device, offer: str, fill_limit: int) -> list[Case]:
+    """Fill the device to its viewer limit; one more offer must get 503 with ``Retry-After``.
+
+    The sessions are plain offers that never connect (fresh ICE credentials each), and are
+    DELETEd again at once; the device must then be back at the count it started with.
+    """
+    name = "POST beyond max viewers -> 503 + Retry-After"
+    count, limit = await _viewer_count(device)
+    if count is None or limit is None:
+        return [Case(name, True, "not tried: /api/status has no viewers.count or "
+                     "webrtc.max_viewers", skipped=True)]
+    if limit - count > fill_limit:
+        return [Case(name, True, f"not tried: {limit - count} sessions to open to reach "
+                     f"max_viewers {limit} (> {fill_limit})", skipped=True)]
+    headers = {"Content-Type": "application/sdp"}
+    locations: list[str] = []
+    cases: list[Case] = []
+    try:
+        refused: HttpAnswer | None = None
+        for _ in range(limit - count):
+            answer = await device.request("POST", "/whep", body=with_fresh_ice_credentials(offer),
+                                          headers=headers)
+            location = answer.header("Location")
+            if answer.status == 201 and location:
+                locations.append(location)
+            else:
+                refused = answer
+                break
+        if refused is not None:
+            cases.append(Case(f"up to max viewers ({limit}) -> 201", False,
+                              f"session {count + len(locations) + 1} of {limit} answered "
+                              f"{refused.status}"))
+            return cases
+        cases.append(Case(f"up to max viewers ({limit}) -> 201", True,
+                          f"{len(locations)} sessions opened"))
+        over = await device.request("POST", "/whep", body=with_fresh_ice_credentials(offer),
+                                    headers=headers)
+        over_location = over.header("Location")
+        if over.status == 201 and over_location:
+            locations.append(over_location)
+        cases.append(_status_case("POST beyond max viewers -> 503", over, (503,)))
+        retry = over.header("Retry-After")
+        cases.append(Case("503 has Retry-After", retry_after_ok(retry), retry or "missing"))
+        cases.append(_problem_case("503 body is problem+json", over))
+    finally:
+        for location in locations:
+            await device.request("DELETE", location)
+    after, _ = await _viewer_count(device)
+    cases.append(Case("viewer count back after DELETEs", after == count,
+                      f"{after} (was {count} before filling)"))
     return cases
