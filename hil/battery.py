@@ -479,19 +479,21 @@ class Battery:
         self.progress.line("probe", f"no video within {timeout_s:.0f} s: {last_error}")
         return None, None
 
-    async def _status_fingerprint(self, timeout_s: float) -> str | None:
-        """``webrtc.fingerprint`` from ``/api/status``, retried while the device comes up."""
+    async def _status_identity(self, timeout_s: float) -> tuple[str | None, float | None]:
+        """``webrtc.fingerprint`` and ``uptime_s`` from ``/api/status``, retried while the device
+        comes up."""
         t0 = time.monotonic()
         while True:
             try:
-                fingerprint = ((await self.device.status()).get("webrtc") or {}).get(
-                    "fingerprint")
+                doc = await self.device.status()
+                fingerprint = (doc.get("webrtc") or {}).get("fingerprint")
+                uptime = doc.get("uptime_s")
                 if isinstance(fingerprint, str) and fingerprint:
-                    return fingerprint
+                    return fingerprint, float(uptime) if isinstance(uptime, int | float) else None
             except (TimeoutError, RuntimeError, ValueError, aiohttp.ClientError, OSError):
                 pass
             if time.monotonic() - t0 > timeout_s:
-                return None
+                return None, None
             await asyncio.sleep(0.25)
 
     async def _run_command(self, what: str, command: str) -> str | None:
@@ -513,7 +515,7 @@ class Battery:
         _, answer_fp_before = await self._probe_video(15.0)
         if answer_fp_before is None:
             return CheckResult(name, Verdict.FAIL, "no video before the disruption")
-        status_fp_before = await self._status_fingerprint(5.0)
+        status_fp_before, _ = await self._status_identity(5.0)
         t0 = time.monotonic()
         problem = await disrupt()
         if problem:
@@ -521,7 +523,9 @@ class Battery:
         t_done = time.monotonic()
         back, answer_fp_after = await self._probe_video(self.opts.recover_timeout_s)
         t_back = time.monotonic()
-        status_fp_after = await self._status_fingerprint(10.0) if back is not None else None
+        status_fp_after, uptime_after = (await self._status_identity(10.0) if back is not None
+                                         else (None, None))
+        since_disrupt = time.monotonic() - t0
         figures = {
             # From the start of the disruption until a fresh viewer decoded a picture.
             "outage_s": t_back - t0 if back is not None else None,
@@ -531,12 +535,19 @@ class Battery:
             "fingerprint_before": status_fp_before, "fingerprint_after": status_fp_after,
             "answer_fingerprint_before": answer_fp_before,
             "answer_fingerprint_after": answer_fp_after,
+            # The device's own uptime afterwards: proof that it really went down.
+            "uptime_after_s": uptime_after,
         }
         if back is None:
             return CheckResult(name, Verdict.FAIL,
                                f"video not back within {self.opts.recover_timeout_s:.0f} s",
                                figures)
         problems = []
+        # Uptime longer than the time since the disruption began: the process never restarted
+        # (a command that did nothing must not pass). One second of slack for clock granularity.
+        if uptime_after is not None and uptime_after > since_disrupt + 1.0:
+            problems.append(f"the device did not restart (uptime {uptime_after:.1f} s, "
+                            f"disrupted {since_disrupt:.1f} s ago)")
         if status_fp_before is None or status_fp_after is None:
             problems.append("/api/status has no webrtc.fingerprint")
         elif same_fingerprint(status_fp_before, status_fp_after) is False:

@@ -1,5 +1,6 @@
 """The harness judged by its own runs: a healthy simulated device under 2 % loss passes the
-battery, and a device whose camera stops must fail exactly the checks that see the video."""
+battery (including a restart and a power cycle through the simulated rig's switch), and a device
+whose camera stops must fail exactly the checks that see the video."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ pytestmark = pytest.mark.slow
 
 
 def _simulate(tmp_path: Path, *args: str) -> tuple[int, dict[str, Any], str]:
+    """Run ``hil run --simulate`` with ``args``; its exit status, JSON report and output."""
     require_root("the simulated rig creates network namespaces")
     require_tool("ip", "apt install iproute2")
     require_tool("nft", "apt install nftables")
@@ -26,7 +28,7 @@ def _simulate(tmp_path: Path, *args: str) -> tuple[int, dict[str, Any], str]:
     junit = tmp_path / "junit.xml"
     proc = subprocess.run(
         [sys.executable, "-m", "hil", "run", "--simulate", "--report", str(report),
-         "--junit", str(junit), "--skip", "restart", "watchdog", "power", *args],
+         "--junit", str(junit), *args],
         cwd=REPO, capture_output=True, text=True, timeout=240,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(
             filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))},
@@ -43,13 +45,42 @@ def _verdicts(doc: dict[str, Any]) -> dict[str, str]:
 
 def test_healthy_device_under_loss_passes_the_battery(tmp_path: Path) -> None:
     rc, doc, output = _simulate(tmp_path, "--viewers", "5", "--duration", "20", "--loss", "2",
-                                "--churn", "6")
+                                "--churn", "6", "--token", "hil-test-token", "--power-off-s", "1")
     verdicts = _verdicts(doc)
     assert rc == 0, output
     for name in ("page", "healthz", "status", "whep", "viewers", "first-frame", "latency",
-                 "steady-state", "churn"):
+                 "steady-state", "churn", "restart", "power"):
         assert verdicts[name] == "pass", (name, output)
+    reasons = {c["name"]: c["reason"] for c in doc["checks"]}
+    assert verdicts["watchdog"] == "skip" and "test_systemd.py" in reasons["watchdog"]
     checks = {c["name"]: c["figures"] for c in doc["checks"]}
+    # The WHEP cases that need a token, a live session and a full device were all tried.
+    cases = {c["case"]: c for c in checks["whep"]["cases"]}
+    for case in ("POST without token -> 401", "401 has WWW-Authenticate: Bearer",
+                 "POST with a wrong token -> 401",
+                 "401 (wrong token) has WWW-Authenticate: Bearer",
+                 "PATCH application/trickle-ice-sdpfrag -> 204", "PATCH text/plain -> 415",
+                 "POST beyond max viewers -> 503", "503 has Retry-After",
+                 "viewer count back after DELETEs"):
+        assert cases[case]["ok"] and not cases[case]["skipped"], (case, cases.get(case))
+    # The restart and the power cycle really happened (the device's uptime began after the
+    # disruption did) and the device came back with the same certificate.
+    for name in ("restart", "power"):
+        figures = checks[name]
+        assert figures["video_back_s"] is not None and figures["outage_s"] is not None
+        assert figures["uptime_after_s"] is not None
+        assert figures["uptime_after_s"] < figures["outage_s"] + 1.0
+        assert figures["fingerprint_before"] == figures["fingerprint_after"] is not None
+        assert figures["answer_fingerprint_after"] is not None
+    # The device counted exactly the harness's viewers while they all watched.
+    count = checks["viewers"]["device_count"]
+    assert count["counts"] and count["mismatches"] == 0 and count["expected"] == 5
+    # Live latency and the first picture's age are reported apart: every viewer's first picture
+    # is a cached one, captured before it connected.
+    latency = checks["latency"]
+    assert latency["catch_up_frames"] >= 5
+    assert latency["first_frame_latency_s"]["n"] == 5
+    assert latency["latency_all_s"]["n"] == latency["latency_s"]["n"] + latency["catch_up_frames"]
     # The loss was real and seen: packets went missing and were asked for again.
     steady = checks["steady-state"]
     assert steady["packets_lost"] > 0 and steady["nacks_sent"] > 0
@@ -63,7 +94,7 @@ def test_healthy_device_under_loss_passes_the_battery(tmp_path: Path) -> None:
 def test_stopped_camera_fails_the_video_checks_and_only_those(tmp_path: Path) -> None:
     require_tool("ffmpeg", "apt install ffmpeg")
     rc, doc, output = _simulate(tmp_path, "--viewers", "2", "--duration", "6", "--churn", "2",
-                                "--fault", "stop-source")
+                                "--fault", "stop-source", "--skip", "restart", "power")
     verdicts = _verdicts(doc)
     assert rc == 1, output
     # HTTP still answers: the page and the WHEP exchange are fine ...

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -12,11 +13,19 @@ import av
 import pytest
 from aiortc import RTCPeerConnection, RTCRtpReceiver
 
-from hil import receive_tap
-from hil.battery import Expectation, RigOptions, analyse_viewers
+from hil import receive_tap, whep_conformance
+from hil.battery import (
+    Expectation,
+    RigOptions,
+    analyse_viewers,
+    device_count_figures,
+    power_command,
+    same_fingerprint,
+)
 from hil.device import parse_prometheus
 from hil.report import CheckResult, Progress, Report, Verdict, percentiles
-from hil.simulated_rig import SimulatedRig, _strip_sim_flags, loss_ruleset
+from hil.simulated_rig import SimulatedRig, _max_viewers, _strip_sim_flags, loss_ruleset, switch
+from hil.viewer import ViewerPlan, _summarize
 from tests.tooling import require_root, require_tool
 
 
@@ -181,3 +190,87 @@ def test_simulated_rig_namespaces_are_built_and_always_removed() -> None:
 @pytest.mark.parametrize("value", [0.5, 2.0, 10.0])
 def test_loss_per_mille_resolution(value: float) -> None:
     assert f"< {round(value * 10)} " in loss_ruleset(value)
+
+
+def test_live_latency_excludes_pictures_captured_before_the_viewer_connected() -> None:
+    figures = receive_tap.TapFigures()
+    connected_us = 10_000_000
+    # The cached keyframe (900 ms old) and two catch-up frames, then live frames 40 ms late.
+    for i, (captured, decoded) in enumerate(
+            [(9_100_000, 10_000_000), (9_133_000, 10_010_000), (9_166_000, 10_020_000),
+             (10_030_000, 10_070_000), (10_063_000, 10_103_000), (10_096_000, 10_136_000)]):
+        figures.frames.append(receive_tap.FrameRecord(decoded / 1e6, decoded, i == 0,
+                                                      (captured, i)))
+    out = _summarize(figures, 9.9, 10.2, ViewerPlan(index=0, device="d"), connected_us)
+    assert out["catch_up_frames"] == 3
+    assert out["first_frame_latency_s"] == pytest.approx(0.9)
+    assert out["latency_s"]["n"] == 3 and out["latency_s"]["max"] == pytest.approx(0.04)
+    assert out["latency_all_s"]["n"] == 6 and out["latency_all_s"]["max"] == pytest.approx(0.9)
+
+
+def test_fingerprints_compare_by_digest_and_power_commands_expand() -> None:
+    assert same_fingerprint("sha-256 AB:CD:EF", "ab:cd:ef")
+    assert same_fingerprint("sha-256 AB:CD:EF", "sha-256 AB:CD:00") is False
+    assert same_fingerprint(None, "sha-256 AB") is None
+    assert power_command("crelay 1 {on|off}", "off") == "crelay 1 off"
+    assert power_command("relay --state {}", "on") == "relay --state on"
+
+
+def test_device_viewer_count_mismatches_are_counted() -> None:
+    good = device_count_figures([(8.0, 5), (9.0, 5)], (7.5, 19.5), 5)
+    assert good["mismatches"] == 0 and good["counts"] == [5, 5]
+    bad = device_count_figures([(8.0, 5), (9.0, 7), (10.0, None)], (7.5, 19.5), 5)
+    assert bad["mismatches"] == 2
+
+
+def test_whep_request_builders() -> None:
+    offer = "v=0\r\na=ice-ufrag:abcd\r\na=ice-pwd:secretsecretsecret\r\nm=video 9 x\r\na=mid:0\r\n"
+    fresh = whep_conformance.with_fresh_ice_credentials(offer)
+    assert "a=ice-ufrag:abcd" not in fresh and "a=ice-ufrag:" in fresh and "m=video" in fresh
+    fragment = whep_conformance.trickle_fragment(offer)
+    assert fragment.startswith("a=ice-ufrag:abcd\r\na=ice-pwd:secretsecretsecret\r\n")
+    assert "a=mid:0" in fragment and "a=end-of-candidates" in fragment
+    assert whep_conformance.retry_after_ok("3")
+    assert whep_conformance.retry_after_ok("Wed, 21 Oct 2015 07:28:00 GMT")
+    assert not whep_conformance.retry_after_ok("0")
+    assert not whep_conformance.retry_after_ok(None)
+    assert not whep_conformance.retry_after_ok("soon")
+
+
+def test_simulated_max_viewers_leaves_room_for_the_battery() -> None:
+    assert _max_viewers([], 5) == ["--max-viewers", "8"]
+    assert _max_viewers([], 20) == ["--max-viewers", "23"]
+    assert _max_viewers(["--max-viewers=50"], 5) == []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_simulated_switch_cuts_restores_and_restarts_the_device(tmp_path: Path) -> None:
+    """The switch the inner run calls: off kills the device, on and restart start a new one."""
+    rig = SimulatedRig(work_dir=tmp_path)
+    rig._device_argv = ["sleep", "300"]  # a stand-in device process; the switch does not care
+    rig._spawn_device()
+    rig.serve_control()
+    try:
+        assert rig.device_proc is not None
+        first = rig.device_proc.pid
+        assert switch(rig.control_path, "on") == 1  # already on: refused, with a reason
+        assert switch(rig.control_path, "off") == 0
+        assert not _alive(first)
+        assert switch(rig.control_path, "on") == 0
+        second = rig.device_proc.pid
+        assert second != first and _alive(second)
+        assert switch(rig.control_path, "restart") == 0
+        third = rig.device_proc.pid
+        assert third != second and _alive(third) and not _alive(second)
+    finally:
+        rig.teardown()
+    assert not _alive(third)
+    assert switch(tmp_path / "switch.sock", "on") == 1  # nobody answers after teardown
+    assert os.path.exists(tmp_path / "device.log")
