@@ -81,6 +81,24 @@ def test_device_page_plays_the_stream(request: pytest.FixtureRequest, tmp_path: 
         phone.goto(server.url)
         wait_for_page(phone, "live on a phone-sized page", playing)
         save_screenshot(phone, "browser-device-page-phone.png")
+        page.close()
+        phone.close()
+        landscape = browser.new_page(viewport={"width": 844, "height": 390},
+                                     device_scale_factor=2)
+        landscape.goto(server.url)
+        wait_for_page(landscape, "live on a phone turned sideways", playing)
+        save_screenshot(landscape, "browser-device-page-phone-landscape.png")
+        # Sideways the bars float over the picture, so they fade out while nobody touches it...
+        landscape.wait_for_function("document.getElementById('stage').classList.contains('idle')")
+        landscape.wait_for_function(
+            "getComputedStyle(document.querySelector('.bar-top')).opacity === '0'"
+        )
+        save_screenshot(landscape, "browser-device-page-phone-landscape-idle.png")
+        # ...and come back at a touch.
+        landscape.mouse.move(200, 200)
+        landscape.wait_for_function(
+            "getComputedStyle(document.querySelector('.bar-top')).opacity === '1'"
+        )
 
 
 # How long the browser plays while we watch its receive statistics.

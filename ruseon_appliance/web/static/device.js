@@ -232,6 +232,7 @@ async function statsTick() {
     if (player.state !== "live") {
       setState("live");
       player.attempt = 0;
+      refreshStatus(); // the viewer count now includes us; do not wait for the next poll
     }
   } else if (now - player.lastFrameChange > STALL_MS) {
     scheduleReconnect("The picture stopped. Reconnecting…");
@@ -303,6 +304,22 @@ $("btn-snapshot").addEventListener("click", async () => {
     toast("No picture to save yet");
   }
 });
+
+// Controls fade out while the picture plays and nobody touches the page (only where the bars
+// float over the picture: see the landscape rule in device.css); any touch brings them back.
+const IDLE_MS = 3500;
+function wake() {
+  stage.classList.remove("idle");
+  clearTimeout(wake.timer);
+  wake.timer = setTimeout(() => {
+    if (player.state === "live") stage.classList.add("idle");
+    else wake();
+  }, IDLE_MS);
+}
+for (const type of ["pointermove", "pointerdown", "keydown", "focusin"]) {
+  stage.addEventListener(type, wake, { passive: true });
+}
+wake();
 
 // ---------------------------------------------------------------------------------------------
 
