@@ -81,9 +81,9 @@ class RigOptions:
     ssh_service: str = "ruseon"
     # Most sessions the whep check opens to reach the device's max_viewers for the 503 case.
     whep_fill_limit: int = 32
-    # Viewers need this long after their start to be live: the steady-state window for comparing
-    # the harness's viewer count with the device's begins that long after the last one started.
-    settle_s: float = 6.0
+    # Seconds after the last viewer's planned start before the device's viewer count is compared
+    # with the harness's (and only once the workers report every viewer live).
+    settle_s: float = 1.0
 
 
 def _skip(name: str, reason: str) -> CheckResult:
@@ -246,13 +246,20 @@ class Battery:
         before = await self._sample()
         t0 = time.monotonic()
 
+        # The workers' latest count of viewers receiving RTP (written by the fleet's thread).
+        fleet_live = [0]
+
         def show(p: FleetProgress, elapsed: float) -> None:
+            fleet_live[0] = p.live
             self.progress.line("viewers", _whep_line(p, elapsed))
 
-        # While every viewer is watching, the device must count exactly as many as we run.
+        # While every viewer is watching, the device must count exactly as many as we run: from
+        # when the workers report all of them live until just before the first one leaves.
         window = (spread + o.settle_s, o.duration_s - 0.5)
         samples: list[tuple[float, int | None]] = []
-        counting = asyncio.ensure_future(self._count_device_viewers(t0, window, samples))
+        counting = asyncio.ensure_future(
+            self._count_device_viewers(t0, window, samples,
+                                       all_live=lambda: fleet_live[0] >= o.viewers))
         try:
             results = await asyncio.to_thread(run_fleet, plans, workers=o.workers,
                                               on_progress=show)
@@ -274,14 +281,15 @@ class Battery:
             self._add(result, elapsed)
 
     async def _count_device_viewers(self, t0: float, window: tuple[float, float],
-                                    samples: list[tuple[float, int | None]]) -> None:
+                                    samples: list[tuple[float, int | None]],
+                                    all_live: Callable[[], bool]) -> None:
         """Append ``(seconds since t0, /api/status viewers.count)`` about once a second within
-        ``window`` (runs until cancelled)."""
+        ``window`` once ``all_live()`` (runs until cancelled)."""
         while True:
             now = time.monotonic() - t0
             if now > window[1]:
                 return
-            if now >= window[0]:
+            if now >= window[0] and all_live():
                 try:
                     doc = await self.device.status()
                     count = (doc.get("viewers") or {}).get("count")
