@@ -383,8 +383,8 @@ class Battery:
         mid = a["mid_gop"]
         reason = (f"live p50/p95/max {format_ms(lat)} over {lat['n']} frames; mid-GOP joiners "
                   f"{mid['viewers']} (their p95 {format_ms(mid['latency_s'])}); first picture "
-                  f"age {format_ms(a['first_frame_latency_s'])} (cached keyframe + "
-                  f"{a['catch_up_frames']} catch-up frames, not judged)")
+                  f"age {format_ms(a['first_frame_latency_s'])} ({a['catch_up_frames']} pictures "
+                  "captured before their viewer connected, not judged)")
         if not o.clock_shared:
             return CheckResult("latency", Verdict.SKIP,
                                "not judged: the device clock is not the rig's (use --glass or "
