@@ -420,6 +420,7 @@ def run_simulated(args: argparse.Namespace, argv: list[str]) -> int:
     else:
         config.write_text(_camera_toml(camera))
     stopped_signals = [signal.SIGINT, signal.SIGTERM]
+    returncode = 1
     previous = {s: signal.getsignal(s) for s in stopped_signals}
 
     def interrupted(signum: int, _frame: object) -> None:
@@ -453,14 +454,20 @@ def run_simulated(args: argparse.Namespace, argv: list[str]) -> int:
                 inner += [flag, str(Path(value).resolve())]
         cmd = ["ip", "netns", "exec", rig.rig_ns, *inner]
         print("[sim] " + shlex.join(cmd), flush=True)
-        return subprocess.run(cmd, cwd=os.getcwd()).returncode
+        returncode = subprocess.run(cmd, cwd=os.getcwd()).returncode
+        return returncode
     except KeyboardInterrupt:
         return 130
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
         rig.teardown()
-        print(f"[sim] torn down; device log in {rig.work_dir / 'device.log'}", flush=True)
+        if returncode == 0:
+            # A passing run leaves nothing behind; a failing one keeps the device log to read.
+            shutil.rmtree(rig.work_dir, ignore_errors=True)
+            print("[sim] torn down", flush=True)
+        else:
+            print(f"[sim] torn down; device log in {rig.work_dir / 'device.log'}", flush=True)
 
 
 def _apply_fault(rig: SimulatedRig, fault: str) -> None:
