@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import ctypes
 import gc
 import json
 import socket
@@ -73,10 +75,53 @@ def rss_kib() -> int:
     return 0
 
 
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+
+def malloc_in_use_kib() -> int | None:
+    """Bytes glibc malloc has handed out and not had back (every arena, mmapped chunks too):
+    what the process really holds on the C heap, whatever fragmentation does to RSS."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        mallinfo2 = libc.mallinfo2
+    except (OSError, AttributeError):
+        return None
+    mallinfo2.restype = _MallInfo2
+    info = mallinfo2()
+    return int((info.uordblks + info.hblkhd) // 1024)
+
+
+def trim_heap() -> None:
+    """Give free heap pages back to the OS (``malloc_trim``), so RSS shows live memory."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+# Engine-side kinds of object that must not outlive their session.
+TRACKED_KINDS = ("RTCPeerConnection", "RTCDtlsTransport", "RTCIceTransport", "Connection",
+                 "RTCSctpTransport", "RTCRtpSender", "RTCRtpReceiver", "WhepSession",
+                 "FanoutViewer", "ViewerCursor", "RingReader", "MuxStunProtocol", "Session",
+                 "Task", "_TokenBucket")
+
+
+def live_objects() -> dict[str, int]:
+    """How many objects of each :data:`TRACKED_KINDS` type are alive (after a collection)."""
+    gc.collect()
+    counts = dict.fromkeys(TRACKED_KINDS, 0)
+    for obj in gc.get_objects():
+        name = type(obj).__name__
+        if name in counts:
+            counts[name] += 1
+    return counts
 
 
 # --- server ----------------------------------------------------------------------------------
@@ -109,7 +154,17 @@ async def serve(send_path: str, port: int, max_viewers: int) -> None:
         if request.query.get("gc"):
             gc.collect()
         sessions = [s.stats() for s in engine.sessions.values()]
-        return web.json_response({
+        extra: dict[str, Any] = {"malloc_in_use_kib": malloc_in_use_kib(),
+                                 "python_blocks": sys.getallocatedblocks()}
+        if request.query.get("trim"):
+            trim_heap()
+            extra["rss_trimmed_kib"] = rss_kib()
+        if request.query.get("objects"):
+            extra["objects"] = live_objects()
+            extra["tasks"] = len(asyncio.all_tasks())
+            extra["mux"] = {k: v for k, v in engine.mux.stats().items()
+                            if k in ("sessions", "routes", "tracked_sources")}
+        return web.json_response({**extra,
             "cpu_s": time.process_time(),
             "wall_s": time.monotonic(),
             "packets": sum(s["packets_sent"] for s in sessions),
@@ -320,7 +375,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.role == "serve":
         if args.loop == "uvloop":
-            import uvloop
+            import uvloop  # type: ignore[import-not-found,unused-ignore]
 
             uvloop.run(serve(args.send_path, args.port, args.max_viewers))
         else:

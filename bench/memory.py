@@ -6,8 +6,14 @@ from its own ``/proc/self/status`` after a ``gc.collect()``:
 
 - with 0, 10, 30 and 100 viewers connected (``--quick``: 0, 10, 30), and the increase per
   additional viewer (goal: at most 1 MiB);
-- around ``--cycles`` join/leave cycles (default 1,000, in batches of 20): RSS after the first
-  100 cycles (warm: caches, arenas and pools filled) against RSS after all of them.
+- around ``--cycles`` join/leave cycles (default 1,000, in batches of 20), with a checkpoint
+  every ``--checkpoint`` cycles: RSS after the first 100 cycles (warm: caches, arenas and pools
+  filled) against RSS after all of them, and beside RSS what RSS is made of, so allocator
+  noise is not mistaken for a leak: the C heap glibc has handed out and not had back
+  (``mallinfo2``), Python's allocated memory blocks, and the count of live engine-side objects
+  (peer connections, transports, ICE and SRTP sessions, OpenSSL connections, sessions, ring
+  cursors, tasks...), which must return to zero. At the end the heap is trimmed
+  (``malloc_trim``) and RSS read again: what remains is memory actually in use.
 
     .venv/bin/python bench/memory.py [--quick] [--cycles 1000]
 """
@@ -18,7 +24,9 @@ import argparse
 import json
 import sys
 import time
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -30,11 +38,20 @@ def settle(server: Server, seconds: float = 2.0) -> int:
     return int(server.stats(collect=True)["rss_kib"])
 
 
+def inspect(server: Server, *, trim: bool = False) -> dict[str, Any]:
+    """RSS and what it is made of, after a collection (and a heap trim if ``trim``)."""
+    query = "/stats?gc=1&objects=1" + ("&trim=1" if trim else "")
+    with urllib.request.urlopen(server.url + query) as r:
+        stats: dict[str, Any] = json.loads(r.read())
+    return stats
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="0, 10, 30 viewers")
     parser.add_argument("--cycles", type=int, default=1000)
     parser.add_argument("--batch", type=int, default=20)
+    parser.add_argument("--checkpoint", type=int, default=100)
     args = parser.parse_args()
     recorded_stream()
     counts = [10, 30] if args.quick else [10, 30, 100]
@@ -62,18 +79,45 @@ def main() -> None:
             time.sleep(1.0)
 
         warm_cycles = min(100, args.cycles)
-        churn(server.url, warm_cycles, args.batch)
-        warm = settle(server)
-        churn(server.url, args.cycles - warm_cycles, args.batch)
-        after = settle(server)
-        left = server.stats()["sessions"]
-        growth = (after - warm) / 1024
-        print(f"join/leave: RSS {warm / 1024:.1f} MiB after {warm_cycles} cycles, "
-              f"{after / 1024:.1f} MiB after {args.cycles} ({growth:+.1f} MiB), "
-              f"{left} sessions left", flush=True)
-        print(json.dumps({"figure": "churn", "cycles": args.cycles, "warm_cycles": warm_cycles,
-                          "rss_warm_kib": warm, "rss_after_kib": after,
-                          "growth_mib": round(growth, 2), "sessions_left": left}), flush=True)
+        done = 0
+        warm: dict[str, Any] = {}
+        now: dict[str, Any] = {}
+        while done < args.cycles:
+            step = min(warm_cycles if done == 0 else args.checkpoint, args.cycles - done)
+            churn(server.url, step, args.batch)
+            done += step
+            time.sleep(2.0)
+            now = inspect(server)
+            if done == warm_cycles:
+                warm = now
+            alive = {k: v for k, v in now["objects"].items() if v and k != "Task"}
+            print(f"cycles={done:<5} RSS {now['rss_kib'] / 1024:6.1f} MiB  malloc in use "
+                  f"{now['malloc_in_use_kib'] / 1024:5.1f} MiB  Python blocks "
+                  f"{now['python_blocks']:>8}  tasks {now['tasks']}  engine objects alive "
+                  f"{alive or 'none'}", flush=True)
+            print(json.dumps({"figure": "churn_checkpoint", "cycles": done,
+                              **{k: now[k] for k in ("rss_kib", "malloc_in_use_kib",
+                                                     "python_blocks", "tasks", "objects",
+                                                     "mux", "sessions")}}), flush=True)
+        trimmed = inspect(server, trim=True)
+        growth = (now["rss_kib"] - warm["rss_kib"]) / 1024
+        heap_growth = (now["malloc_in_use_kib"] - warm["malloc_in_use_kib"]) / 1024
+        blocks_growth = now["python_blocks"] - warm["python_blocks"]
+        alive = {k: v for k, v in now["objects"].items() if v and k != "Task"}
+        print(f"join/leave: RSS {warm['rss_kib'] / 1024:.1f} MiB after {warm_cycles} cycles, "
+              f"{now['rss_kib'] / 1024:.1f} MiB after {done} ({growth:+.1f} MiB; "
+              f"{trimmed['rss_trimmed_kib'] / 1024:.1f} MiB once the heap is trimmed); "
+              f"malloc in use {heap_growth:+.2f} MiB, Python blocks {blocks_growth:+d}; "
+              f"{now['sessions']} sessions left, engine objects alive: {alive or 'none'}",
+              flush=True)
+        print(json.dumps({"figure": "churn", "cycles": done, "warm_cycles": warm_cycles,
+                          "rss_warm_kib": warm["rss_kib"], "rss_after_kib": now["rss_kib"],
+                          "growth_mib": round(growth, 2),
+                          "rss_trimmed_kib": trimmed["rss_trimmed_kib"],
+                          "malloc_in_use_growth_mib": round(heap_growth, 2),
+                          "python_blocks_growth": blocks_growth,
+                          "engine_objects_alive": alive, "sessions_left": now["sessions"]}),
+              flush=True)
     finally:
         server.close()
 

@@ -196,6 +196,20 @@ def ice_connection_of(pc: RTCPeerConnection) -> list[Connection]:
     return seen
 
 
+def owned_objects(pc: RTCPeerConnection) -> list[object]:
+    """The objects a peer connection owns below its public surface, which must all be freed
+    once it is closed and dropped: per transceiver the sender, receiver, DTLS and ICE
+    transports, the aioice connection, the pyOpenSSL connection and the SRTP sessions
+    (tests: a leak check holds weak references to these)."""
+    owned: list[object] = []
+    for transceiver in pc.getTransceivers():
+        dtls = transceiver.sender.transport
+        owned += [transceiver, transceiver.sender, transceiver.receiver, dtls, dtls.transport,
+                  dtls.transport._connection]
+        owned += [x for x in (dtls._ssl, dtls._rx_srtp, dtls._tx_srtp) if x is not None]
+    return owned
+
+
 def set_local_credentials(connection: Connection, ufrag: str, password: str) -> None:
     """Replace the connection's generated ICE ufrag/password with the engine's (before the
     answer is created, so the answer carries them)."""

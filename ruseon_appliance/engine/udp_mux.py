@@ -46,6 +46,9 @@ STUN_BURST_PER_SOURCE = 100.0
 STUN_RATE_UNKNOWN = 2000.0
 STUN_BURST_UNKNOWN = 2000.0
 _MAX_TRACKED_SOURCES = 4096
+# How often rate-limit entries of sources that went quiet are dropped (each churned viewer
+# leaves one behind otherwise, until the table fills).
+_SOURCE_SWEEP_INTERVAL_S = 10.0
 
 _STUN_COOKIE = struct.pack("!I", stun.COOKIE)
 
@@ -137,6 +140,7 @@ class UdpMux:
         self._endpoint_of: dict[MuxStunProtocol, IceEndpoint] = {}
         self._source_buckets: dict[tuple[str, int], _TokenBucket] = {}
         self._unknown_bucket = _TokenBucket(STUN_RATE_UNKNOWN, STUN_BURST_UNKNOWN, time.monotonic())
+        self._next_source_sweep = time.monotonic() + _SOURCE_SWEEP_INTERVAL_S
         self.dropped: Counter[str] = Counter({reason: 0 for reason in DROP_REASONS})
         self.counters: Counter[str] = Counter()
         self.buffer_sizes: dict[str, int] = {}
@@ -243,6 +247,7 @@ class UdpMux:
             return
         for addr in endpoint.routes:
             self._routes.pop(addr, None)
+            self._source_buckets.pop(addr, None)
         endpoint.routes.clear()
         for protocol in endpoint.protocols.values():
             self._endpoint_of.pop(protocol, None)
@@ -291,6 +296,7 @@ class UdpMux:
             return
         for addr in [a for a in endpoint.routes if self._routes.get(a) is protocol]:
             del self._routes[addr]
+            self._source_buckets.pop(addr, None)
             endpoint.routes.discard(addr)
         del endpoint.protocols[protocol.family]
         if not endpoint.protocols and self._by_ufrag.get(endpoint.ufrag) is endpoint:
@@ -390,6 +396,8 @@ class UdpMux:
 
     def _take_token(self, addr: tuple[str, int], unknown: bool) -> bool:
         now = time.monotonic()
+        if now >= self._next_source_sweep:
+            self._sweep_sources(now)
         bucket = self._source_buckets.get(addr)
         if bucket is None:
             if len(self._source_buckets) >= _MAX_TRACKED_SOURCES:
@@ -401,12 +409,22 @@ class UdpMux:
             return False
         return not unknown or self._unknown_bucket.take(now)
 
+    def _sweep_sources(self, now: float) -> None:
+        """Forget the rate limits of sources whose bucket has refilled (quiet long enough that a
+        fresh bucket would be identical)."""
+        self._next_source_sweep = now + _SOURCE_SWEEP_INTERVAL_S
+        buckets = self._source_buckets
+        for addr in [a for a, b in buckets.items()
+                     if b.tokens + (now - b.stamp) * b.rate >= b.burst]:
+            del buckets[addr]
+
     def stats(self) -> dict[str, object]:
         """Counters: datagrams in/out, drops per reason, live ufrags and routes, buffer sizes."""
         return {
             "port": self.port,
             "sessions": len(self._by_ufrag),
             "routes": len(self._routes),
+            "tracked_sources": len(self._source_buckets),
             "dropped": dict(self.dropped),
             **dict(self.counters),
             **self.buffer_sizes,
