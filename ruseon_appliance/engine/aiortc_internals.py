@@ -210,6 +210,26 @@ def owned_objects(pc: RTCPeerConnection) -> list[object]:
     return owned
 
 
+def release_native_state(pc: RTCPeerConnection) -> None:
+    """Drop a closed peer connection's OpenSSL connection (with its SSL_CTX, certificate and
+    key copies) and SRTP sessions now, and its event listeners.
+
+    aiortc's objects reference each other in cycles, so a closed connection is only freed by
+    the cyclic garbage collector, whose thresholds count Python objects and know nothing of
+    the native memory these hold: under churn that memory piles up between full collections
+    (measured: RSS +25 MiB over 900 join/leave cycles). Their last references are here, so
+    releasing them frees the native memory at once; the Python shells follow with the next
+    collection. Only call this once ``pc.close()`` has returned (its tasks are finished)."""
+    for transceiver in pc.getTransceivers():
+        dtls = transceiver.sender.transport
+        if dtls.state not in ("closed", "failed"):
+            continue
+        dtls._ssl = None
+        dtls._rx_srtp = None
+        dtls._tx_srtp = None
+    pc.remove_all_listeners()
+
+
 def set_local_credentials(connection: Connection, ufrag: str, password: str) -> None:
     """Replace the connection's generated ICE ufrag/password with the engine's (before the
     answer is created, so the answer carries them)."""

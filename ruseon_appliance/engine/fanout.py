@@ -245,6 +245,10 @@ class FanoutViewer:
         self.cursor.close()
         self._runs.clear()
         self._current = None
+        # Not needed any more, and part of reference cycles through aiortc's objects: let the
+        # SRTP session and the connection go as soon as aiortc drops them.
+        self._srtp = self._srtp_handle = None
+        self._sender = self._connection = None
 
     # -- start (from aiortc, once DTLS is connected) ---------------------------------------------
 

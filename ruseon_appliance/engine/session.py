@@ -123,6 +123,8 @@ class WhepSession:
             await asyncio.wait_for(self.pc.close(), CLOSE_TIMEOUT_S)
         except Exception:
             logger.exception("session %s: closing the peer connection failed", self.id[:8])
+        else:
+            aiortc_internals.release_native_state(self.pc)
         await self._release(self)
         logger.info("session %s ended (%s) after %.1f s, %d frames sent", self.id[:8], reason,
                     self.closed_at - self.created, self.track.frames_sent)

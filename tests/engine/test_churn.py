@@ -4,6 +4,8 @@ Object counts, not RSS: after real viewers (aiortc clients over UDP on 127.0.0.1
 the video) join and leave, the number of live peer connections, transports, ICE connections,
 SRTP sessions, OpenSSL connections, sessions, fan-out viewers, ring cursors and tasks returns
 to what it was before, and the mux's tables are empty again. Deterministic, unlike RSS.
+And the objects holding native memory (the OpenSSL connection, the SRTP sessions) are freed
+as the session closes, not at the next garbage collection.
 """
 
 from __future__ import annotations
@@ -73,7 +75,7 @@ async def test_join_leave_cycles_free_every_engine_object(
         engine: Engine, feed: CapturePipeline) -> None:
     # One warm-up cycle: first-use caches (codec tables, loggers, ...) are not a leak.
     warm = await connect_viewer(engine)
-    await wait_for(lambda: warm.frames >= 1)
+    await wait_for(lambda v=warm: v.frames >= 1)
     await engine.close(warm.session_id)
     await warm.close()
     await wait_for(lambda: not engine.sessions)
@@ -84,25 +86,38 @@ async def test_join_leave_cycles_free_every_engine_object(
     readers = feed.ring.stats()["readers"]
 
     refs: list[weakref.ref[object]] = []
+    native_alive = 0
     for cycle in range(CYCLES):
         viewer = await connect_viewer(engine)
-        await wait_for(lambda: viewer.frames >= 1)  # noqa: B023 (awaited in this iteration)
+        await wait_for(lambda v=viewer: v.frames >= 1)
         session = engine.sessions[viewer.session_id]
         assert session.state == "connected"
-        refs += [weakref.ref(obj) for obj in engine_side_objects(session)]
-        del session
-        if cycle % 2:
-            await engine.close(viewer.session_id)  # a DELETE
-            await viewer.close()
-        else:
-            await viewer.close()  # the viewer hangs up; the engine follows
-        await wait_for(lambda: not engine.sessions)
+        objects = engine_side_objects(session)
+        refs += [weakref.ref(obj) for obj in objects]
+        # What holds native memory (OpenSSL, libsrtp) must go when the session closes, not
+        # whenever the cyclic collector next runs: it does not count native memory.
+        native = [weakref.ref(obj) for obj in objects
+                  if isinstance(obj, SSL.Connection | pylibsrtp.Session)]
+        assert len(native) == 3  # the OpenSSL connection, SRTP in and out
+        del session, objects
+        gc.disable()
+        try:
+            if cycle % 2:
+                await engine.close(viewer.session_id)  # a DELETE
+                await viewer.close()
+            else:
+                await viewer.close()  # the viewer hangs up; the engine follows
+            await wait_for(lambda: not engine.sessions)
+            native_alive += sum(r() is not None for r in native)
+        finally:
+            gc.enable()
         del viewer
 
     assert engine.stats()["sessions_ended"] == {"delete": CYCLES // 2 + 1,
                                                 "peer-closed": CYCLES - CYCLES // 2}
     # aiortc finishes closing in tasks of its own: wait for them to end, then look.
     await wait_for(lambda: len(asyncio.all_tasks()) <= tasks)
+    assert native_alive == 0, f"{native_alive} OpenSSL/SRTP objects waited for the collector"
     counts = live_counts()
     alive = Counter(type(r()).__name__ for r in refs if r() is not None)
     assert not alive, f"engine objects outlived their sessions: {dict(alive)}"
