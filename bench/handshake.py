@@ -117,11 +117,15 @@ async def serve(mode: str, port: int) -> None:
                                 headers={"Location": f"/whep/{session.id}"})
         # The tutorial way: everything per offer.
         pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+
+        def request_keyframe(reason: str) -> None:
+            feed.request_keyframe(reason)
+
         track = ViewerTrack(feed, frame_interval=3000, catch_up_max_frames=15,
                             keyframe_interval_frames=60,
                             # Same join behaviour as the engine's viewers (fresh IDR on join),
                             # so both servers send the same video and only the handshake differs.
-                            on_keyframe_request=lambda r: feed.request_keyframe(r) and None)
+                            on_keyframe_request=request_keyframe)
         transceiver = pc.addTransceiver(track, direction="sendonly")
         assert feed.stream_info is not None
         transceiver.setCodecPreferences(registry.select(feed.stream_info.profile_level_id))
@@ -170,10 +174,11 @@ async def one_viewer(http: ClientSession, url: str) -> dict[str, Any]:
     await pc.setLocalDescription(await pc.createOffer())
     connected = asyncio.get_running_loop().create_future()
 
-    @pc.on("connectionstatechange")
     def on_state() -> None:
         if pc.connectionState == "connected" and not connected.done():
             connected.set_result(time.perf_counter())
+
+    pc.on("connectionstatechange", on_state)
 
     t0 = time.perf_counter()
     async with http.post(url + "/whep", data=pc.localDescription.sdp,
