@@ -236,7 +236,7 @@ class Battery:
         # most of them mid-GOP, which is where a server that waits for the next IDR is slow.
         spread = 1.5 * self._gop_s()
         plans = [
-            ViewerPlan(index=i, device=o.device, token=o.token,
+            ViewerPlan(index=i, device=o.device, token=o.token, glass=o.glass,
                        start_delay_s=spread * i / max(1, o.viewers),
                        watch_s=max(1.0, o.duration_s - spread * i / max(1, o.viewers)))
             for i in range(o.viewers)

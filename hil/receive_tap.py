@@ -176,14 +176,18 @@ class FrameDecoder:
 
     ``decode_all=False`` decodes until the first picture and afterwards only parses NAL types
     (load tests with many viewers, where decoding every frame would make the rig the bottleneck).
+    ``read`` reads each picture's stamp.
     """
 
     def __init__(
-        self, figures: TapFigures, on_error: Callable[[], None], *, decode_all: bool = True
+        self, figures: TapFigures, on_error: Callable[[], None], *, decode_all: bool = True,
+        read: Callable[[Any], tuple[int, int] | None] = read_stamp,
     ) -> None:
         self.figures = figures
         self.on_error = on_error
         self.decode_all = decode_all
+        # The synthetic source's fixed-place stamp, or (--glass) a GlassStampReader's read.
+        self.read = read
         self._queue: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
         self._codec = av.CodecContext.create("h264", "r")
         self._thread = threading.Thread(target=self._run, name="hil-decoder", daemon=True)
@@ -221,7 +225,7 @@ class FrameDecoder:
                 continue
             for picture in pictures:
                 now, wall_us = time.monotonic(), time.time_ns() // 1000
-                stamp = read_stamp(picture)
+                stamp = self.read(picture)
                 if not fig.frames:
                     fig.first_decoded_au_nals = nals
                 keyframe = bool(picture.key_frame) or NAL_IDR in nals

@@ -2,9 +2,10 @@
 
 It POSTs its offer, applies the answer, receives and decodes the video for a while, then DELETEs
 its session. Every moment a viewer notices is timed from the POST: the 201, ICE+DTLS connected,
-the first RTP packet and the first decoded picture. Each decoded picture's stamp (drawn by the
-device's synthetic source, or by ``--glass``'s display in front of a real camera) gives the
-capture-to-decode latency.
+the first RTP packet and the first decoded picture. Each decoded picture's stamp gives the
+capture-to-decode latency: the one the device's synthetic source draws at a fixed place or, with
+``--glass``, the glass pattern that a display in front of a real camera shows, found wherever it
+is in the picture (:class:`~ruseon_appliance.capture.stamp.GlassStampReader`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from hil.receive_tap import (
 from hil.receive_tap import gaps as frame_gaps
 from hil.receive_tap import install as install_tap
 from hil.report import percentiles
+from ruseon_appliance.capture.stamp import GlassStampReader, read_stamp
 
 # How long a viewer waits for each milestone before it gives up.
 CONNECT_TIMEOUT_S = 20.0
@@ -49,6 +51,9 @@ class ViewerPlan:
     decode_all: bool = True
     # Keep every per-frame latency sample in the result (large; for --report only).
     keep_samples: bool = False
+    # The camera films `hil glass`: find the glass pattern anywhere in the picture instead of
+    # reading the synthetic source's stamp at its fixed place.
+    glass: bool = False
 
 
 def _h264_preferences() -> list[Any]:
@@ -82,7 +87,8 @@ async def watch(
     figures = TapFigures()
     if live is not None:
         live(figures)
-    decoder = FrameDecoder(figures, lambda: None, decode_all=plan.decode_all)
+    read = GlassStampReader().read if plan.glass else read_stamp
+    decoder = FrameDecoder(figures, lambda: None, decode_all=plan.decode_all, read=read)
     connected = asyncio.Event()
     failed = asyncio.Event()
     t_connected: list[float] = []
