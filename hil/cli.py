@@ -98,7 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
         "sim-switch", help="the simulated rig's power switch / service control (internal)")
     switch.add_argument("--socket", type=Path, required=True)
     switch.add_argument("action", choices=("on", "off", "restart", "stop"))
-    glass = commands.add_parser("glass", help="render the rig's clock as stamp pictures (y4m)")
+    glass = commands.add_parser(
+        "glass", help="render the rig's clock as glass patterns (y4m) for a display to film")
     glass.add_argument("--width", type=int, default=1280)
     glass.add_argument("--height", type=int, default=720)
     glass.add_argument("--fps", type=int, default=60)

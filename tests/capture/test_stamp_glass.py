@@ -63,7 +63,8 @@ def corners(f: Filming, rng: np.random.Generator) -> np.ndarray[Any, Any]:
     span = box.max(axis=0) - box.min(axis=0)
     room = np.maximum((f.width, f.height) - span, 0)
     centre = box.min(axis=0) * -1 + rng.uniform(0, 1, 2) * room
-    return box + centre
+    placed: np.ndarray[Any, Any] = box + centre
+    return placed
 
 
 def homography(src: np.ndarray[Any, Any], dst: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
@@ -78,7 +79,8 @@ def homography(src: np.ndarray[Any, Any], dst: np.ndarray[Any, Any]) -> np.ndarr
 def background(f: Filming, rng: np.random.Generator) -> np.ndarray[Any, Any]:
     """A cluttered scene: smooth shading plus random boxes and bars of any grey."""
     small = rng.uniform(40, 200, (f.height // 40 + 2, f.width // 40 + 2))
-    img = np.repeat(np.repeat(small, 40, axis=0), 40, axis=1)[: f.height, : f.width].copy()
+    shading = np.repeat(np.repeat(small, 40, axis=0), 40, axis=1)
+    img: np.ndarray[Any, Any] = shading[: f.height, : f.width].copy()
     for _ in range(60):
         x, y = rng.integers(0, f.width), rng.integers(0, f.height)
         w, h = rng.integers(3, f.width // 6), rng.integers(3, f.height // 6)
@@ -111,7 +113,7 @@ class Camera:
         self.scene = background(f, self.rng)
 
     def film(self, display: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-        d = display.astype(np.float64)
+        d: np.ndarray[Any, Any] = display.astype(np.float64)
         u0, v0, fu, fv = self.u0, self.v0, self.fu, self.fv
         warped = ((d[v0, u0] * (1 - fu) + d[v0, u0 + 1] * fu) * (1 - fv)
                   + (d[v0 + 1, u0] * (1 - fu) + d[v0 + 1, u0 + 1] * fu) * fv)
@@ -120,7 +122,8 @@ class Camera:
             img = box_blur(img, self.f.blur)
         img = img * self.f.gain + self.f.offset
         img = img + self.rng.normal(0, self.f.noise, img.shape)
-        return np.clip(np.rint(img), 0, 255).astype(np.uint8)
+        filmed: np.ndarray[Any, Any] = np.clip(np.rint(img), 0, 255).astype(np.uint8)
+        return filmed
 
 
 def box_blur(img: np.ndarray[Any, Any], radius: int) -> np.ndarray[Any, Any]:
@@ -227,7 +230,7 @@ def test_reader_keeps_the_placement_and_finds_a_moved_pattern() -> None:
 
 
 def test_locate_stamp_maps_the_layout_onto_the_picture() -> None:
-    luma = np.full((720, 1280), 90, np.uint8)
+    luma: np.ndarray[Any, Any] = np.full((720, 1280), 90, np.uint8)
     pattern = draw_glass_pattern(640, 360, 5_000_000, 3)
     luma[200:560, 300:940] = pattern  # unscaled, at a known offset
     placement = locate_stamp(luma)
@@ -348,7 +351,7 @@ def test_hil_viewer_decoder_reads_glass_latency() -> None:
     enc.bit_rate = f.bitrate
     enc.options = {"preset": "ultrafast", "tune": "zerolatency", "threads": "1"}
     access_units: list[bytes] = []
-    chroma = np.full((360, 1280), 128, np.uint8)
+    chroma: np.ndarray[Any, Any] = np.full((360, 1280), 128, np.uint8)
     for i, luma in enumerate(lumas):
         frame = av.VideoFrame.from_ndarray(np.concatenate([luma, chroma]), format="yuv420p")
         frame.pts = i
