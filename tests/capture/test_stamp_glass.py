@@ -366,3 +366,35 @@ def test_hil_viewer_decoder_reads_glass_latency() -> None:
     assert figures.idr_capture_us == [sent[0][0]]
     # now - capture time is what the latency check reports: positive, a fraction of a second.
     assert all(0 < r.wall_us - r.stamp[0] < 60_000_000 for r in figures.frames if r.stamp)
+
+
+def test_upside_down_and_tilted_cameras_read() -> None:
+    for angle in (180.0, 172.0, -14.0):
+        f = Filming(1280, 720, 0.5, angle, 0.03, 1, 3.0, 0.8, 10.0, 2_000_000,
+                    seed=int(angle) + 400)
+        camera = Camera(f)
+        sent = (BASE_US + 99, 99)
+        decoded = encode_decode([camera.film(draw_glass_pattern(*DISPLAY, *sent))], f.bitrate)
+        assert read_stamp_anywhere(decoded[0]) == sent, angle
+
+
+def test_reader_searches_sparingly_while_no_pattern_is_in_view(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from ruseon_appliance.capture import stamp
+
+    searches: list[int] = []
+    real_locate = stamp._locate
+
+    def counting(gray: Any) -> Any:
+        searches.append(1)
+        return real_locate(gray)
+
+    monkeypatch.setattr(stamp, "_locate", counting)
+    reader = GlassStampReader(search_every=5)
+    empty: np.ndarray[Any, Any] = np.full((360, 640), 120, np.uint8)
+    assert [reader.read(empty) for _ in range(10)] == [None] * 10
+    assert len(searches) == 2  # pictures 0 and 5
+    pattern = draw_glass_pattern(640, 360, 7, 8)
+    results = [reader.read(pattern) for _ in range(5)]
+    assert results[-1] == (7, 8) and len(searches) == 3  # found at the next search, then kept
