@@ -79,6 +79,14 @@ def ntp_now() -> int:
     return (seconds << 32) | int((t - seconds) * (1 << 32))
 
 
+def _ignore_keyframe_request(reason: str) -> None:
+    """A stopped viewer's keyframe requests go nowhere."""
+
+
+def _ignore_nack(sequence_number: int) -> None:
+    """A stopped viewer's NACKs go nowhere."""
+
+
 @dataclass(eq=False, slots=True)
 class PacketizedFrame:
     """One ring frame's RTP payloads, shared by every viewer."""
@@ -249,6 +257,10 @@ class FanoutViewer:
         # SRTP session and the connection go as soon as aiortc drops them.
         self._srtp = self._srtp_handle = None
         self._sender = self._connection = None
+        # The session's callbacks close over the session, which holds this viewer: a cycle.
+        self.on_keyframe_request = _ignore_keyframe_request
+        self.on_nack = _ignore_nack
+        self.cursor.request = _ignore_keyframe_request
 
     # -- start (from aiortc, once DTLS is connected) ---------------------------------------------
 

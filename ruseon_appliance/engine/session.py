@@ -125,6 +125,7 @@ class WhepSession:
             logger.exception("session %s: closing the peer connection failed", self.id[:8])
         else:
             aiortc_internals.release_native_state(self.pc)
+            aiortc_internals.break_reference_cycles(self.pc)
         await self._release(self)
         logger.info("session %s ended (%s) after %.1f s, %d frames sent", self.id[:8], reason,
                     self.closed_at - self.created, self.track.frames_sent)

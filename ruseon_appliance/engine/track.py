@@ -189,6 +189,10 @@ def _copy(view: FrameView) -> bytes:
     return bytes(view.data)
 
 
+def _no_keyframe_request(reason: str) -> None:
+    """A stopped track's keyframe requests go nowhere."""
+
+
 class ViewerTrack(MediaStreamTrack):  # type: ignore[misc]
     """One viewer's pass-through H.264 track over the shared ring buffer (the stock aiortc
     sender path, ``send_path = "aiortc"``)."""
@@ -264,3 +268,5 @@ class ViewerTrack(MediaStreamTrack):  # type: ignore[misc]
         """End the track and release its ring cursor."""
         super().stop()
         self.cursor.close()
+        # The session's keyframe callback closes over the session, which holds this track.
+        self.cursor.request = _no_keyframe_request

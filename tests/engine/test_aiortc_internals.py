@@ -165,3 +165,33 @@ def test_pylibsrtp_in_place_protection() -> None:
         aiortc_internals.srtp_handle(sender), buffer.cdata, buffer.length)
     assert rc == aiortc_internals.SRTP_OK
     assert bytes(buffer.view[:buffer.length[0]]) == expected
+
+
+def test_reference_cycle_break_points() -> None:
+    """What :func:`aiortc_internals.break_reference_cycles` clears must still exist (and the
+    cycles it cuts still be made the way it assumes)."""
+    from aiortc.rtcdtlstransport import RTCDtlsTransport, RtpRouter
+    from aiortc.rtcicetransport import RTCIceGatherer, RTCIceTransport
+    from OpenSSL import SSL
+
+    router = RtpRouter()
+    for name in ("receivers", "senders", "mid_table", "ssrc_table", "payload_type_table"):
+        assert hasattr(router, name), name
+    pc_source = inspect.getsource(RTCPeerConnection)
+    assert 'dtlsTransport.on("statechange", self.__updateConnectionState)' in pc_source
+    assert 'iceTransport.on("statechange", self.__updateConnectionState)' in pc_source
+    assert 'iceGatherer.on("statechange", self.__updateIceGatheringState)' in pc_source
+    for emitter in (RTCPeerConnection, RTCDtlsTransport, RTCIceTransport, RTCIceGatherer):
+        assert hasattr(emitter, "remove_all_listeners"), emitter
+    assert "self._rtp_router = RtpRouter()" in inspect.getsource(RTCDtlsTransport.__init__)
+    sender_init = inspect.getsource(RTCRtpSender.__init__)
+    assert "self.__rtp_task" in sender_init and "self.__rtcp_task" in sender_init
+    assert "self.__rtcp_task" in inspect.getsource(RTCRtpReceiver.__init__)
+    conn = Connection(ice_controlling=False)
+    for name in ("_check_list", "_nominated", "_early_checks", "_protocols"):
+        assert hasattr(conn, name), name
+    assert "self._protocols.clear()" in inspect.getsource(Connection.close)
+    assert "self.protocol = protocol" in inspect.getsource(aioice.ice.CandidatePair.__init__)
+    assert "self._verify_helper = _VerifyHelper(callback)" in inspect.getsource(
+        SSL.Context.set_verify)
+    assert "self.callback = _ffi.callback" in inspect.getsource(SSL._VerifyHelper.__init__)
