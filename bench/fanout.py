@@ -172,6 +172,7 @@ async def serve(send_path: str, port: int, max_viewers: int) -> None:
             "connected": sum(s["state"] == "connected" for s in sessions),
             "rss_kib": rss_kib(),
             "keyframe_skips": sum(s.get("keyframe_skips", 0) for s in sessions),
+            "gc_full_collections": gc.get_stats()[2]["collections"],
         })
 
     app = web.Application()

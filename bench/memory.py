@@ -38,9 +38,10 @@ def settle(server: Server, seconds: float = 2.0) -> int:
     return int(server.stats(collect=True)["rss_kib"])
 
 
-def inspect(server: Server, *, trim: bool = False) -> dict[str, Any]:
-    """RSS and what it is made of, after a collection (and a heap trim if ``trim``)."""
-    query = "/stats?gc=1&objects=1" + ("&trim=1" if trim else "")
+def inspect(server: Server, *, trim: bool = False, collect: bool = True) -> dict[str, Any]:
+    """RSS and what it is made of, after a collection (and a heap trim if ``trim``); with
+    ``collect=False`` as it is, no collection (and no object census, which collects)."""
+    query = ("/stats?gc=1&objects=1" if collect else "/stats?") + ("&trim=1" if trim else "")
     with urllib.request.urlopen(server.url + query) as r:
         stats: dict[str, Any] = json.loads(r.read())
     return stats
@@ -52,6 +53,9 @@ def main() -> None:
     parser.add_argument("--cycles", type=int, default=1000)
     parser.add_argument("--batch", type=int, default=20)
     parser.add_argument("--checkpoint", type=int, default=100)
+    parser.add_argument("--no-collect", action="store_true",
+                        help="checkpoints read RSS as it is, without a gc.collect() (only the "
+                             "final reading collects): shows what waits for the collector")
     args = parser.parse_args()
     recorded_stream()
     counts = [10, 30] if args.quick else [10, 30, 100]
@@ -87,18 +91,24 @@ def main() -> None:
             churn(server.url, step, args.batch)
             done += step
             time.sleep(2.0)
-            now = inspect(server)
+            now = inspect(server, collect=not args.no_collect)
             if done == warm_cycles:
                 warm = now
-            alive = {k: v for k, v in now["objects"].items() if v and k != "Task"}
+            alive = {k: v for k, v in now.get("objects", {}).items() if v and k != "Task"}
             print(f"cycles={done:<5} RSS {now['rss_kib'] / 1024:6.1f} MiB  malloc in use "
                   f"{now['malloc_in_use_kib'] / 1024:5.1f} MiB  Python blocks "
-                  f"{now['python_blocks']:>8}  tasks {now['tasks']}  engine objects alive "
-                  f"{alive or 'none'}", flush=True)
+                  f"{now['python_blocks']:>8}  full GCs {now.get('gc_full_collections')}  "
+                  f"tasks {now.get('tasks', '-')}  engine objects alive "
+                  f"{alive or ('not counted' if args.no_collect else 'none')}", flush=True)
             print(json.dumps({"figure": "churn_checkpoint", "cycles": done,
-                              **{k: now[k] for k in ("rss_kib", "malloc_in_use_kib",
-                                                     "python_blocks", "tasks", "objects",
-                                                     "mux", "sessions")}}), flush=True)
+                              "collected": not args.no_collect,
+                              **{k: now.get(k) for k in ("rss_kib", "malloc_in_use_kib",
+                                                         "python_blocks", "tasks", "objects",
+                                                         "mux", "sessions",
+                                                         "gc_full_collections")}}),
+                  flush=True)
+        if args.no_collect:
+            now = inspect(server)  # the census (and its collection) once, at the end
         trimmed = inspect(server, trim=True)
         growth = (now["rss_kib"] - warm["rss_kib"]) / 1024
         heap_growth = (now["malloc_in_use_kib"] - warm["malloc_in_use_kib"]) / 1024

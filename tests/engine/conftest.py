@@ -47,7 +47,7 @@ def webrtc_config(**overrides: Any) -> WebRtcConfig:
 
 def nal_types(annexb: bytes) -> list[int]:
     """NAL unit types in an Annex B buffer."""
-    types = []
+    types: list[int] = []
     i = 0
     while True:
         i = annexb.find(b"\x00\x00\x01", i)
@@ -144,10 +144,11 @@ async def connect_viewer(engine: Engine, *, audio_first: bool = False,
     pc, offer = await make_offer(audio_first=audio_first)
     viewer = Viewer(pc)
 
-    @pc.on("track")
     def on_track(track: Any) -> None:
         if track.kind == "video":
             viewer.task = asyncio.ensure_future(viewer.consume(track))
+
+    pc.on("track", on_track)
 
     session, answer = await engine.offer(munge(offer) if munge else offer)
     viewer.session_id, viewer.answer = session.id, answer

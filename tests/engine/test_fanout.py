@@ -73,9 +73,10 @@ async def connect(engine: Engine) -> StampedViewer:
     pc.addTransceiver("video", direction="recvonly")
     viewer = StampedViewer(pc)
 
-    @pc.on("track")
     def on_track(track: Any) -> None:
         viewer.task = asyncio.ensure_future(viewer.consume(track))
+
+    pc.on("track", on_track)
 
     await pc.setLocalDescription(await pc.createOffer())
     session, answer = await engine.offer(pc.localDescription.sdp)
