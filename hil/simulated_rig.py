@@ -186,6 +186,11 @@ class SimulatedRig:
         return "ok"
 
     @property
+    def camera_broken_flag(self) -> Path:
+        """Exists once the stop-source fault is applied; the stand-in camera then stays silent."""
+        return self.work_dir / "camera-broken"
+
+    @property
     def control_path(self) -> Path:
         """The Unix socket :func:`switch` talks to (a path, so it works across namespaces)."""
         return self.work_dir / "switch.sock"
@@ -304,8 +309,11 @@ table inet ruseon_hil_fault {
 """
 
 # A stand-in camera for the stop-source fault: ffmpeg streams H.264 in real time on stdout until
-# the harness stops it. It ignores the rpicam-vid arguments the device appends.
+# the harness stops it. It ignores the rpicam-vid arguments the device appends. Once the rig has
+# broken it (the flag file exists), a camera the device restarts stays silent, like a dead sensor:
+# otherwise the device's restart-for-a-keyframe would heal the fault and the run would flake.
 FAKE_CAMERA = """#!/bin/sh
+if [ -e {broken} ]; then exec sleep 3600; fi
 exec ffmpeg -hide_banner -loglevel error -re -f lavfi -i testsrc2=size={w}x{h}:rate={fps} \\
     -c:v libx264 -preset ultrafast -tune zerolatency -profile:v baseline -bf 0 -g {gop} \\
     -x264-params repeat-headers=1 -f h264 -
@@ -413,7 +421,8 @@ def run_simulated(args: argparse.Namespace, argv: list[str]) -> int:
         script = rig.work_dir / "fake-camera.sh"
         script.write_text(FAKE_CAMERA.format(w=camera["width"], h=camera["height"],
                                              fps=camera["framerate"],
-                                             gop=camera["keyframe_interval"]))
+                                             gop=camera["keyframe_interval"],
+                                             broken=shlex.quote(str(rig.camera_broken_flag))))
         script.chmod(0o755)
         config.write_text(_camera_toml(camera, str(script)))
         source = "rpicam"
@@ -477,6 +486,7 @@ def _apply_fault(rig: SimulatedRig, fault: str) -> None:
         rig.signal_device(signal.SIGSTOP)
     elif fault == "stop-source":
         assert rig.device_proc is not None
+        rig.camera_broken_flag.touch()
         cameras = [p for p in _pids_of_children(rig.device_proc.pid)
                    if _comm(p) == "ffmpeg"]
         for pid in cameras:
