@@ -478,6 +478,11 @@ def _lean_estimator(*args: Any, **kwargs: Any) -> Any:
     return _original["RemoteBitrateEstimator"](*args, **kwargs)
 
 
+def unhooked(module: Any, name: str) -> Any:
+    """``module.name`` as aiortc defines it, even after the lean offer hooks replaced it."""
+    return _original.get(name, getattr(module, name))
+
+
 def install_lean_offer_hooks() -> None:
     """Install the lean offer path's hooks once per process (idempotent)."""
     if _original:

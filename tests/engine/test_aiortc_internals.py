@@ -64,7 +64,9 @@ def test_codec_registry_assumptions() -> None:
 
     assert isinstance(CODECS["video"], list)
     # First compatible local codec wins, and its parameters are copied into the answer.
-    source = inspect.getsource(rtcpeerconnection.find_common_codecs)
+    # Read aiortc's own function, not the engine's hook (installed once any engine has started).
+    source = inspect.getsource(
+        aiortc_internals.unhooked(rtcpeerconnection, "find_common_codecs"))
     assert "break" in source and "codec = copy.deepcopy(codec)" in source
     assert "codec.parameters == pref.parameters" in inspect.getsource(
         rtcpeerconnection.filter_preferred_codecs)
