@@ -69,6 +69,8 @@ ABS_SEND_TIME_URI = "http://www.webrtc.org/experiments/rtp-hdrext/abs-send-time"
 NTP_EPOCH_OFFSET = 2_208_988_800  # seconds from 1900 (NTP) to 1970 (Unix)
 
 _HEADER = struct.Struct("!BHII")  # byte 1 (marker|PT), sequence number, timestamp, SSRC
+# The payload of a padding-only RTP packet (RFC 3550 5.1: the last octet counts the padding).
+_LEADING_PADDING = b"\x00\x00\x00\x04"
 _ABS = struct.Struct("!I")
 
 
@@ -349,10 +351,39 @@ class FanoutViewer:
                     break
                 frame, out_pts, keyframe, _capture = cursor.queue.popleft()
                 current = (frame, (self._ts_origin + out_pts) & 0xFFFFFFFF, 0)
+                if self.frames_sent == 0:
+                    self._send_leading_padding(sock, addr, current[1])
                 self.frames_sent += 1
                 self.keyframes_sent += keyframe
             if not self._send_frame(current, sock, addr, now):
                 break
+
+    def _send_leading_padding(self, sock: socket.socket, addr: tuple[str, int],
+                              timestamp: int) -> None:
+        """One padding-only packet in front of the viewer's first media packet.
+
+        A receiver cannot notice that the first packet of a stream was lost (it knows no earlier
+        sequence number), and ours carries the join keyframe's SPS/PPS: losing it would cost a
+        keyframe request and a fresh IDR. Behind this packet that loss is an ordinary gap, which
+        the viewer NACKs and :meth:`retransmit` repairs.
+        """
+        buffer = self._fanout.buffer
+        view = buffer.view
+        header = self._header
+        hl = len(header)
+        view[0:hl] = header
+        view[0] = header[0] | 0x20  # P bit: the payload is all padding
+        _HEADER.pack_into(view, 1, self.payload_type, self._seq, timestamp, self._ssrc)
+        view[hl:hl + len(_LEADING_PADDING)] = _LEADING_PADDING
+        buffer.length[0] = hl + len(_LEADING_PADDING)
+        if aiortc_internals.srtp_protect_in_place(
+                self._srtp_handle, buffer.cdata, buffer.length) == aiortc_internals.SRTP_OK:
+            try:
+                sock.sendto(view[:buffer.length[0]], addr)
+            except OSError:
+                self.send_errors += 1
+        self._seq = (self._seq + 1) & 0xFFFF
+        self.packets_sent += 1
 
     def _send_frame(self, current: tuple[PacketizedFrame, int, int], sock: socket.socket,
                     addr: tuple[str, int], now: float) -> bool:

@@ -217,6 +217,39 @@ async def test_nacked_packets_are_retransmitted_without_a_keyframe(
         await v.close()
 
 
+async def test_a_lost_first_media_packet_is_recovered_by_nack(
+        engine: Engine, decode_errors: DecodeErrors) -> None:
+    """The join keyframe's first packet (its SPS/PPS) is lost on the way to a new viewer.
+
+    A receiver cannot see the loss of a stream's very first packet; the padding packet the
+    fan-out path sends in front turns it into a gap that is NACKed and retransmitted, so the
+    viewer decodes its first picture without an error or a keyframe request.
+    """
+    if shutil.which("nft") is None:
+        pytest.fail("nft (nftables) is needed for the packet-loss test")
+    table = "ruseon_first_packet_test"
+    # RTP with the header-extension bit (0x90) is media; the padding packet is 0xb0, RTCP 0x8x.
+    nft("add", "table", "inet", table)
+    nft("add", "chain", "inet", table, "out", "{ type filter hook output priority 0 ; }")
+    nft("add", "rule", "inet", table, "out", "udp", "sport", str(engine.udp_port),
+        "@th,64,8", "0x90", "numgen", "inc", "mod", "1000000", "==", "0", "counter", "drop")
+    try:
+        v = await connect(engine)
+        try:
+            await wait_for(lambda: len(v.frames) >= 15)
+            listing = subprocess.run(["nft", "list", "table", "inet", table], check=True,
+                                     capture_output=True, text=True).stdout
+            assert "packets 1 " in listing, listing
+            viewer = fanout_viewer(engine, v)
+            assert viewer.retransmitted >= 1
+            assert decode_errors.count == 0
+            assert gaps(v.numbers()) == [], gaps(v.numbers())[:5]
+        finally:
+            await v.close()
+    finally:
+        subprocess.run(["nft", "delete", "table", "inet", table], capture_output=True)
+
+
 async def test_a_viewer_that_cannot_keep_up_skips_to_keyframes_others_unaffected(
         engine: Engine, feed: CapturePipeline, decode_errors: DecodeErrors) -> None:
     fast, slow = await connect(engine), await connect(engine)
