@@ -331,7 +331,9 @@ class FanoutViewer:
         cursor = self.cursor
         cursor.pull()
         self._refill(now)
-        if len(cursor.queue) > self._fanout.max_backlog_frames:
+        # Before the first frame goes out the queue is the join burst (keyframe + catch-up
+        # frames, as many as the backlog limit), which is deliberate, not a viewer falling behind.
+        if self.frames_sent and len(cursor.queue) > self._fanout.max_backlog_frames:
             # Cannot keep up: everything queued is stale; resume at the next keyframe.
             cursor.skip_to_next_keyframe()
             self._current = None

@@ -15,6 +15,7 @@ import statistics
 import subprocess
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -248,6 +249,85 @@ async def test_a_lost_first_media_packet_is_recovered_by_nack(
             await v.close()
     finally:
         subprocess.run(["nft", "delete", "table", "inet", table], capture_output=True)
+
+
+class GopReplay:
+    """A stand-in camera replaying a recorded 320x240 libx264 stream (GOP 30): at start it
+    delivers a keyframe and ``preload`` P-frames at once, then the rest at 30 fps once
+    :attr:`go` is set."""
+
+    kind = "file"
+
+    def __init__(self, preload: int) -> None:
+        from ruseon_appliance.capture.h264 import AccessUnitSplitter
+
+        data = (Path(__file__).resolve().parent.parent / "capture" / "data"
+                / "cam_320x240_baseline.h264").read_bytes()
+        self.units = AccessUnitSplitter().split_all(data)
+        assert self.units[0][1] and not any(k for _, k in self.units[1:preload + 1])
+        self.preload = preload
+        self.go = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self, deliver: Any) -> None:
+        from ruseon_appliance.capture.access_unit import AccessUnit
+
+        def send(i: int) -> None:
+            data, key = self.units[i % len(self.units)]
+            deliver(AccessUnit(data, i * 3000, key, time.time_ns() // 1000))
+
+        for i in range(self.preload + 1):
+            send(i)
+
+        async def play() -> None:
+            await self.go.wait()
+            for i in itertools.count(self.preload + 1):
+                await asyncio.sleep(1 / 30)
+                send(i)
+
+        self._task = asyncio.ensure_future(play())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    def request_keyframe(self) -> None:
+        """Recorded: the next keyframe comes when the recording has one."""
+
+    def stats(self) -> dict[str, Any]:
+        return {}
+
+
+async def test_joining_on_the_longest_catch_up_burst_is_not_a_backlog_skip(
+        tmp_path: Path, decode_errors: DecodeErrors) -> None:
+    """A keyframe exactly as old as the catch-up window: the burst (keyframe + 15 frames) goes
+    out at once instead of being mistaken for a viewer that cannot keep up."""
+    from tests.engine.conftest import camera_config, webrtc_config
+
+    camera = GopReplay(preload=15)
+    feed = CapturePipeline(camera_config(), source=camera)
+    await feed.start()
+    engine = Engine(webrtc_config(), tmp_path / "state", feed)
+    await engine.start()
+    try:
+        assert await feed.wait_first_frame(10)
+        v = await connect(engine)
+        try:
+            # The viewer joins (DTLS up) while the ring still holds exactly that GOP.
+            viewer = fanout_viewer(engine, v)
+            await wait_for(lambda: viewer.active)
+            camera.go.set()
+            # The recording carries no stamp: count decoded pictures.
+            await wait_for(lambda: len(v.frames) + v.unstamped >= 20, timeout=20)
+            assert viewer.cursor.join_mode == "catch-up"
+            assert viewer.keyframe_skips == 0 and viewer.cursor.frames_skipped == 0
+            assert viewer.frames_sent >= 20
+            assert decode_errors.count == 0
+        finally:
+            await v.close()
+    finally:
+        await engine.stop()
+        await feed.stop()
 
 
 async def test_a_viewer_that_cannot_keep_up_skips_to_keyframes_others_unaffected(
