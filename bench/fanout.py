@@ -44,6 +44,8 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription  #
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from whep_endpoint import serve_until_cancelled  # noqa: E402
+
 from ruseon_appliance.capture.pipeline import CapturePipeline  # noqa: E402
 from ruseon_appliance.config import CameraConfig, HostPort, WebRtcConfig  # noqa: E402
 from ruseon_appliance.engine import Engine, OfferError, aiortc_internals  # noqa: E402
@@ -175,19 +177,13 @@ async def serve(send_path: str, port: int, max_viewers: int) -> None:
             "gc_full_collections": gc.get_stats()[2]["collections"],
         })
 
-    app = web.Application()
-    app.router.add_post("/whep", post)
-    app.router.add_delete("/whep/{sid}", delete)
-    app.router.add_get("/stats", stats)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    print("ready", flush=True)
-    try:
-        await asyncio.Event().wait()
-    finally:
+    async def cleanup() -> None:
         await engine.stop()
         await feed.stop()
+
+    await serve_until_cancelled(
+        [("POST", "/whep", post), ("DELETE", "/whep/{sid}", delete), ("GET", "/stats", stats)],
+        port, cleanup)
 
 
 # --- viewers (worker processes) --------------------------------------------------------------

@@ -47,6 +47,8 @@ from aiortc import (  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from whep_endpoint import serve_until_cancelled  # noqa: E402
+
 from ruseon_appliance.capture.pipeline import CapturePipeline  # noqa: E402
 from ruseon_appliance.config import CameraConfig, HostPort, WebRtcConfig  # noqa: E402
 from ruseon_appliance.engine import Engine, OfferError  # noqa: E402
@@ -149,20 +151,14 @@ async def serve(mode: str, port: int) -> None:
         offer_cpu_ms.clear()
         return web.json_response({"udp_sockets": udp_socket_count(), "offer_cpu_ms": cpu})
 
-    app = web.Application()
-    app.router.add_post("/whep", post)
-    app.router.add_delete("/whep/{sid}", delete)
-    app.router.add_get("/sockets", sockets)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    print("ready", flush=True)
-    try:
-        await asyncio.Event().wait()
-    finally:
+    async def cleanup() -> None:
         if engine is not None:
             await engine.stop()
         await feed.stop()
+
+    await serve_until_cancelled(
+        [("POST", "/whep", post), ("DELETE", "/whep/{sid}", delete), ("GET", "/sockets", sockets)],
+        port, cleanup)
 
 
 # --- client ----------------------------------------------------------------------------------
