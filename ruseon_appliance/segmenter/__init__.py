@@ -1,0 +1,10 @@
+"""The fMP4 segmenter: H.264 access units from the ring in, CMAF fragmented MP4 out.
+
+Shared by recording and HLS (see /work/notes/segmenter-contract.md): both read the ring like any
+viewer through :func:`run_segmenter` and get the same fragments.
+"""
+
+from .fmp4 import Fmp4Segmenter, Fragment
+from .runner import run_segmenter
+
+__all__ = ["Fmp4Segmenter", "Fragment", "run_segmenter"]
