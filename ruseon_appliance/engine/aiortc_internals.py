@@ -32,6 +32,12 @@ What is relied upon, and why:
   ``RemoteBitrateEstimator`` a video ``RTCRtpReceiver`` allocates (a 50,000-entry table, about
   1 ms) is not built for a sendonly viewer, whose receiver never receives. Outside the engine's
   offers every hook falls through to aiortc's own code.
+- ``RTCDtlsTransport._recv_next`` reads one datagram from the ICE transport and handles it;
+  ``RTCDtlsTransport.__run`` loops over it and closes the transport on *any* exception. A
+  datagram from a routed address may be forged by anyone on the LAN, so
+  :func:`guard_dtls_receive` replaces it per transport with a wrapper that counts and swallows
+  what a single datagram raises (consent freshness, not a stray packet, ends a session); the
+  mux already drops what is not shaped like DTLS/SRTP, so the guard is the second line.
 - The fan-out send path: ``RTCRtpSender.send`` is replaced per sender so aiortc never starts its
   RTP/RTCP loops; the engine registers its own RTCP sink on the DTLS transport's router
   (``_register_rtp_sender``), encrypts with the transport's ``_tx_srtp`` session, reads the
@@ -239,6 +245,57 @@ def release_native_state(pc: RTCPeerConnection) -> None:
 
 # Instance attributes the engine sets on a sender (its hooks), removed again on close.
 _SENDER_HOOKS = ("send", "_send_keyframe", "_retransmit")
+# ... and on a DTLS transport.
+_DTLS_HOOKS = ("_recv_next",)
+GUARD_MAX_CONSECUTIVE_ERRORS = 1000
+
+
+def dtls_transports_of(pc: RTCPeerConnection) -> list[Any]:
+    """The distinct ``RTCDtlsTransport`` objects of a peer connection's transceivers."""
+    seen: list[Any] = []
+    for transceiver in pc.getTransceivers():
+        dtls = transceiver.sender.transport
+        if dtls is not None and dtls not in seen:
+            seen.append(dtls)
+    return seen
+
+
+def guard_dtls_receive(pc: RTCPeerConnection, on_error: Callable[[Exception], None]) -> None:
+    """Make the DTLS receive loop survive whatever one received datagram raises.
+
+    aiortc 1.16 ``RTCDtlsTransport.__run`` is ``while True: await self._recv_next()`` and closes
+    the transport on any exception; ``_recv_next`` itself catches only the OpenSSL and libsrtp
+    errors it expects (an empty datagram raised ``IndexError`` on ``data[0]`` and ended the
+    session). The wrapper lets through what really means the end (``ConnectionError``: the ICE
+    connection closed or the peer sent an authenticated close_notify; cancellation; anything
+    once the transport is closing) and reports everything else to ``on_error`` instead; the
+    loop then reads the next datagram. Call before the transport starts (after
+    ``setRemoteDescription``)."""
+    for dtls in dtls_transports_of(pc):
+        if "_recv_next" in dtls.__dict__:
+            continue
+        original = dtls._recv_next
+        failures = [0]
+
+        async def recv_next(dtls: Any = dtls, original: Any = original,
+                            failures: list[int] = failures) -> None:
+            try:
+                await original()
+            except (ConnectionError, asyncio.CancelledError):
+                raise
+            except Exception as exc:
+                failures[0] += 1
+                # Every call normally consumes one datagram; an error that repeats without
+                # one in between would spin: that is a broken transport, let it close.
+                if (dtls._ssl is None or dtls.state in ("closed", "failed")
+                        or failures[0] > GUARD_MAX_CONSECUTIVE_ERRORS):
+                    raise
+                on_error(exc)
+                await asyncio.sleep(0)
+            else:
+                failures[0] = 0
+
+        dtls._recv_next = recv_next
 
 
 def break_reference_cycles(pc: RTCPeerConnection) -> None:
@@ -260,6 +317,8 @@ def break_reference_cycles(pc: RTCPeerConnection) -> None:
         for name in _SENDER_HOOKS:
             sender.__dict__.pop(name, None)
         dtls = sender.transport
+        for name in _DTLS_HOOKS:
+            dtls.__dict__.pop(name, None)
         ice = dtls.transport
         connection = ice._connection
         for emitter in (dtls, ice, ice.iceGatherer):

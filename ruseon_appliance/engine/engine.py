@@ -12,6 +12,7 @@ import logging
 import math
 import secrets
 import socket
+import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -51,6 +52,8 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_OFFER_BYTES = 64 * 1024
 # How long an offer may wait for the camera's first SPS before being told to retry.
 STREAM_READY_TIMEOUT_S = 3.0
+# At most one log line per this many seconds for datagrams that raised inside aiortc.
+RECEIVE_ERROR_LOG_INTERVAL_S = 10.0
 
 SessionListener = Callable[[str, WhepSession], None]
 
@@ -104,6 +107,9 @@ class Engine:
         self.offers_rejected: Counter[str] = Counter()
         self.sessions_ended: Counter[str] = Counter()
         self.keyframe_requests: Counter[str] = Counter()
+        # Exceptions a received datagram raised inside aiortc, swallowed by the guard.
+        self.receive_errors: Counter[str] = Counter()
+        self._receive_error_logged = -math.inf
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -177,12 +183,6 @@ class Engine:
         return MappingProxyType(self._sessions)
 
     @property
-    def fanout(self) -> Fanout | None:
-        """The fan-out send loop while running on that send path (else None): other consumers
-        of its packetize-once frames attach here (``Fanout.add_consumer``)."""
-        return self._fanout
-
-    @property
     def mux(self) -> UdpMux:
         """The UDP mux (for stats and tests)."""
         return self._mux
@@ -234,6 +234,7 @@ class Engine:
             "offers_rejected": dict(self.offers_rejected),
             "sessions_ended": dict(self.sessions_ended),
             "keyframe_requests": dict(self.keyframe_requests),
+            "receive_errors": dict(self.receive_errors),
             "mux": self._mux.stats(),
             "fanout": self._fanout.stats() if self._fanout is not None else None,
         }
@@ -328,6 +329,8 @@ class Engine:
                 connection, list(endpoint.protocols.values()), endpoint.candidates)
             answer = await pc.createAnswer()
             await pc.setLocalDescription(answer)
+            # No await since: the connect task aiortc just scheduled has not run yet.
+            aiortc_internals.guard_dtls_receive(pc, self._on_receive_error)
             if transceiver.currentDirection != "sendonly":
                 raise UnsupportedOffer("the offer does not let the engine send video")
             if viewer is not None:
@@ -358,6 +361,16 @@ class Engine:
         self.offers_accepted += 1
         self._notify("session-started", session)
         return session, pc.localDescription.sdp
+
+    def _on_receive_error(self, exc: Exception) -> None:
+        """A datagram raised inside aiortc's DTLS/SRTP receive path: count it, log it at most
+        every RECEIVE_ERROR_LOG_INTERVAL_S, and keep the session (the guard keeps reading)."""
+        self.receive_errors[type(exc).__name__] += 1
+        now = time.monotonic()
+        if now - self._receive_error_logged >= RECEIVE_ERROR_LOG_INTERVAL_S:
+            self._receive_error_logged = now
+            logger.warning("a received datagram raised %s inside aiortc (session kept; %d so "
+                           "far): %s", type(exc).__name__, sum(self.receive_errors.values()), exc)
 
     def _new_ufrag(self) -> str:
         while True:

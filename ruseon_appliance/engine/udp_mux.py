@@ -28,6 +28,7 @@ from aioice.candidate import candidate_foundation, candidate_priority
 
 from ruseon_appliance.config import HostPort
 from ruseon_appliance.engine.aiortc_internals import MuxStunProtocol
+from ruseon_appliance.engine.plausibility import SHAPE_DROP_REASONS, check_shape
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +67,12 @@ DROP_REASONS = (
     "rtp_unknown_source",  # RTP/RTCP from an address that has not authenticated
     "route_limit",  # a connection already has MAX_ROUTES_PER_CONNECTION addresses
     "no_family_socket",  # should not happen: a route for a family with no protocol
+    # From a routed address (spoofable on a LAN): what does not fit the route is not passed on.
+    "stun_not_binding",  # a STUN request of another method
+    "stun_unsolicited",  # a STUN response to no transaction of this connection
+    "stun_indication",  # a STUN indication (ICE needs none)
+    # Shape (plausibility.py): not a plausible STUN message / DTLS record / SRTP packet.
+    *(r for r in SHAPE_DROP_REASONS if r not in ("garbage", "stun_truncated")),
 )
 
 
@@ -323,11 +330,24 @@ class UdpMux:
                 self.counters["dispatch_errors"] += 1
 
     def _dispatch(self, data: bytes, addr: tuple[str, int]) -> None:
-        first = data[0] if data else 255
+        if not data:
+            # aiortc's DTLS loop reads data[0]: one empty datagram ended a session (issue 12).
+            self.dropped["empty"] += 1
+            return
+        if len(data) < 2:
+            self.dropped["too_short"] += 1
+            return
+        first = data[0]
         protocol = self._routes.get(addr)
         if first < 4:
             self._dispatch_stun(data, addr, protocol)
         elif protocol is not None:
+            # A routed address is only an address: anyone on the LAN can send from it. Only
+            # what is shaped like DTLS or SRTP(C) reaches aiortc (whose parsers assume that).
+            reason = check_shape(data)
+            if reason is not None:
+                self.dropped[reason] += 1
+                return
             protocol.datagram_received(data, addr)
         elif 20 <= first <= 63:
             self.dropped["dtls_unknown_source"] += 1
@@ -359,6 +379,10 @@ class UdpMux:
             username = message.attributes.get("USERNAME")
             if not (is_request and isinstance(username, str)
                     and username.partition(":")[0] != self._endpoint_of[protocol].ufrag):
+                reason = self._check_routed_stun(message, protocol)
+                if reason is not None:
+                    self.dropped[reason] += 1
+                    return
                 protocol.datagram_received(data, addr)
                 return
         if (message.message_class != stun.Class.REQUEST
@@ -393,6 +417,29 @@ class UdpMux:
         endpoint.routes.add(addr)
         self.counters["routes_opened"] += 1
         target.datagram_received(data, addr)
+
+    def _check_routed_stun(self, message: stun.Message,
+                           protocol: MuxStunProtocol) -> str | None:
+        """Why a STUN message from a routed address must not reach its connection, if so.
+
+        Requests must authenticate for the route's own session, exactly as the one that opened
+        the route did (aioice would answer a bad one with an error, to an address that may be
+        forged); responses must answer a transaction the connection has open (aioice verifies
+        their integrity itself)."""
+        if message.message_class == stun.Class.REQUEST:
+            if message.message_method != stun.Method.BINDING:
+                return "stun_not_binding"
+            if ("USERNAME" not in message.attributes
+                    or "MESSAGE-INTEGRITY" not in message.attributes):
+                return "stun_no_credentials"
+            if not message.check_message_integrity(self._endpoint_of[protocol].password):
+                return "stun_bad_integrity"
+            return None
+        if message.message_class == stun.Class.INDICATION:
+            return "stun_indication"
+        if message.transaction_id not in protocol.transactions:
+            return "stun_unsolicited"
+        return None
 
     def _take_token(self, addr: tuple[str, int], unknown: bool) -> bool:
         now = time.monotonic()

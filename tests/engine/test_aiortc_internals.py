@@ -197,3 +197,27 @@ def test_reference_cycle_break_points() -> None:
     assert "self._verify_helper = _VerifyHelper(callback)" in inspect.getsource(
         SSL.Context.set_verify)
     assert "self.callback = _ffi.callback" in inspect.getsource(SSL._VerifyHelper.__init__)
+
+
+async def test_dtls_receive_guard_points() -> None:
+    """The guard wraps ``_recv_next`` per transport: aiortc's loop must still call it through
+    ``self`` (so the instance attribute wins), close on any exception, and read ``data[0]``
+    (why the mux drops empty datagrams); the guard's own checks read ``_ssl`` and ``state``."""
+    from aiortc import RTCDtlsTransport
+
+    run = inspect.getsource(RTCDtlsTransport._RTCDtlsTransport__run)  # type: ignore[attr-defined]
+    assert "await self._recv_next()" in run and "except Exception" in run
+    assert "self._set_state(State.CLOSED)" in run
+    handshake = inspect.getsource(RTCDtlsTransport._do_handshake)
+    assert "await self._recv_next()" in handshake
+    recv_next = inspect.getsource(RTCDtlsTransport._recv_next)
+    assert "first_byte = data[0]" in recv_next and "raise ConnectionError" in recv_next
+    pc = RTCPeerConnection()
+    pc.addTransceiver("video", direction="sendonly")
+    (dtls,) = aiortc_internals.dtls_transports_of(pc)
+    assert hasattr(dtls, "_ssl") and dtls.state == "new"
+    aiortc_internals.guard_dtls_receive(pc, lambda exc: None)
+    assert "_recv_next" in dtls.__dict__
+    aiortc_internals.break_reference_cycles(pc)
+    assert "_recv_next" not in dtls.__dict__
+    await pc.close()
