@@ -22,6 +22,8 @@ from .capture.pipeline import CapturePipeline
 from .capture.sources.base import SourceUnavailable
 from .config import Config
 from .engine.engine import Engine, default_advertise
+from .engine.fanout import Fanout
+from .relay import RtpRelay
 from .systemd_integration import SystemdNotifier, frames_flowing
 from .web.app import make_app
 
@@ -43,6 +45,9 @@ class Appliance:
         self.notifier = SystemdNotifier.from_environment()
         self.capture = CapturePipeline(config.camera)
         self.engine: Engine | None = None
+        self.relays: list[RtpRelay] = []
+        # The relays' fan-out when the engine has none (send_path = "aiortc").
+        self._relay_fanout: Fanout | None = None
         self._runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.started = time.time()
@@ -63,8 +68,10 @@ class Appliance:
             max_offer_bytes=config.http.max_offer_bytes,
         )
         await self.engine.start()
+        await self._start_relays()
 
-        app = make_app(config, self.engine, self.capture, started=self.started)
+        app = make_app(config, self.engine, self.capture, started=self.started,
+                       relays=self.relays)
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
         await self._runner.setup()
         tls = self._tls_context()
@@ -92,6 +99,27 @@ class Appliance:
             urls[0],
             extra={"EVENT": "ready", "URL": " ".join(urls), "FINGERPRINT": self.engine.fingerprint},
         )
+
+    async def _start_relays(self) -> None:
+        """One :class:`RtpRelay` per ``[[relay]]``, consumers of the engine's fan-out (or of one
+        of their own on the aiortc send path), so each frame is still packetized once."""
+        if not self.config.relay:
+            return
+        assert self.engine is not None
+        camera = self.config.camera
+        fanout = self.engine.fanout
+        if fanout is None:
+            fanout = self._relay_fanout = Fanout(self.capture, lambda family: None,
+                                                 framerate=camera.framerate,
+                                                 min_bitrate=camera.bitrate)
+            fanout.start()
+        catch_up = max(3, -(-camera.framerate * camera.keyframe_request_interval_ms // 1000))
+        for relay_config in self.config.relay:
+            relay = RtpRelay(relay_config, self.capture, fanout, framerate=camera.framerate,
+                             catch_up_max_frames=catch_up,
+                             keyframe_interval_frames=camera.keyframe_interval)
+            await relay.start()
+            self.relays.append(relay)
 
     def _tls_context(self) -> ssl.SSLContext | None:
         http = self.config.http
@@ -133,6 +161,10 @@ class Appliance:
             task.cancel()
         if self._runner is not None:
             await self._runner.cleanup()
+        for relay in self.relays:
+            relay.stop()
+        if self._relay_fanout is not None:
+            await self._relay_fanout.stop()
         if self.engine is not None:
             await self.engine.stop()
         await self.capture.stop()

@@ -42,6 +42,10 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--max-viewers", metavar="N", help="maximum concurrent viewers")
     parser.add_argument("--log-level", metavar="LEVEL", help="debug, info, warning or error")
+    parser.add_argument(
+        "--relay", metavar="rtp://HOST:PORT",
+        help="also send the camera's RTP to this media server (a relay named default)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -76,6 +80,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
     put("auth", "token", args.token)
     put("webrtc", "max_viewers", args.max_viewers)
     put("log", "level", args.log_level)
+    if args.relay is not None:
+        flags["relay"] = {"url": args.relay}
     return load_config(args.config, overrides=flags, required=args.config is not None)
 
 

@@ -8,6 +8,8 @@ and what is allowed.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import dataclasses
 import ipaddress
 import os
@@ -147,6 +149,37 @@ class LogConfig:
     level: str = "info"
 
 
+RELAY_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
+# AES_CM_128_HMAC_SHA1_80: a 16-byte master key and a 14-byte master salt, base64 as Janus's
+# srtpcrypto (and SDES's inline:) spell them.
+SRTP_MASTER_LENGTH = 30
+
+
+@dataclass(frozen=True, slots=True)
+class RelayConfig:
+    """One ``[[relay]]`` table: the camera's RTP to a media server (e.g. a Janus mountpoint)."""
+
+    name: str = "default"
+    # rtp://HOST:PORT, the server's RTP port (HOST an IP literal or a name resolved at start).
+    url: str = ""
+    # Base64 of 30 bytes (key + salt) for SRTP AES_CM_128_HMAC_SHA1_80; empty = plain RTP.
+    srtp_key: str = ""
+    # The server's RTCP port (sender reports go there; its PLI/FIR come back); 0 = none.
+    rtcp_port: int = 0
+    # Local address of the relay's UDP socket; port 0 = any free port.
+    bind: HostPort = HostPort("0.0.0.0", 0)
+    payload_type: int = 96
+
+    @property
+    def target(self) -> HostPort:
+        """``HOST:PORT`` of :attr:`url` (validated by :func:`validate`)."""
+        return parse_host_port(f"relay {self.name}: url", self.url.removeprefix("rtp://"))
+
+    def srtp_master(self) -> bytes | None:
+        """The decoded SRTP master key + salt, or None for plain RTP."""
+        return base64.b64decode(self.srtp_key, validate=True) if self.srtp_key else None
+
+
 @dataclass(frozen=True, slots=True)
 class Config:
     """The whole configuration, one frozen dataclass per TOML section."""
@@ -157,6 +190,8 @@ class Config:
     auth: AuthConfig = field(default_factory=AuthConfig)
     state: StateConfig = field(default_factory=StateConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    # ``[[relay]]`` tables (an array, not a section).
+    relay: tuple[RelayConfig, ...] = ()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -227,9 +262,40 @@ def _section_types(section_cls: type) -> dict[str, Any]:
     return typing.get_type_hints(section_cls)
 
 
+def _relay(index: int, values: Any, origin: str, from_text: bool) -> RelayConfig:
+    """One ``[[relay]]`` table (or a ``--relay`` flag's ``{"url": ...}``)."""
+    if not isinstance(values, Mapping):
+        raise ConfigError(f"relay in {origin} must be [[relay]] tables, got {values!r}")
+    hints = _section_types(RelayConfig)
+    changes: dict[str, Any] = {}
+    for key, value in values.items():
+        if key not in hints:
+            raise ConfigError(
+                f"relay.{key} in {origin} is not a known key: [[relay]] allows {', '.join(hints)}"
+            )
+        changes[key] = _coerce(f"relay[{index}].{key}", hints[key], value, from_text)
+    return RelayConfig(**changes)
+
+
+def _apply_relays(config: Config, values: Any, origin: str, from_text: bool) -> Config:
+    """``[[relay]]`` tables from a file (replacing any before), or the command line's
+    ``{"url": ...}``: one relay named ``default``, added to the file's (or replacing its own
+    ``default``)."""
+    if isinstance(values, Mapping):
+        added = _relay(len(config.relay), values, origin, from_text)
+        kept = tuple(r for r in config.relay if r.name != added.name)
+        return dataclasses.replace(config, relay=(*kept, added))
+    if not isinstance(values, list | tuple):
+        raise ConfigError(f"relay in {origin} must be [[relay]] tables, got {values!r}")
+    relays = tuple(_relay(i, table, origin, from_text) for i, table in enumerate(values))
+    return dataclasses.replace(config, relay=relays)
+
+
 def _apply(
     config: Config, section: str, values: Mapping[str, Any], origin: str, from_text: bool
 ) -> Config:
+    if section == "relay":
+        return _apply_relays(config, values, origin, from_text)
     section_field = {f.name: f for f in dataclasses.fields(Config)}.get(section)
     if section_field is None:
         known = ", ".join(f.name for f in dataclasses.fields(Config))
@@ -262,7 +328,7 @@ def load_toml(path: Path) -> dict[str, Any]:
 
 def _env_overrides(env: Mapping[str, str]) -> dict[str, dict[str, str]]:
     """Collect ``RUSEON_<SECTION>_<KEY>`` variables into ``{section: {key: text}}``."""
-    sections = {f.name for f in dataclasses.fields(Config)}
+    sections = {f.name for f in dataclasses.fields(Config)} - {"relay"}
     out: dict[str, dict[str, str]] = {}
     for name, value in env.items():
         if not name.startswith("RUSEON_") or name == "RUSEON_CONFIG":
@@ -300,6 +366,9 @@ def load_config(
     if path.exists() or required:
         data = load_toml(path)
         for section, values in data.items():
+            if section == "relay":
+                config = _apply_relays(config, values, str(path), from_text=False)
+                continue
             if not isinstance(values, dict):
                 raise ConfigError(f"{section} in {path} must be a [section] table, got {values!r}")
             config = _apply(config, section, values, str(path), from_text=False)
@@ -425,6 +494,41 @@ def validate(config: Config) -> None:
         "allowed are debug, info, warning, error",
     )
     _check(bool(config.state.dir), "state.dir", config.state.dir, "a directory path")
+    validate_relays(config.relay)
+
+
+def validate_relays(relays: tuple[RelayConfig, ...]) -> None:
+    """``[[relay]]``: names unique and URL-safe, ``rtp://HOST:PORT``, a well-formed SRTP key."""
+    seen: set[str] = set()
+    for relay in relays:
+        key = f"relay {relay.name!r}"
+        _check(bool(relay.name) and len(relay.name) <= 64 and set(relay.name) <= RELAY_NAME_CHARS,
+               f"{key}: name", relay.name, "1-64 letters, digits, - or _")
+        _check(relay.name not in seen, f"{key}: name", relay.name, "each relay needs its own name")
+        seen.add(relay.name)
+        _check(relay.url.startswith("rtp://"), f"{key}: url", relay.url,
+               "expected rtp://HOST:PORT, e.g. rtp://192.0.2.10:5004")
+        try:
+            target = relay.target
+        except ConfigError:
+            target = HostPort("", 0)
+        _check(bool(target.host), f"{key}: url", relay.url,
+               "expected rtp://HOST:PORT, e.g. rtp://192.0.2.10:5004")
+        _check(1 <= target.port <= 65535, f"{key}: url", relay.url, "a port from 1 to 65535")
+        _check(relay.rtcp_port == 0 or (1 <= relay.rtcp_port <= 65535
+                                        and relay.rtcp_port != target.port),
+               f"{key}: rtcp_port", relay.rtcp_port,
+               "0 (none) or a port from 1 to 65535 other than the RTP port")
+        _check(96 <= relay.payload_type <= 127, f"{key}: payload_type", relay.payload_type,
+               "a dynamic payload type, 96 to 127")
+        if relay.srtp_key:
+            try:
+                master = base64.b64decode(relay.srtp_key, validate=True)
+            except (binascii.Error, ValueError):
+                master = b""
+            _check(len(master) == SRTP_MASTER_LENGTH, f"{key}: srtp_key", "(hidden)",
+                   f"base64 of {SRTP_MASTER_LENGTH} bytes (AES_CM_128_HMAC_SHA1_80 key + salt, "
+                   "as Janus's srtpcrypto), e.g. from: head -c 30 /dev/urandom | base64")
 
 
 def to_toml(config: Config) -> str:
@@ -443,9 +547,16 @@ def to_toml(config: Config) -> str:
 
     lines: list[str] = []
     for section in dataclasses.fields(config):
+        if section.name == "relay":
+            continue
         lines.append(f"[{section.name}]")
         values = getattr(config, section.name)
         for f in dataclasses.fields(values):
             lines.append(f"{f.name} = {render(getattr(values, f.name))}")
+        lines.append("")
+    for relay in config.relay:
+        lines.append("[[relay]]")
+        for f in dataclasses.fields(relay):
+            lines.append(f"{f.name} = {render(getattr(relay, f.name))}")
         lines.append("")
     return "\n".join(lines)

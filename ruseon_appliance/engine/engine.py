@@ -183,6 +183,12 @@ class Engine:
         return MappingProxyType(self._sessions)
 
     @property
+    def fanout(self) -> Fanout | None:
+        """The fan-out send loop while running on that send path (else None): other consumers
+        of its packetize-once frames attach here (``Fanout.add_consumer``)."""
+        return self._fanout
+
+    @property
     def mux(self) -> UdpMux:
         """The UDP mux (for stats and tests)."""
         return self._mux

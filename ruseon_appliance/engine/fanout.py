@@ -30,7 +30,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from aiortc import RTCRtpSender
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
@@ -605,6 +605,15 @@ class FanoutViewer:
         }
 
 
+class FanoutConsumer(Protocol):
+    """Something besides WebRTC viewers that sends the shared packets (an RTP relay, say):
+    serviced on every ring write, after the viewers. It makes its own cursor with
+    :meth:`Fanout.take`, so each frame is still packetized once for everybody."""
+
+    def service(self, now: float) -> None:
+        """Send what is new; must not raise for one destination's trouble."""
+
+
 class Fanout:
     """The engine's one send loop: wakes on each ring write and services every viewer."""
 
@@ -618,6 +627,7 @@ class Fanout:
         self.max_backlog_frames = max(2, round(framerate * MAX_BACKLOG_S))
         self.min_byte_rate = min_bitrate / 8
         self._viewers: list[FanoutViewer] = []
+        self._consumers: list[FanoutConsumer] = []
         self._task: asyncio.Task[None] | None = None
         self.pumps = 0
 
@@ -650,6 +660,16 @@ class Fanout:
         if viewer in self._viewers:
             self._viewers.remove(viewer)
 
+    def add_consumer(self, consumer: FanoutConsumer) -> None:
+        """Service ``consumer`` on every ring write (see :class:`FanoutConsumer`)."""
+        if consumer not in self._consumers:
+            self._consumers.append(consumer)
+
+    def remove_consumer(self, consumer: FanoutConsumer) -> None:
+        """Stop servicing ``consumer``."""
+        if consumer in self._consumers:
+            self._consumers.remove(consumer)
+
     def take(self, view: FrameView) -> PacketizedFrame:
         """What a viewer's cursor keeps of a ring frame: its shared packetization."""
         return self.history.frame(view)
@@ -664,6 +684,11 @@ class Fanout:
                 viewer.maybe_send_report(now)
             except Exception:  # one viewer's failure must not stop the others' video
                 logger.exception("fan-out: sending to a viewer failed")
+        for consumer in self._consumers:
+            try:
+                consumer.service(now)
+            except Exception:
+                logger.exception("fan-out: a consumer failed")
         self.history.prune(now)
 
     async def _run(self) -> None:
@@ -676,6 +701,7 @@ class Fanout:
         """Send-loop figures."""
         return {
             "viewers": len(self._viewers),
+            "consumers": len(self._consumers),
             "frames_packetized": self.history.frames_packetized,
             "packets_packetized": self.history.packets_packetized,
             "history_frames": len(self.history),

@@ -65,6 +65,10 @@ class DeviceApi:
         self.snapshot = snapshot
         self.max_viewers = max_viewers
         self.clock = clock
+        # Other rooms' parts of the status document and the metrics (e.g. the relays), added by
+        # make_app: a section name -> its JSON data, and callables returning exposition text.
+        self.status_sections: dict[str, Callable[[], Any]] = {}
+        self.metrics_sections: list[Callable[[], str]] = []
 
     def add_routes(self, app: web.Application) -> None:
         """Register the API routes (GET also answers HEAD)."""
@@ -115,6 +119,8 @@ class DeviceApi:
                 },
             }
         )
+        for name, section in self.status_sections.items():
+            document[name] = _jsonable(section())
         return document
 
     async def status(self, request: web.Request) -> web.Response:
@@ -168,6 +174,7 @@ class DeviceApi:
             capture_stats=self.capture.stats(),
             http_errors=self.http_errors,
         )
+        body += "".join(section() for section in self.metrics_sections)
         response = web.Response(body=body.encode())
         response.headers["Content-Type"] = metrics.CONTENT_TYPE
         return response

@@ -8,6 +8,7 @@ headers to every answer, errors included), problem details (turns every error in
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,6 +19,7 @@ from ruseon_appliance.web.auth import auth_middleware
 from ruseon_appliance.web.cors import cors_middleware
 from ruseon_appliance.web.metrics import WebMetrics
 from ruseon_appliance.web.problem import ERROR_COUNTS, MAX_BODY_BYTES, problem_middleware
+from ruseon_appliance.web.relay import RelayResource
 from ruseon_appliance.web.snapshot import KeyframeSnapshot
 from ruseon_appliance.web.whep import WhepResource
 
@@ -25,6 +27,7 @@ if TYPE_CHECKING:
     from ruseon_appliance.capture.pipeline import CapturePipeline
     from ruseon_appliance.config import Config
     from ruseon_appliance.engine.engine import Engine
+    from ruseon_appliance.relay import RtpRelay
 
 log = logging.getLogger(__name__)
 
@@ -51,11 +54,13 @@ async def _device_page(request: web.Request) -> web.FileResponse:
 
 
 def make_app(
-    config: Config, engine: Engine, capture: CapturePipeline, *, started: float
+    config: Config, engine: Engine, capture: CapturePipeline, *, started: float,
+    relays: Sequence[RtpRelay] = (),
 ) -> web.Application:
     """The web application for one engine and one capture pipeline.
 
-    ``started`` is the service's start time (``time.time()``), for the uptime in ``/api/status``.
+    ``started`` is the service's start time (``time.time()``), for the uptime in ``/api/status``;
+    ``relays`` get ``/relay/<name>.sdp`` and their part of the status and metrics.
     """
     token = config.auth.resolve_token()
     max_body = config.http.max_offer_bytes
@@ -94,6 +99,12 @@ def make_app(
     )
     api.add_routes(app)
     app[DEVICE_API] = api
+
+    if relays:
+        relay_resource = RelayResource(relays, capture)
+        relay_resource.add_routes(app)
+        api.status_sections["relays"] = relay_resource.status
+        api.metrics_sections.append(relay_resource.metrics)
 
     app.router.add_get("/", _device_page)
     app.router.add_static("/static/", STATIC_DIR, append_version=False)

@@ -1,0 +1,460 @@
+"""One relay target: the camera's H.264 as RTP (optionally SRTP) to a media server.
+
+A relay is one more consumer of the fan-out's shared packets (:class:`FanoutConsumer`): its own
+ring cursor (:class:`ViewerCursor`, the same join and continuity logic as a viewer's) takes each
+frame's packetization from :class:`PacketHistory`, so a frame is still packetized once for every
+viewer and every relay. Per packet the relay writes only its 12-byte RTP header (its own SSRC,
+sequence number and timestamp), protects it in place when SRTP is configured and ``sendto``\\ s it
+on its own UDP socket: about the cost of one WebRTC viewer.
+
+Sequence numbers and timestamps stay continuous for the relay's whole life, whatever the source
+does (restarts, file loops, camera reconnects): Janus gives late joiners nothing after a
+timestamp jump back.
+
+RTCP: sender reports (+ SDES CNAME) go to the server's RTCP port; the server's PLI/FIR (Janus
+sends them to whatever address its mountpoint's ``rtcpport`` last heard from, i.e. this socket)
+become the capture's coalesced keyframe request. Only datagrams from the target's address are
+read.
+
+When the server is down the kernel reports ICMP port unreachable (``IP_RECVERR``): the relay logs
+it once, stops sending media, probes once every :data:`RETRY_S` and resumes at a keyframe when a
+probe goes unanswered by an ICMP error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import random
+import secrets
+import socket
+import struct
+import time
+from typing import Any
+
+import pylibsrtp
+from aiortc.rtp import (
+    RTCP_PSFB_APP,
+    RTCP_PSFB_FIR,
+    RTCP_PSFB_PLI,
+    RtcpPacket,
+    RtcpPsfbPacket,
+    RtcpRrPacket,
+    RtcpSrPacket,
+    unpack_remb_fci,
+)
+
+from ruseon_appliance.config import RelayConfig
+from ruseon_appliance.engine import aiortc_internals
+from ruseon_appliance.engine.fanout import Fanout, PacketizedFrame, ntp_now
+from ruseon_appliance.engine.track import VideoFeed, ViewerCursor
+
+logger = logging.getLogger(__name__)
+
+# Sender report interval (randomised 0.5-1.5x, RFC 3550). Janus learns where to send its PLIs from
+# the first RTCP packet it gets on the mountpoint's rtcpport: the first SR goes out at once.
+SR_INTERVAL_S = 1.0
+# While the server refuses (ICMP port unreachable): one probe per RETRY_S; media resumes when a
+# probe has had RESUME_AFTER_S without an ICMP error.
+RETRY_S = 1.0
+RESUME_AFTER_S = 0.3
+# Queued frames (seconds' worth) beyond which the relay skips to the next keyframe.
+MAX_BACKLOG_S = 0.5
+SEND_BUFFER_BYTES = 1 << 20
+
+IP_RECVERR = getattr(socket, "IP_RECVERR", 11)
+IPV6_RECVERR = getattr(socket, "IPV6_RECVERR", 25)
+_REFUSED = frozenset({errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH,
+                      errno.EHOSTDOWN})
+
+_HEADER = struct.Struct("!BBHII")  # V/P/X/CC, M/PT, sequence number, timestamp, SSRC
+_PADDING = b"\x00\x00\x00\x04"
+
+
+class RtpRelay:
+    """Sends the camera's RTP to one target (see the module docstring); a :class:`Fanout`
+    consumer. Built and owned by the composition root."""
+
+    def __init__(
+        self,
+        config: RelayConfig,
+        feed: VideoFeed,
+        fanout: Fanout,
+        *,
+        framerate: int,
+        catch_up_max_frames: int,
+        keyframe_interval_frames: int,
+    ) -> None:
+        self.config = config
+        self.name = config.name
+        self._feed = feed
+        self._fanout = fanout
+        self._frame_interval = round(90_000 / max(1, framerate))
+        self._max_backlog_frames = max(2, round(framerate * MAX_BACKLOG_S))
+        self._cursor_settings = (catch_up_max_frames, keyframe_interval_frames)
+        self.cursor: ViewerCursor[PacketizedFrame] | None = None
+        self._sock: socket.socket | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.target: tuple[str, int] = (config.target.host, config.target.port)
+        self.rtcp_target: tuple[str, int] | None = None
+        self.ssrc = random.randrange(1, 1 << 32)
+        self.cname = "ruseon-" + secrets.token_hex(4)
+        self.payload_type = config.payload_type
+        self._seq = random.randrange(0, 32768)  # lower half: no early SRTP rollover
+        self._ts_origin = random.randrange(0, 1 << 32)
+        self._buffer = aiortc_internals.SrtpPacketBuffer()
+        self._srtp: pylibsrtp.Session | None = None
+        self._srtp_handle: Any = None
+        master = config.srtp_master()
+        if master is not None:
+            policy = pylibsrtp.Policy(key=master, ssrc_type=pylibsrtp.Policy.SSRC_ANY_OUTBOUND,
+                                      srtp_profile=pylibsrtp.Policy.SRTP_PROFILE_AES128_CM_SHA1_80)
+            self._srtp = pylibsrtp.Session(policy)
+            self._srtp_handle = aiortc_internals.srtp_handle(self._srtp)
+        self._last_ts = 0
+        self._last_send_monotonic = 0.0
+        self._next_sr = 0.0
+        # Reachability: "starting", "sending", "unreachable", "stopped".
+        self.state = "starting"
+        self._refused_at = 0.0
+        self._probe_at = 0.0
+        self._next_probe = 0.0
+        self._resync = False
+        # counters
+        self.frames_sent = 0
+        self.keyframes_sent = 0
+        self.frames_dropped_unreachable = 0
+        self.keyframe_skips = 0
+        self.packets_sent = 0
+        self.payload_bytes_sent = 0
+        self.bytes_sent = 0
+        self.sender_reports = 0
+        self.rtcp_received = 0
+        self.rtcp_ignored = 0
+        self.receiver_reports = 0
+        self.keyframe_requests_received = 0
+        self.keyframes_forced = 0
+        self.remb_bps: int | None = None
+        self.fraction_lost = 0.0
+        self.outages = 0
+        self.errors: dict[str, int] = {"unreachable": 0, "send": 0, "dropped_full": 0,
+                                       "srtp": 0, "rtcp_malformed": 0}
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Resolve the target, open and bind the socket, join the fan-out."""
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        host, port = self.target
+        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
+        if not infos:
+            raise OSError(f"relay {self.name}: cannot resolve {host}")
+        family, _, _, _, address = infos[0]
+        self.target = (str(address[0]), int(address[1]))
+        if self.config.rtcp_port:
+            self.rtcp_target = (self.target[0], self.config.rtcp_port)
+        sock = socket.socket(family, socket.SOCK_DGRAM)
+        try:
+            sock.setblocking(False)
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
+            # ICMP errors reach an unconnected UDP socket only with IP_RECVERR.
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, IPV6_RECVERR, 1)
+            else:
+                sock.setsockopt(socket.IPPROTO_IP, IP_RECVERR, 1)
+            bind = self.config.bind
+            bind_host = bind.host
+            if family == socket.AF_INET6 and bind_host == "0.0.0.0":
+                bind_host = "::"
+            sock.bind((bind_host, bind.port))
+        except BaseException:
+            sock.close()
+            raise
+        self._sock = sock
+        loop.add_reader(sock.fileno(), self._on_readable)
+        catch_up, gop = self._cursor_settings
+        self.cursor = ViewerCursor(self._feed, self._fanout.take,
+                                   frame_interval=self._frame_interval,
+                                   catch_up_max_frames=catch_up, keyframe_interval_frames=gop,
+                                   on_keyframe_request=self._cursor_keyframe_request)
+        self.state = "sending"
+        self._next_sr = 0.0
+        self._fanout.add_consumer(self)
+        logger.info("relay %s: sending RTP to %s:%d from port %d%s", self.name, *self.target,
+                    self.local_port, " (SRTP)" if self._srtp else "")
+
+    def stop(self) -> None:
+        """Leave the fan-out and close the socket (idempotent)."""
+        if self.state == "stopped":
+            return
+        self.state = "stopped"
+        self._fanout.remove_consumer(self)
+        if self.cursor is not None:
+            self.cursor.close()
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            if self._loop is not None:
+                self._loop.remove_reader(sock.fileno())
+            sock.close()
+
+    @property
+    def local_port(self) -> int:
+        """The port of the relay's own UDP socket (0 before start)."""
+        return int(self._sock.getsockname()[1]) if self._sock is not None else 0
+
+    # -- sending (a FanoutConsumer) --------------------------------------------------------------
+
+    def service(self, now: float) -> None:
+        """Send what the ring has for the target (called by the fan-out on each ring write)."""
+        cursor, sock = self.cursor, self._sock
+        if cursor is None or sock is None:
+            return
+        cursor.pull()
+        if self.state == "unreachable":
+            self._while_unreachable(cursor, sock, now)
+            return
+        if self._resync:
+            # Back from an outage: the server's decoders need a keyframe first.
+            self._resync = False
+            cursor.skip_to_next_keyframe()
+            self._request_keyframe("relay resumed")
+            cursor.pull()
+        elif self.frames_sent and len(cursor.queue) > self._max_backlog_frames:
+            cursor.skip_to_next_keyframe()
+            self.keyframe_skips += 1
+            cursor.pull()
+        while cursor.queue and self.state == "sending":
+            frame, out_pts, keyframe, _capture = cursor.queue.popleft()
+            timestamp = (self._ts_origin + out_pts) & 0xFFFFFFFF
+            self._send_frame(sock, frame, timestamp)
+            self.frames_sent += 1
+            self.keyframes_sent += keyframe
+            self._last_ts = timestamp
+            self._last_send_monotonic = now
+        if self.rtcp_target is not None and now >= self._next_sr and self.packets_sent:
+            self._next_sr = now + SR_INTERVAL_S * (0.5 + random.random())
+            self.send_report(now)
+
+    def _send_frame(self, sock: socket.socket, frame: PacketizedFrame, timestamp: int) -> None:
+        """Header into the shared buffer, payload behind it, protect in place, send."""
+        buffer = self._buffer
+        view, length = buffer.view, buffer.length
+        payloads = frame.payloads
+        last = len(payloads) - 1
+        pt, ssrc, seq = self.payload_type, self.ssrc, self._seq
+        handle = self._srtp_handle
+        protect = aiortc_internals.srtp_protect_in_place
+        ok = aiortc_internals.SRTP_OK
+        sendto = sock.sendto
+        pack_into = _HEADER.pack_into
+        target = self.target
+        octets = wire = 0
+        for i, payload in enumerate(payloads):
+            n = 12 + len(payload)
+            pack_into(view, 0, 0x80, (0x80 | pt) if i == last else pt, seq, timestamp, ssrc)
+            view[12:n] = payload
+            seq = (seq + 1) & 0xFFFF
+            if handle is not None:
+                length[0] = n
+                if protect(handle, buffer.cdata, length) != ok:
+                    self.errors["srtp"] += 1
+                    continue
+                n = length[0]
+            try:
+                sendto(view[:n], target)
+            except BlockingIOError:
+                self.errors["dropped_full"] += 1
+                continue
+            except OSError as exc:
+                if self._refused(exc):
+                    break
+                self.errors["send"] += 1
+                continue
+            octets += len(payload)
+            wire += n
+            self.packets_sent += 1
+        self._seq = seq
+        self.payload_bytes_sent += octets
+        self.bytes_sent += wire
+
+    def _padding_packet(self) -> bytes:
+        """A padding-only RTP packet (the probe when there is no RTCP port)."""
+        header = _HEADER.pack(0xA0, self.payload_type, self._seq, self._last_ts, self.ssrc)
+        self._seq = (self._seq + 1) & 0xFFFF
+        packet = header + _PADDING
+        if self._srtp is not None:
+            packet = self._srtp.protect(packet)
+        return packet
+
+    def send_report(self, now: float) -> None:
+        """An RTCP sender report + SDES CNAME to the server's RTCP port (SRTCP with SRTP)."""
+        sock, target = self._sock, self.rtcp_target
+        if sock is None or target is None:
+            return
+        ntp = ntp_now()
+        rtp_ts = (self._last_ts + int((now - self._last_send_monotonic) * 90_000)) & 0xFFFFFFFF
+        sr = struct.pack("!BBHIIIIII", 0x80, 200, 6, self.ssrc, ntp >> 32, ntp & 0xFFFFFFFF,
+                         rtp_ts, self.packets_sent & 0xFFFFFFFF,
+                         self.payload_bytes_sent & 0xFFFFFFFF)
+        cname = self.cname.encode()
+        chunk = struct.pack("!IBB", self.ssrc, 1, len(cname)) + cname + b"\x00"
+        chunk += b"\x00" * (-len(chunk) % 4)
+        packet = sr + struct.pack("!BBH", 0x81, 202, len(chunk) // 4) + chunk
+        if self._srtp is not None:
+            packet = self._srtp.protect_rtcp(packet)
+        try:
+            sock.sendto(packet, target)
+        except BlockingIOError:
+            self.errors["dropped_full"] += 1
+            return
+        except OSError as exc:
+            if not self._refused(exc):
+                self.errors["send"] += 1
+            return
+        self.sender_reports += 1
+
+    # -- the server is down ----------------------------------------------------------------------
+
+    def _refused(self, exc: OSError) -> bool:
+        """Note an ICMP error (True) or say it was something else (False)."""
+        if exc.errno not in _REFUSED:
+            return False
+        self.errors["unreachable"] += 1
+        self._refused_at = time.monotonic()
+        if self.state == "sending":
+            self.state = "unreachable"
+            self.outages += 1
+            self._next_probe = self._refused_at + RETRY_S
+            logger.warning(
+                "relay %s: %s:%d is not accepting (%s); media paused, retrying every %.0f s",
+                self.name, *self.target, exc.strerror or exc, RETRY_S)
+        return True
+
+    def _while_unreachable(self, cursor: ViewerCursor[PacketizedFrame], sock: socket.socket,
+                           now: float) -> None:
+        self.frames_dropped_unreachable += len(cursor.queue)
+        cursor.queue.clear()
+        if self._probe_at > self._refused_at and now - self._probe_at >= RESUME_AFTER_S:
+            self.state = "sending"
+            self._resync = True
+            self._next_sr = 0.0
+            logger.info("relay %s: %s:%d accepts again; resuming at a keyframe", self.name,
+                        *self.target)
+            return
+        if now < self._next_probe:
+            return
+        self._next_probe = now + RETRY_S
+        self._probe_at = now
+        if self.rtcp_target is not None:
+            self.send_report(now)
+            return
+        try:
+            sock.sendto(self._padding_packet(), self.target)
+        except OSError as exc:
+            if not self._refused(exc):
+                self.errors["send"] += 1
+
+    # -- receiving (RTCP from the server, ICMP errors) -------------------------------------------
+
+    def _on_readable(self) -> None:
+        sock = self._sock
+        if sock is None:
+            return
+        self._drain_errors(sock)
+        for _ in range(64):
+            try:
+                data, address = sock.recvfrom(2048)
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                if not self._refused(exc):
+                    self.errors["send"] += 1
+                    return
+                continue
+            if address[0] != self.target[0]:
+                self.rtcp_ignored += 1
+                continue
+            self._handle_rtcp(data)
+
+    def _drain_errors(self, sock: socket.socket) -> None:
+        """Read the socket's error queue (``IP_RECVERR``); each entry is one ICMP error."""
+        for _ in range(64):
+            try:
+                sock.recvmsg(64, 512, socket.MSG_ERRQUEUE)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return
+            self._refused(OSError(errno.ECONNREFUSED, "port unreachable"))
+
+    def _handle_rtcp(self, data: bytes) -> None:
+        try:
+            packets = RtcpPacket.parse(data)
+        except Exception:  # a stranger's bytes must not crash anything
+            self.errors["rtcp_malformed"] += 1
+            return
+        self.rtcp_received += 1
+        for packet in packets:
+            if isinstance(packet, RtcpPsfbPacket) and packet.fmt in (RTCP_PSFB_PLI,
+                                                                     RTCP_PSFB_FIR):
+                if packet.fmt == RTCP_PSFB_PLI and packet.media_ssrc not in (self.ssrc, 0):
+                    continue
+                self.keyframe_requests_received += 1
+                self._request_keyframe("pli" if packet.fmt == RTCP_PSFB_PLI else "fir")
+            elif isinstance(packet, RtcpPsfbPacket) and packet.fmt == RTCP_PSFB_APP:
+                try:
+                    bitrate, ssrcs = unpack_remb_fci(packet.fci)
+                except ValueError:
+                    continue
+                if self.ssrc in ssrcs or not ssrcs:
+                    self.remb_bps = bitrate
+            elif isinstance(packet, RtcpRrPacket | RtcpSrPacket):
+                for report in packet.reports:
+                    if report.ssrc == self.ssrc:
+                        self.receiver_reports += 1
+                        self.fraction_lost = report.fraction_lost / 256
+
+    def _request_keyframe(self, reason: str) -> None:
+        if self._feed.request_keyframe(f"relay {self.name}: {reason}"):
+            self.keyframes_forced += 1
+
+    def _cursor_keyframe_request(self, reason: str) -> None:
+        self._request_keyframe(reason)
+
+    # -- stats -----------------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """Per-relay figures for ``/api/status`` and ``/metrics``."""
+        cursor = self.cursor
+        return {
+            "name": self.name,
+            "url": self.config.url,
+            "state": self.state,
+            "srtp": self._srtp is not None,
+            "ssrc": self.ssrc,
+            "local_port": self.local_port,
+            "rtcp_port": self.config.rtcp_port,
+            "packets_sent": self.packets_sent,
+            "bytes_sent": self.bytes_sent,
+            "payload_bytes_sent": self.payload_bytes_sent,
+            "frames_sent": self.frames_sent,
+            "keyframes_sent": self.keyframes_sent,
+            "frames_skipped": (cursor.frames_skipped if cursor else 0)
+            + self.frames_dropped_unreachable,
+            "keyframe_skips": self.keyframe_skips,
+            "sender_reports": self.sender_reports,
+            "rtcp_received": self.rtcp_received,
+            "rtcp_ignored": self.rtcp_ignored,
+            "receiver_reports": self.receiver_reports,
+            "keyframe_requests_received": self.keyframe_requests_received,
+            "keyframes_forced": self.keyframes_forced,
+            "remb_bps": self.remb_bps,
+            "fraction_lost": round(self.fraction_lost, 4),
+            "outages": self.outages,
+            "errors": dict(self.errors),
+        }
+

@@ -1,0 +1,75 @@
+"""``GET /relay/<name>.sdp`` and the relays' part of ``/api/status`` and ``/metrics``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from ruseon_appliance.relay import parameter_sets, relay_sdp
+from ruseon_appliance.web.metrics import Exposition, metric_name
+from ruseon_appliance.web.problem import Problem
+
+if TYPE_CHECKING:
+    from ruseon_appliance.capture.pipeline import CapturePipeline
+    from ruseon_appliance.relay import RtpRelay
+
+# Per-relay counters exported to /metrics: (stats key, metric suffix, help).
+_COUNTERS = (
+    ("packets_sent", "packets_sent_total", "RTP packets sent to the relay target."),
+    ("bytes_sent", "bytes_sent_total", "RTP/SRTP bytes sent to the relay target."),
+    ("keyframe_requests_received", "keyframe_requests_total",
+     "PLI/FIR received from the relay target."),
+    ("sender_reports", "sender_reports_total", "RTCP sender reports sent."),
+    ("outages", "outages_total", "Times the target refused (ICMP unreachable) and media paused."),
+)
+
+
+class RelayResource:
+    """The relays as the web layer shows them."""
+
+    def __init__(self, relays: Sequence[RtpRelay], capture: CapturePipeline) -> None:
+        self.relays: Mapping[str, RtpRelay] = {r.name: r for r in relays}
+        self.capture = capture
+
+    def add_routes(self, app: web.Application) -> None:
+        """Register ``GET /relay/{name}.sdp`` (behind the token, like the API: with SRTP the SDP
+        carries the key)."""
+        app.router.add_get("/relay/{name}.sdp", self.sdp)
+
+    async def sdp(self, request: web.Request) -> web.Response:
+        """The SDP of relay ``name``: 404 for an unknown name, 503 before the first SPS."""
+        relay = self.relays.get(request.match_info["name"])
+        if relay is None:
+            raise Problem(404, "no relay has that name")
+        info = self.capture.stream_info
+        sets = parameter_sets(self.capture.ring)
+        if info is None or sets is None:
+            raise Problem(503, "no keyframe from the camera yet", headers={"Retry-After": "1"})
+        host, port = relay.target
+        body = relay_sdp(
+            name=relay.name, host=host, port=port, rtcp_port=relay.config.rtcp_port,
+            payload_type=relay.payload_type, ssrc=relay.ssrc, cname=relay.cname,
+            profile_level_id=info.profile_level_id, sps=sets[0], pps=sets[1],
+            srtp_key=relay.config.srtp_key)
+        return web.Response(body=body.encode(), content_type="application/sdp",
+                            headers={"Cache-Control": "no-store"})
+
+    def status(self) -> list[dict[str, Any]]:
+        """Each relay's figures, for ``/api/status``."""
+        return [relay.stats() for relay in self.relays.values()]
+
+    def metrics(self) -> str:
+        """Each relay's counters, labelled ``relay="<name>"``, as ``/metrics`` text."""
+        out = Exposition()
+        stats = self.status()
+        for key, suffix, help_text in _COUNTERS:
+            out.family(metric_name("ruseon_relay", suffix), "counter", help_text,
+                       [(f'{{relay="{s["name"]}"}}', s[key]) for s in stats])
+        errors = [(f'{{relay="{s["name"]}",kind="{kind}"}}', n)
+                  for s in stats for kind, n in sorted(s["errors"].items())]
+        out.family("ruseon_relay_errors_total", "counter", "Relay errors, by kind.", errors)
+        out.family("ruseon_relay_up", "gauge", "1 while the relay target accepts packets.",
+                   [(f'{{relay="{s["name"]}"}}', int(s["state"] == "sending")) for s in stats])
+        return out.text()

@@ -1,0 +1,71 @@
+"""``[[relay]]`` tables and ``--relay``: parsed, validated, one-line errors, exit status 2."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+import pytest
+
+from ruseon_appliance.cli import main
+from ruseon_appliance.config import ConfigError, HostPort, load_config
+
+KEY = base64.b64encode(bytes(range(30))).decode()
+
+
+def test_relay_tables_and_the_cli_shortcut(tmp_path: Path) -> None:
+    path = tmp_path / "ruseon.toml"
+    path.write_text(f"""
+[[relay]]
+name = "janus-a"
+url = "rtp://192.0.2.10:5004"
+rtcp_port = 5005
+srtp_key = "{KEY}"
+
+[[relay]]
+name = "janus-b"
+url = "rtp://[2001:db8::1]:6004"
+bind = "0.0.0.0:40000"
+""")
+    config = load_config(path, env={})
+    a, b = config.relay
+    assert (a.name, a.target, a.rtcp_port, a.srtp_master()) == (
+        "janus-a", HostPort("192.0.2.10", 5004), 5005, bytes(range(30)))
+    assert (b.target, b.bind, b.srtp_master()) == (HostPort("2001:db8::1", 6004),
+                                                   HostPort("0.0.0.0", 40000), None)
+    # --relay adds one named default next to the file's.
+    config = load_config(path, env={}, overrides={"relay": {"url": "rtp://127.0.0.1:5004"}})
+    assert [r.name for r in config.relay] == ["janus-a", "janus-b", "default"]
+
+
+@pytest.mark.parametrize(("table", "message"), [
+    ('url = "udp://192.0.2.1:5004"', "expected rtp://HOST:PORT"),
+    ('url = "rtp://192.0.2.1"', "expected rtp://HOST:PORT"),
+    ('url = "rtp://192.0.2.1:0"', "a port from 1 to 65535"),
+    ('url = "rtp://192.0.2.1:5004"\nsrtp_key = "c2hvcnQ="', "base64 of 30 bytes"),
+    ('url = "rtp://192.0.2.1:5004"\nrtcp_port = 5004', "other than the RTP port"),
+    ('url = "rtp://192.0.2.1:5004"\nname = "a/b"', "letters, digits"),
+    ('url = "rtp://192.0.2.1:5004"\npayload_type = 8', "dynamic payload type"),
+    ('url = "rtp://192.0.2.1:5004"\ncolour = 1', "not a known key"),
+])
+def test_bad_relay_tables_are_one_line_errors(tmp_path: Path, table: str, message: str) -> None:
+    path = tmp_path / "ruseon.toml"
+    path.write_text(f"[[relay]]\n{table}\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, env={})
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_duplicate_names_and_cli_errors_exit_2(tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "ruseon.toml"
+    path.write_text('[[relay]]\nurl = "rtp://192.0.2.1:5004"\n'
+                    '[[relay]]\nurl = "rtp://192.0.2.2:5004"\n')
+    assert main(["config", "--config", str(path)]) == 2
+    assert "each relay needs its own name" in capsys.readouterr().err
+    assert main(["config", "--config", "/dev/null", "--relay", "192.0.2.1:5004"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ruseon: error: relay 'default': url") and err.count("\n") == 1
+    assert main(["config", "--config", "/dev/null", "--relay", "rtp://192.0.2.1:5004"]) == 0
+    out = capsys.readouterr().out
+    assert '[[relay]]\nname = "default"\nurl = "rtp://192.0.2.1:5004"' in out
