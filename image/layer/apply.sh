@@ -2,32 +2,46 @@
 # The appliance layer, applied to a Debian-family rootfs. Both image targets run this:
 # rpi-image-gen's layer (a customize hook) for the Raspberry Pi OS image, and `image/build debian`.
 #
-#   image/layer/apply.sh ROOTFS --wheel FILE [--wheels DIR] [--ssh]
+#   image/layer/apply.sh ROOTFS --wheel FILE [--wheels DIR] [--ssh] [--admin-user NAME]
+#                        [--network-manager]
 #
 # It installs the appliance with the same systemd/install.sh a board uses (run in a chroot, with
 # /proc and /dev already mounted by the caller), then adds the image-only parts: the first-boot
-# hook that applies ruseon.toml from the boot partition, the mDNS announcement, the console URL,
-# and the read-mostly settings (volatile journal). It needs python3, python3-venv and systemd in
-# ROOTFS.
+# hook that applies ruseon.toml from the boot partition, root filesystem growth on first boot,
+# the mDNS announcement, the console URL, and the read-mostly settings (volatile journal).
+#
+# --ssh              leave the SSH server enabled; without it ssh.service (and ssh.socket) are
+#                    disabled, whatever the base enabled, until ruseon.toml brings a key.
+# --admin-user NAME  the image's login user (rpi-image-gen's device user1, "pi"): first boot puts
+#                    SSH keys there.
+# --network-manager  make NetworkManager the one network stack (see network-manager.sh).
+# It needs python3, python3-venv and systemd in ROOTFS.
 set -eu
 
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(dirname "$(dirname "$here")")
-rootfs=${1:?usage: apply.sh ROOTFS --wheel FILE [--wheels DIR] [--ssh]}
+rootfs=${1:?usage: apply.sh ROOTFS --wheel FILE [--wheels DIR] [--ssh] [--admin-user NAME] [--network-manager]}
 shift
 wheel=""
 wheels=""
 ssh=no
+admin_user=""
+network_manager=no
 while [ $# -gt 0 ]; do
     case "$1" in
         --wheel) wheel=$2; shift 2 ;;
         --wheels) wheels=$2; shift 2 ;;
         --ssh) ssh=yes; shift ;;
+        --admin-user) admin_user=$2; shift 2 ;;
+        --network-manager) network_manager=yes; shift ;;
         *) echo "apply.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
 [ -d "$rootfs/etc" ] || { echo "apply.sh: $rootfs is not a rootfs" >&2; exit 1; }
 [ -f "$wheel" ] || { echo "apply.sh: --wheel FILE is required (got '$wheel')" >&2; exit 1; }
+if [ -n "$admin_user" ] && ! chroot "$rootfs" getent passwd "$admin_user" >/dev/null; then
+    echo "apply.sh: --admin-user $admin_user has no account in $rootfs" >&2; exit 1
+fi
 
 say() { echo "apply.sh: $*"; }
 
@@ -46,21 +60,41 @@ say "running systemd/install.sh in the rootfs"
 chroot "$rootfs" /bin/sh /tmp/ruseon-install/systemd/install.sh "$@"
 rm -rf "$stage"
 
-say "first-boot hook, mDNS announcement, console URL, volatile journal"
+say "first-boot hook, root growth, mDNS announcement, console URL, volatile journal"
 install -d "$rootfs/usr/lib/ruseon" "$rootfs/boot/firmware" "$rootfs/etc/issue.d" \
     "$rootfs/etc/avahi/services" "$rootfs/etc/systemd/journald.conf.d"
 install -m 0755 "$here/ruseon-firstboot" "$rootfs/usr/lib/ruseon/ruseon-firstboot"
 install -m 0644 "$here/ruseon-firstboot.service" "$rootfs/etc/systemd/system/"
+install -m 0755 "$here/ruseon-growfs" "$rootfs/usr/lib/ruseon/ruseon-growfs"
+install -m 0644 "$here/ruseon-growfs.service" "$rootfs/etc/systemd/system/"
+if [ -n "$admin_user" ]; then
+    # ruseon-firstboot's default for device.admin_user: whose authorized_keys get the keys.
+    echo "$admin_user" > "$rootfs/usr/lib/ruseon/admin-user"
+fi
 install -m 0644 "$here/ruseon.issue" "$rootfs/etc/issue.d/ruseon.issue"
 install -m 0644 "$here/avahi-ruseon.service" "$rootfs/etc/avahi/services/ruseon.service"
 install -m 0644 "$here/journald-volatile.conf" \
     "$rootfs/etc/systemd/journald.conf.d/ruseon-volatile.conf"
-chroot "$rootfs" systemctl enable ruseon-firstboot.service ruseon.service
+chroot "$rootfs" systemctl enable ruseon-firstboot.service ruseon-growfs.service ruseon.service
 if [ -e "$rootfs/lib/systemd/system/avahi-daemon.service" ]; then
     chroot "$rootfs" systemctl enable avahi-daemon.service
 fi
-if [ "$ssh" = yes ] && [ -e "$rootfs/lib/systemd/system/ssh.service" ]; then
-    chroot "$rootfs" systemctl enable ssh.service
+# The base may have enabled SSH (rpi-image-gen's openssh-server layer does, Debian's postinst
+# does): off unless asked for. Disabled, not masked: a key in ruseon.toml turns it on at first boot.
+if [ -e "$rootfs/lib/systemd/system/ssh.service" ]; then
+    if [ "$ssh" = yes ]; then
+        say "SSH server enabled (--ssh)"
+        chroot "$rootfs" systemctl enable ssh.service
+    else
+        say "SSH server disabled (no --ssh)"
+        chroot "$rootfs" systemctl disable ssh.service
+        if [ -e "$rootfs/lib/systemd/system/ssh.socket" ]; then
+            chroot "$rootfs" systemctl disable ssh.socket
+        fi
+    fi
+fi
+if [ "$network_manager" = yes ]; then
+    "$here/network-manager.sh" "$rootfs"
 fi
 # Nothing but the appliance's state is meant to change at run time: no unattended apt runs.
 for timer in apt-daily.timer apt-daily-upgrade.timer; do

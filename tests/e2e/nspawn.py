@@ -38,10 +38,14 @@ REPO = Path(__file__).resolve().parents[2]
 CACHE = REPO / ".cache"
 PACKAGES_FILE = REPO / "image" / "debian" / "packages"
 INSTALL_SCRIPT = REPO / "systemd" / "install.sh"
-SUITE = "bookworm"
+# The product's suite and its Python (image/build fetches the wheels for the same pair).
+SUITE = "trixie"
+PYTHON = "3.13"
 MIRROR = "http://deb.debian.org/debian"
 # Bump to rebuild every cached rootfs when the recipe below changes.
-RECIPE = "1"
+RECIPE = "2"
+ARCHES = {"amd64": "x86_64", "arm64": "aarch64"}
+HOST_ARCH = next((a for a, m in ARCHES.items() if m == os.uname().machine), os.uname().machine)
 
 
 class PrepareError(RuntimeError):
@@ -86,6 +90,9 @@ def base_rootfs(arch: str = "amd64", *, build: bool = True) -> Path:
         ],
         check=True,
     )
+    if not (partial / f"usr/bin/python{PYTHON}").exists():
+        raise PrepareError(f"{SUITE} {arch} has no python{PYTHON}: update PYTHON here and "
+                           "image_python in image/build together")
     (partial / ".complete").write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     partial.rename(path)
     return path
@@ -102,31 +109,43 @@ def _project_dependencies() -> list[str]:
 BUILD_REQUIREMENTS = ["setuptools>=68", "wheel"]
 
 
-def wheels_dir(*, build: bool = True) -> Path:
-    """Wheels of the project's dependencies for the container's Python 3.11 (cached)."""
-    deps = _project_dependencies()
-    path = CACHE / f"wheels-{_digest(RECIPE, sys.implementation.cache_tag, *deps)}"
+def wheels_dir_name(arch: str) -> str:
+    """The cache directory name of :func:`wheels_dir` (keyed on the dependencies)."""
+    key = _digest(RECIPE, PYTHON, arch, *_project_dependencies(), *BUILD_REQUIREMENTS)
+    return f"wheels-{arch}-{key}"
+
+
+def wheels_dir(arch: str = HOST_ARCH, *, build: bool = True) -> Path:
+    """Binary wheels of the project's dependencies for the rootfs's Python on ``arch`` (cached),
+    downloaded on the host by ``image/build wheels``; plus the host's build requirements."""
+    path = CACHE / wheels_dir_name(arch)
     if (path / ".complete").exists():
         return path
     if not build:
         raise PrepareError(
             f"no cached wheels at {path}: run `.venv/bin/python -m tests.e2e.nspawn prepare`"
         )
-    path.mkdir(parents=True, exist_ok=True)
-    _log(f"building {path.name}: {' '.join(deps)}")
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    _log(f"downloading {path.name}: {' '.join(_project_dependencies())}")
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
-    subprocess.run([*pip, "wheel", "-q", "-w", str(path), *deps], check=True)
+    # setuptools and wheel (pure Python) build the project on the host, offline.
     subprocess.run([*pip, "download", "-q", "-d", str(path), *BUILD_REQUIREMENTS], check=True)
+    dist = path / ".dist"
+    project = project_wheel(dist, wheels=path)
+    subprocess.run([str(REPO / "image/build"), "wheels", "--arch", arch, "--out", str(path),
+                    "--wheel", str(project)], check=True)
+    shutil.rmtree(dist)
     (path / ".complete").touch()
     return path
 
 
-def project_wheel(out_dir: Path) -> Path:
+def project_wheel(out_dir: Path, *, wheels: Path | None = None) -> Path:
     """Build the project's wheel from this checkout, offline (build deps from the cache).
 
     ``$E2E_PROJECT_SOURCE`` names another source tree (e.g. a ``git archive`` of a commit).
     """
-    wheels = wheels_dir(build=False)
+    wheels = wheels or wheels_dir(build=False)
     source = Path(os.environ.get("E2E_PROJECT_SOURCE") or REPO)
     out_dir.mkdir(parents=True, exist_ok=True)
     subprocess.run(
@@ -143,10 +162,87 @@ def project_wheel(out_dir: Path) -> Path:
     return found[-1]
 
 
-def prepare(arch: str = "amd64") -> None:
-    """Build every cached layer that needs the network (idempotent)."""
+def prepare(arch: str = HOST_ARCH) -> None:
+    """Build every cached layer that needs the network (idempotent). For a foreign ``arch``
+    also the appliance image itself (slow under emulation, so cached on its inputs)."""
     base_rootfs(arch)
-    wheels_dir()
+    wheels_dir(arch)
+    if arch != HOST_ARCH:
+        appliance_image(arch)
+
+
+BINFMT = Path("/proc/sys/fs/binfmt_misc")
+
+
+def emulation_problem(arch: str) -> str | None:
+    """Why ``arch`` binaries cannot run here (None when they can: native, or qemu binfmt with
+    the F flag, which systemd-nspawn needs because the interpreter is outside the rootfs)."""
+    machine = ARCHES[arch]
+    if os.uname().machine == machine:
+        return None
+    entry = BINFMT / f"qemu-{machine}"
+    try:
+        text = entry.read_text()
+    except OSError:
+        return (f"qemu-{machine} is not registered in {BINFMT} "
+                f"(tests/prepare.d/binfmt-qemu enables it as root)")
+    if not text.startswith("enabled"):
+        return f"{entry} is disabled (update-binfmts --enable qemu-{machine})"
+    flags = next((line.split(":", 1)[1] for line in text.splitlines()
+                  if line.startswith("flags:")), "")
+    if "F" not in flags:
+        return f"{entry} lacks the F (fix-binary) flag containers need: flags {flags.strip()!r}"
+    return None
+
+
+def _tree_digest(*roots: Path) -> str:
+    """Digest of every tracked-looking file's path and content under ``roots``."""
+    h = hashlib.sha256()
+    for root in roots:
+        for path in sorted(root.rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                h.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def appliance_image_path(arch: str) -> Path:
+    """Where ``image/build debian --arch ARCH`` is cached: keyed on its inputs (the base rootfs,
+    the wheels, image/ and systemd/), not on the project's code, which a test reinstalls."""
+    key = _digest(RECIPE, base_rootfs_path(arch).name, wheels_dir_name(arch),
+                  _tree_digest(REPO / "image", REPO / "systemd"))
+    return CACHE / f"image-{arch}-{key}"
+
+
+def appliance_image(arch: str, *, build: bool = True) -> Path:
+    """The appliance image for ``arch`` built by ``image/build debian`` (cached)."""
+    path = appliance_image_path(arch)
+    if (path / ".complete").exists():
+        return path
+    if not build:
+        raise PrepareError(
+            f"no cached {arch} image at {path}: run `.venv/bin/python -m tests.e2e.nspawn "
+            f"prepare {arch}` outside the test network namespace (make test does it)"
+        )
+    problem = emulation_problem(arch)
+    if problem:
+        raise PrepareError(f"cannot build the {arch} image: {problem}")
+    for stale in CACHE.glob(f"image-{arch}-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    wheels = wheels_dir(arch, build=False)
+    began = time.monotonic()
+    with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
+        wheel = project_wheel(Path(tmp), wheels=wheels_dir(HOST_ARCH, build=False))
+        _log(f"building {path.name}: image/build debian --arch {arch} (under emulation)")
+        subprocess.run(
+            [str(REPO / "image/build"), "debian", "--arch", arch,
+             "--base", str(base_rootfs(arch, build=False)), "--wheel", str(wheel),
+             "--wheels", str(wheels), "--out", str(CACHE), "--name", path.name],
+            check=True,
+        )
+    seconds = time.monotonic() - began
+    (path / ".complete").write_text(f"{seconds:.0f}\n")
+    _log(f"{path.name} built in {seconds:.0f} s")
+    return path
 
 
 def missing_tools() -> list[str]:
@@ -248,14 +344,18 @@ def install_appliance(rootfs: Path, wheel: Path, *extra_args: str) -> str:
 class Container:
     """A booted rootfs: ``systemd-nspawn -b`` in the caller's network namespace."""
 
-    def __init__(self, rootfs: Path, *, log_path: Path | None = None) -> None:
+    def __init__(self, rootfs: Path, *, log_path: Path | None = None,
+                 netns: Path | None = None) -> None:
         self.rootfs = rootfs
         self.log_path = log_path or (rootfs.parent / "console.log")
         self._log = self.log_path.open("wb")
+        # Default: the caller's network namespace; ``netns``: one the caller made (a veth).
+        network = [f"--network-namespace-path={netns}"] if netns else []
         self.proc = subprocess.Popen(
             [
                 "systemd-nspawn", "-q", "-D", str(rootfs), "-b", "--register=no", "--keep-unit",
                 "--console=pipe", f"--machine=ruseon-{os.getpid()}-{time.monotonic_ns() % 10**6}",
+                *network,
             ],
             stdin=subprocess.DEVNULL,
             stdout=self._log,
@@ -379,7 +479,10 @@ def _log(message: str) -> None:
 
 
 def main(argv: Sequence[str]) -> int:
-    """``python -m tests.e2e.nspawn prepare [ARCH]``: build the cached layers."""
+    """``python -m tests.e2e.nspawn prepare [ARCH]``: build the cached layers.
+
+    A foreign ARCH it cannot emulate is one clear line: exit 1 in CI, 0 elsewhere (its tests
+    then skip, or fail in CI)."""
     if not argv or argv[0] != "prepare":
         print("usage: python -m tests.e2e.nspawn prepare [amd64|arm64]", file=sys.stderr)
         return 2
@@ -391,7 +494,19 @@ def main(argv: Sequence[str]) -> int:
     if os.geteuid() != 0:
         print("nspawn prepare: needs root (mmdebstrap --mode=root); skipped", file=sys.stderr)
         return 0
-    prepare(argv[1] if len(argv) > 1 else "amd64")
+    arch = argv[1] if len(argv) > 1 else HOST_ARCH
+    if arch not in ARCHES:
+        print(f"nspawn prepare: unknown arch {arch!r} ({', '.join(ARCHES)})", file=sys.stderr)
+        return 2
+    problem = emulation_problem(arch)
+    if problem:
+        print(f"nspawn prepare: cannot run {arch} here: {problem}", file=sys.stderr)
+        return 1 if os.environ.get("CI") == "true" else 0
+    try:
+        prepare(arch)
+    except PrepareError as exc:
+        print(f"nspawn prepare: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -21,7 +21,7 @@ import pytest
 
 from tests.e2e import nspawn
 from tests.e2e.whep_viewer import WhepRefused, watch
-from tests.tooling import free_port, require_tool
+from tests.tooling import free_port, require_root, require_tool
 
 pytestmark = [pytest.mark.container, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -29,6 +29,9 @@ REPO = nspawn.REPO
 HOSTNAME = "ruseon-cam-7"
 TOKEN = "t0ken-from-the-boot-partition"
 SSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDummyKeyForTheImageTestOnly0000000000 admin@ci"
+IMAGE_USER = "pi"
+WIFI_SSID = "Test Net 5"
+WIFI_PSK = "correct horse battery staple"
 
 
 @dataclass
@@ -39,6 +42,8 @@ class BootedImage:
     rootfs: Path
     http_port: int
     build_log: str
+    # ``systemctl is-enabled`` of units in the built rootfs, before its first boot.
+    enabled_before_boot: dict[str, str]
 
     @property
     def url(self) -> str:
@@ -52,6 +57,9 @@ def provisioning_file(http_port: int, rtc_port: int) -> str:
 [device]
 hostname = "{HOSTNAME}"
 ssh_authorized_keys = ["{SSH_KEY}"]
+wifi_ssid = "{WIFI_SSID}"
+wifi_psk = "{WIFI_PSK}"
+wifi_country = "GB"
 
 [auth]
 token = "{TOKEN}"
@@ -94,11 +102,18 @@ def booted_image() -> Iterator[BootedImage]:
         )
         assert build.returncode == 0, build.stdout + build.stderr
         rootfs = out / "rootfs"
+        enabled = {
+            unit: subprocess.run(
+                ["systemctl", f"--root={rootfs}", "is-enabled", unit],
+                capture_output=True, text=True, check=False,
+            ).stdout.strip()
+            for unit in ("ssh.service", "ruseon.service", "ruseon-growfs.service")
+        }
         http_port, rtc_port = free_port(), free_port(socket.SOCK_DGRAM)
         (rootfs / "boot/firmware/ruseon.toml").write_text(provisioning_file(http_port, rtc_port))
         container = nspawn.Container(rootfs, log_path=out / "console.log")
         container.wait_booted()
-        yield BootedImage(container, rootfs, http_port, build.stdout)
+        yield BootedImage(container, rootfs, http_port, build.stdout, enabled)
     finally:
         if container is not None:
             container.stop()
@@ -136,7 +151,12 @@ def test_first_boot_applied_hostname_token_and_key(booted_image: BootedImage) ->
     config = c.run("/opt/ruseon/bin/ruseon", "config", "--config", "/etc/ruseon/ruseon.toml")
     assert f'token = "{TOKEN}"' in config.stdout
     assert 'source = "synthetic"' in config.stdout
-    assert SSH_KEY in c.run("cat", "/root/.ssh/authorized_keys").stdout
+    # The keys went to the image's real (locked) login user, not to root or a missing "admin".
+    assert c.run("passwd", "--status", IMAGE_USER).stdout.split()[1] == "L"
+    keys = f"/home/{IMAGE_USER}/.ssh/authorized_keys"
+    assert SSH_KEY in c.run("cat", keys).stdout
+    assert c.run("stat", "-c", "%a %U", keys).stdout.split() == ["600", IMAGE_USER]
+    assert c.run("test", "-e", "/root/.ssh/authorized_keys", check=False).returncode == 1
     assert c.systemctl("is-enabled", "avahi-daemon.service", check=False).stdout.strip() == (
         "enabled"
     )
@@ -157,16 +177,63 @@ async def test_service_serves_video_with_the_provisioned_token(
     assert (width, height) == (320, 240)
 
 
-def test_an_invalid_file_is_set_aside_and_defaults_kept(booted_image: BootedImage) -> None:
+def test_ssh_is_off_in_the_image_until_a_key_turns_it_on(booted_image: BootedImage) -> None:
+    """The base enabled ssh.service (Debian's postinst, as rpi-image-gen's openssh-server layer);
+    the appliance layer turned it off without --ssh; the provisioned key turned it on."""
+    assert booted_image.enabled_before_boot["ssh.service"] == "disabled"
+    assert booted_image.enabled_before_boot["ruseon.service"] == "enabled"
+    assert "SSH server disabled (no --ssh)" in booted_image.build_log
+    c = booted_image.container
+    assert c.systemctl("is-enabled", "ssh.service", check=False).stdout.strip() == "enabled"
+    log = (booted_image.rootfs / "boot/firmware/ruseon-firstboot.log").read_text()
+    assert "SSH enabled" in log, log
+
+
+def test_first_boot_wifi_targets_network_manager(booted_image: BootedImage) -> None:
+    c = booted_image.container
+    profile = "/etc/NetworkManager/system-connections/ruseon-wifi.nmconnection"
+    assert c.run("stat", "-c", "%a %U", profile).stdout.split() == ["600", "root"]
+    text = c.run("cat", profile).stdout
+    for line in ("type=wifi", f"ssid={WIFI_SSID}", "key-mgmt=wpa-psk", f"psk={WIFI_PSK}"):
+        assert line in text.splitlines(), text
+    regdom = c.run("cat", "/etc/modprobe.d/cfg80211_regdomain.conf").stdout
+    assert regdom.strip() == "options cfg80211 ieee80211_regdom=GB"
+    log = (booted_image.rootfs / "boot/firmware/ruseon-firstboot.log").read_text()
+    assert WIFI_PSK not in log
+
+
+def test_root_growth_ran_once_and_left_the_containers_root_alone(booted_image: BootedImage) -> None:
+    assert booted_image.enabled_before_boot["ruseon-growfs.service"] == "enabled"
+    c = booted_image.container
+    stamp = c.run("cat", "/var/lib/ruseon-growfs/done").stdout
+    # systemd-nspawn: the root is the host's; a container never grows it.
+    assert "systemd-nspawn container" in stamp and "not grown" in stamp, stamp
+    assert c.show("ruseon-growfs", "Result")["Result"] == "success"
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        ("[camera]\nwidth = 17\n", "camera.width"),
+        ('[device]\nadmin_user = "admin"\nssh_authorized_keys = ["ssh-ed25519 AAAA x"]\n',
+         "no such account"),
+        ('[device]\nwifi_ssid = "x"\nwifi_psk = "short"\n', "wifi_psk"),
+        ('[device]\nwifi_ssid = "x"\nwifi_country = "Britain"\n', "wifi_country"),
+    ],
+)
+def test_an_invalid_file_is_set_aside_and_defaults_kept(
+    booted_image: BootedImage, content: str, reason: str
+) -> None:
     c = booted_image.container
     boot = booted_image.rootfs / "boot/firmware"
     before = c.run("cat", "/etc/ruseon/ruseon.toml").stdout
-    (boot / "ruseon.toml").write_text("[camera]\nwidth = 17\n")
+    (boot / "ruseon.toml.invalid").unlink(missing_ok=True)
+    (boot / "ruseon.toml").write_text(content)
     c.systemctl("start", "ruseon-firstboot.service")
     assert (boot / "ruseon.toml.invalid").exists()
     assert not (boot / "ruseon.toml").exists()
     log = (boot / "ruseon-firstboot.log").read_text()
-    assert "NOT applied" in log and "camera.width" in log, log
+    assert "NOT applied" in log and reason in log, log
     assert c.run("cat", "/etc/ruseon/ruseon.toml").stdout == before
 
 
@@ -174,6 +241,7 @@ def test_image_scripts_are_shellcheck_and_yaml_clean() -> None:
     require_tool("shellcheck", "scripts/install-system-deps")
     subprocess.run(
         ["shellcheck", str(REPO / "image/build"), str(REPO / "image/layer/apply.sh"),
+         str(REPO / "image/layer/network-manager.sh"), str(REPO / "image/layer/ruseon-growfs"),
          str(REPO / "systemd/install.sh")],
         check=True,
     )
@@ -212,3 +280,151 @@ def test_arm64_debian_target_follows_binfmt(tmp_path: Path) -> None:
         assert result.returncode == 1
         if not available:
             assert "qemu-user-static binfmt-support" in result.stderr, result.stderr
+
+
+# -- the rpi target's logic, with a stand-in for rpi-image-gen ------------------------------------
+# rpi-image-gen cannot run here (x86, no Raspberry Pi archive), so a stand-in takes its place: it
+# records its arguments, runs "hooks" the way rpi-image-gen does (in the -S source tree, where a
+# relative path means something else), and writes the raw image where rpi-image-gen writes it:
+# IGconf_image_outputdir = <-B work root>/image-<name>/<name>.img (layer/base/image-base.yaml).
+STAND_IN = """#!/bin/bash
+set -eu
+echo "$@" > "$RECORD/argv"
+src="" work="" cfg=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+        build) shift ;;
+        -S) src=$2; shift 2 ;;
+        -B) work=$2; shift 2 ;;
+        -c) cfg=$2; shift 2 ;;
+        --) shift; break ;;
+        *) echo "stand-in: unexpected $1" >&2; exit 2 ;;
+    esac
+done
+for kv in "$@"; do export "${kv?}"; done
+cd "$src"
+test -f "config/$cfg"
+test -f "$IGconf_ruseon_wheel" && echo "wheel found from $PWD" > "$RECORD/hook"
+test -d "$IGconf_ruseon_wheels" && echo "wheels found" >> "$RECORD/hook"
+echo "$IGconf_ruseon_repo" > "$RECORD/repo"
+if [ "${STAND_IN_WRITES:-yes}" = yes ]; then
+    mkdir -p "$work/image-ruseon"
+    echo "raw image bytes" > "$work/image-ruseon/ruseon.img"
+fi
+"""
+
+
+def run_rpi_build(tmp_path: Path, *extra: str, writes: bool = True
+                  ) -> subprocess.CompletedProcess[str]:
+    """``image/build rpi`` from ``tmp_path`` with relative paths and the stand-in."""
+    require_root("image/build requires root")
+    require_tool("xz", "scripts/install-system-deps")
+    rig = tmp_path / "rig"
+    rig.mkdir()
+    (rig / "rpi-image-gen").write_text(STAND_IN)
+    (rig / "rpi-image-gen").chmod(0o755)
+    (tmp_path / "dist").mkdir()
+    wheel = tmp_path / "dist/ruseon_appliance-0.1.0-py3-none-any.whl"
+    wheel.write_bytes(b"PK\x05\x06" + bytes(18))  # an empty zip: the stand-in only checks it
+    (tmp_path / "wheels").mkdir()
+    (tmp_path / "record").mkdir()
+    env = {**os.environ, "IMAGE_BUILD_HOST_CHECK": "0", "RECORD": str(tmp_path / "record"),
+           "STAND_IN_WRITES": "yes" if writes else "no"}
+    return subprocess.run(
+        [str(REPO / "image/build"), "rpi", "--rpi-image-gen", "rig", "--device", "pi5",
+         "--wheel", "dist/ruseon_appliance-0.1.0-py3-none-any.whl", "--wheels", "wheels",
+         "--work", "work", "--out", "out", *extra],
+        capture_output=True, text=True, timeout=120, check=False, cwd=tmp_path, env=env,
+    )
+
+
+def test_rpi_target_passes_a_work_root_and_reads_the_image_from_it(tmp_path: Path) -> None:
+    result = run_rpi_build(tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    argv = (tmp_path / "record/argv").read_text().split()
+    # -B names the work root (absolute): nothing lands in <cwd>/work by default or in the repo.
+    assert argv[argv.index("-B") + 1] == str(tmp_path / "work")
+    # Relative --wheel/--wheels were made absolute before the hooks ran in the source tree.
+    assert f"IGconf_ruseon_wheel={tmp_path}/dist/ruseon_appliance-0.1.0-py3-none-any.whl" in argv
+    assert f"IGconf_ruseon_wheels={tmp_path}/wheels" in argv
+    assert "IGconf_ruseon_ssh=n" in argv
+    hook = (tmp_path / "record/hook").read_text()
+    assert "wheel found" in hook and "wheels found" in hook and str(tmp_path) not in hook
+    assert (tmp_path / "record/repo").read_text().strip() == str(REPO)
+    images = list((tmp_path / "out").glob("ruseon-*.img.xz"))
+    assert len(images) == 1, list((tmp_path / "out").iterdir())
+    raw = subprocess.run(["xz", "-dc", str(images[0])], capture_output=True, check=True).stdout
+    assert raw == b"raw image bytes\n"
+    sha = images[0].with_name(images[0].name + ".sha256").read_text()
+    assert images[0].name in sha
+    # The device layer was chosen in the copied config, not in the repository's.
+    assert "layer: rpi4" in (REPO / "image/rpi/config/ruseon.yaml").read_text()
+
+
+def test_rpi_target_says_where_it_looked_when_no_image_came_out(tmp_path: Path) -> None:
+    result = run_rpi_build(tmp_path, writes=False)
+    assert result.returncode == 1
+    expected = f"wrote no {tmp_path}/work/image-ruseon/ruseon.img"
+    assert expected in result.stderr, result.stderr
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").glob("*.img.xz"))
+
+
+def test_rpi_target_refuses_a_work_root_inside_the_checkout(tmp_path: Path) -> None:
+    require_root("image/build requires root")
+    result = subprocess.run(
+        [str(REPO / "image/build"), "check", "rpi", "--rpi-image-gen", str(tmp_path),
+         "--work", str(REPO / "work")],
+        capture_output=True, text=True, timeout=60, check=False, cwd=REPO,
+        env={**os.environ, "IMAGE_BUILD_HOST_CHECK": "0"},
+    )
+    assert result.returncode == 1
+    assert "is inside this checkout" in result.stderr, result.stderr
+    assert not (REPO / "work").exists()
+
+
+def test_network_manager_becomes_the_one_stack(tmp_path: Path) -> None:
+    """What trixie-minbase and the device layer leave, then network-manager.sh (as upstream's
+    CM5 jig layer): .network files gone, networkd and iwd masked, NetworkManager enabled."""
+    require_tool("systemctl", "scripts/install-system-deps")
+    rootfs = tmp_path / "rootfs"
+    network = rootfs / "etc/systemd/network"
+    network.mkdir(parents=True)
+    for name in ("01-eth0.network", "02-wlan0.network"):
+        (network / name).write_text("[Match]\nName=x\n[Network]\nDHCP=yes\n")
+    (network / "99-default.link").symlink_to("/dev/null")
+    units = rootfs / "usr/lib/systemd/system"
+    units.mkdir(parents=True)
+    (units / "NetworkManager.service").write_text(
+        "[Service]\nExecStart=/usr/sbin/NetworkManager\n[Install]\nWantedBy=multi-user.target\n")
+    subprocess.run([str(REPO / "image/layer/network-manager.sh"), str(rootfs)], check=True,
+                   capture_output=True)
+    assert sorted(p.name for p in network.iterdir()) == ["99-default.link"]
+    system = rootfs / "etc/systemd/system"
+    for unit in ("systemd-networkd.service", "systemd-networkd.socket",
+                 "systemd-networkd-wait-online.service", "iwd.service"):
+        assert os.readlink(system / unit) == "/dev/null", unit
+    assert (system / "multi-user.target.wants/NetworkManager.service").is_symlink()
+    assert oct((rootfs / "etc/NetworkManager/system-connections").stat().st_mode & 0o777) == "0o700"
+
+
+def test_rpi_layer_wires_user_wheels_network_and_ssh() -> None:
+    """The layer YAML passes what apply.sh needs; its metadata declares every variable used."""
+    import yaml
+
+    layer_text = (REPO / "image/rpi/layer/ruseon-appliance.yaml").read_text()
+    layer = yaml.safe_load(layer_text.split("\n---\n", 1)[1])
+    (hook,) = layer["mmdebstrap"]["customize-hooks"]
+    for part in ('--wheel "$IGconf_ruseon_wheel"', '--wheels "$IGconf_ruseon_wheels"',
+                 '--admin-user "$IGconf_device_user1"', "--network-manager", "--ssh"):
+        assert part in hook, hook
+    packages = layer["mmdebstrap"]["packages"]
+    for package in ("network-manager", "wpasupplicant", "cloud-guest-utils", "python3-picamera2"):
+        assert package in packages
+    for var in ("repo", "wheel", "wheels", "ssh"):
+        assert f"# X-Env-Var-{var}:" in layer_text or f"# X-Env-Var-{var}: " in layer_text
+    assert "systemd-net-min" not in layer_text.split("X-Env-Layer-Requires:", 1)[1].split("\n")[0]
+    config = yaml.safe_load((REPO / "image/rpi/config/ruseon.yaml").read_text())
+    assert config["include"]["file"] == "trixie-minbase.yaml"
+    assert config["device"]["user1"] == "pi"
+    assert config["layer"]["app"] == "ruseon-appliance"
+
