@@ -24,6 +24,7 @@ from .config import Config
 from .engine.engine import Engine, default_advertise
 from .engine.fanout import Fanout
 from .relay import RtpRelay
+from .hls import HlsStream
 from .systemd_integration import SystemdNotifier, frames_flowing
 from .web.app import make_app
 
@@ -48,6 +49,7 @@ class Appliance:
         self.relays: list[RtpRelay] = []
         # The relays' fan-out when the engine has none (send_path = "aiortc").
         self._relay_fanout: Fanout | None = None
+        self.hls: HlsStream | None = None
         self._runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.started = time.time()
@@ -70,8 +72,19 @@ class Appliance:
         await self.engine.start()
         await self._start_relays()
 
+        if config.hls.enable:
+            self.hls = HlsStream(
+                self.capture.ring,
+                framerate=config.camera.framerate,
+                keyframe_interval=config.camera.keyframe_interval,
+                part_target_s=config.hls.part_duration_s,
+                window_s=config.hls.window_s,
+                max_waiting=config.hls.max_waiting_requests,
+            )
+            await self.hls.start()
+
         app = make_app(config, self.engine, self.capture, started=self.started,
-                       relays=self.relays)
+                       relays=self.relays, hls=self.hls)
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
         await self._runner.setup()
         tls = self._tls_context()
@@ -159,6 +172,8 @@ class Appliance:
         self.notifier.stopping()
         for task in self._tasks:
             task.cancel()
+        if self.hls is not None:
+            await self.hls.stop()  # wakes held HLS requests before the server waits for them
         if self._runner is not None:
             await self._runner.cleanup()
         for relay in self.relays:

@@ -143,6 +143,19 @@ class StateConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class HlsConfig:
+    """``[hls]``: HLS and Low-Latency HLS under ``/hls/`` (the page's fallback, Safari, caches)."""
+
+    enable: bool = True
+    # PART-TARGET: every partial segment is at most this long (LL-HLS wants ~0.2-0.33 s).
+    part_duration_s: float = 0.25
+    # Seconds of complete segments kept in memory (never fewer than three target durations).
+    window_s: float = 12.0
+    # Blocking playlist reloads and hinted part requests held at once; more get 503.
+    max_waiting_requests: int = 1000
+
+
+@dataclass(frozen=True, slots=True)
 class LogConfig:
     """``[log]``: verbosity."""
 
@@ -190,6 +203,7 @@ class Config:
     auth: AuthConfig = field(default_factory=AuthConfig)
     state: StateConfig = field(default_factory=StateConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    hls: HlsConfig = field(default_factory=HlsConfig)
     # ``[[relay]]`` tables (an array, not a section).
     relay: tuple[RelayConfig, ...] = ()
 
@@ -494,6 +508,12 @@ def validate(config: Config) -> None:
         "allowed are debug, info, warning, error",
     )
     _check(bool(config.state.dir), "state.dir", config.state.dir, "a directory path")
+    hls = config.hls
+    _check(0.1 <= hls.part_duration_s <= 2.0, "hls.part_duration_s", hls.part_duration_s,
+           "0.1 to 2.0 seconds (LL-HLS parts are usually 0.2-0.33 s)")
+    _check(4.0 <= hls.window_s <= 120.0, "hls.window_s", hls.window_s, "4 to 120 seconds")
+    _check(1 <= hls.max_waiting_requests <= 100_000, "hls.max_waiting_requests",
+           hls.max_waiting_requests, "1 to 100000")
     validate_relays(config.relay)
 
 

@@ -17,6 +17,7 @@ from aiohttp import web
 from ruseon_appliance.web.api import DeviceApi
 from ruseon_appliance.web.auth import auth_middleware
 from ruseon_appliance.web.cors import cors_middleware
+from ruseon_appliance.web.hls import HlsResource
 from ruseon_appliance.web.metrics import WebMetrics
 from ruseon_appliance.web.problem import ERROR_COUNTS, MAX_BODY_BYTES, problem_middleware
 from ruseon_appliance.web.relay import RelayResource
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from ruseon_appliance.config import Config
     from ruseon_appliance.engine.engine import Engine
     from ruseon_appliance.relay import RtpRelay
+    from ruseon_appliance.hls import HlsStream
 
 log = logging.getLogger(__name__)
 
@@ -39,12 +41,19 @@ _OPEN_PATHS = frozenset({"/", "/healthz", "/favicon.ico"})
 WEB_METRICS: web.AppKey[WebMetrics] = web.AppKey("web_metrics", WebMetrics)
 WHEP: web.AppKey[WhepResource] = web.AppKey("whep", WhepResource)
 DEVICE_API: web.AppKey[DeviceApi] = web.AppKey("device_api", DeviceApi)
+HLS: web.AppKey[HlsResource] = web.AppKey("hls", HlsResource)
 
 
 def needs_token(request: web.Request) -> bool:
     """True for WHEP, the API, the snapshot and metrics; False for the page and ``/healthz``."""
     path = request.path
     return path not in _OPEN_PATHS and not path.startswith("/static/")
+
+
+def token_in_query(request: web.Request) -> bool:
+    """Only HLS takes ``?token=``: native players (Safari) cannot add a header to the requests
+    they make for the playlist's parts."""
+    return request.path.startswith("/hls/")
 
 
 async def _device_page(request: web.Request) -> web.FileResponse:
@@ -56,11 +65,13 @@ async def _device_page(request: web.Request) -> web.FileResponse:
 def make_app(
     config: Config, engine: Engine, capture: CapturePipeline, *, started: float,
     relays: Sequence[RtpRelay] = (),
+    hls: HlsStream | None = None,
 ) -> web.Application:
     """The web application for one engine and one capture pipeline.
 
     ``started`` is the service's start time (``time.time()``), for the uptime in ``/api/status``;
-    ``relays`` get ``/relay/<name>.sdp`` and their part of the status and metrics.
+    ``relays`` get ``/relay/<name>.sdp`` and their part of the status and metrics; ``hls``, when
+    given, is served under ``/hls/``.
     """
     token = config.auth.resolve_token()
     max_body = config.http.max_offer_bytes
@@ -69,7 +80,7 @@ def make_app(
         middlewares=[
             cors_middleware(config.http.cors_origins),
             problem_middleware,
-            auth_middleware(token, needs_token),
+            auth_middleware(token, needs_token, token_in_query),
         ],
     )
     app[ERROR_COUNTS] = {}
@@ -105,6 +116,13 @@ def make_app(
         relay_resource.add_routes(app)
         api.status_sections["relays"] = relay_resource.status
         api.metrics_sections.append(relay_resource.metrics)
+
+    if hls is not None:
+        hls_resource = HlsResource(hls, token_required=bool(token))
+        hls_resource.add_routes(app)
+        api.status_sections["hls"] = hls_resource.status
+        api.metrics_sections.append(hls_resource.metrics_text)
+        app[HLS] = hls_resource
 
     app.router.add_get("/", _device_page)
     app.router.add_static("/static/", STATIC_DIR, append_version=False)

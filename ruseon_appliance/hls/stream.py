@@ -1,0 +1,183 @@
+"""The HLS stream: ring → fMP4 segmenter → live window, and the waits LL-HLS clients block on.
+
+One ring reader and one segmenter serve every HLS client (and every HTTP cache in front of the
+board): a client costs a few dictionary look-ups and a send, never a packetization or a copy.
+Blocking playlist reloads and preload-hinted part requests wait on one shared event that is
+replaced each time a part arrives; how many may wait at once is bounded, and every refusal and
+timeout is counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ruseon_appliance.capture.ring import RingBuffer
+from ruseon_appliance.hls.window import (
+    LiveWindow,
+    Part,
+    fragment_max_for,
+    target_duration_for,
+)
+from ruseon_appliance.segmenter import Fmp4Segmenter, Fragment, run_segmenter
+
+log = logging.getLogger(__name__)
+
+
+class TooManyWaiting(Exception):
+    """The bound on outstanding blocking requests is reached."""
+
+
+class HlsStream:
+    """Feeds a :class:`LiveWindow` from the ring and lets requests wait for the live edge."""
+
+    def __init__(
+        self,
+        ring: RingBuffer,
+        *,
+        framerate: int,
+        keyframe_interval: int,
+        part_target_s: float = 0.25,
+        window_s: float = 12.0,
+        max_waiting: int = 1000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.ring = ring
+        self.framerate = framerate
+        self.window = LiveWindow(
+            target_duration=target_duration_for(keyframe_interval, framerate),
+            part_target_s=part_target_s,
+            window_s=window_s,
+        )
+        self.segmenter = Fmp4Segmenter(fragment_max_s=fragment_max_for(part_target_s, framerate))
+        self.max_waiting = max_waiting
+        self.clock = clock
+        self.waiting = 0
+        self.waits_refused = 0
+        self.waits_timed_out = 0
+        self.waits_satisfied = 0
+        self._edge = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._stopped = False
+        self.last_part_monotonic: float | None = None
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start reading the ring (from its newest keyframe)."""
+        self._stopped = False
+        self._task = asyncio.create_task(self._run(), name="hls-segmenter")
+
+    async def stop(self) -> None:
+        """Stop reading; waiting requests are woken and find nothing new."""
+        self._stopped = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        self._wake()
+
+    async def _run(self) -> None:
+        reader = self.ring.reader("keyframe")
+        try:
+            await run_segmenter(reader, self.segmenter, self._sink)
+        finally:
+            reader.close()
+
+    def _sink(self, fragments: list[Fragment]) -> None:
+        init = self.segmenter.init_segment
+        for fragment in fragments:
+            if init is not None and fragment.init_generation == self.segmenter.init_generation:
+                self.window.add_init(fragment.init_generation, init)
+            self.window.add(fragment)
+        self.last_part_monotonic = self.clock()
+        self._wake()
+
+    def add_fragments(self, fragments: list[Fragment], init: bytes) -> None:
+        """Feed fragments directly (benchmarks and tests that bypass the ring)."""
+        for fragment in fragments:
+            self.window.add_init(fragment.init_generation, init)
+            self.window.add(fragment)
+        self._wake()
+
+    def _wake(self) -> None:
+        edge, self._edge = self._edge, asyncio.Event()
+        edge.set()
+
+    # -- waiting ----------------------------------------------------------------------------
+
+    @property
+    def hold_timeout_s(self) -> float:
+        """How long a blocking request may be held: three target durations (RFC 8216bis)."""
+        return 3.0 * self.window.target_duration
+
+    async def _wait(self, ready: Callable[[], bool], timeout: float) -> bool:
+        if ready():
+            return True
+        if self.waiting >= self.max_waiting:
+            self.waits_refused += 1
+            raise TooManyWaiting
+        self.waiting += 1
+        deadline = self.clock() + timeout
+        try:
+            while not ready():
+                remaining = deadline - self.clock()
+                if remaining <= 0 or self._stopped:
+                    self.waits_timed_out += 1
+                    return False
+                edge = self._edge
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(edge.wait(), remaining)
+            self.waits_satisfied += 1
+            return True
+        finally:
+            self.waiting -= 1
+
+    async def wait_for_playlist(self, msn: int, part: int | None, timeout: float) -> bool:
+        """Wait until the window holds segment ``msn`` (complete) or part ``part`` of it;
+        False on timeout. Raises :class:`TooManyWaiting` when the bound is reached."""
+        return await self._wait(lambda: self.window.satisfies(msn, part), timeout)
+
+    async def wait_for_part(self, number: int, timeout: float) -> Part | None:
+        """Wait for part ``number`` (the preload hint names one before it exists)."""
+        await self._wait(lambda: self.window.part(number) is not None
+                         or number < self.window.next_part_number, timeout)
+        return self.window.part(number)
+
+    async def wait_for_first_part(self, timeout: float) -> bool:
+        """Wait until the window has something to list."""
+        return await self._wait(lambda: not self.window.empty, timeout)
+
+    # -- reporting --------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """Window, segmenter and waiting counters, for ``/api/status`` and ``/metrics``."""
+        window = self.window
+        position = window.position
+        newest = window.segments[-1] if window.segments else None
+        return {
+            "run_id": window.run_id,
+            "target_duration_s": window.target_duration,
+            "part_target_s": window.part_target_s,
+            "segments": len(window.segments),
+            "window_bytes": window.size,
+            "media_sequence": window.first_msn,
+            "live_msn": position.msn,
+            "live_part": position.parts - 1,
+            "parts_added": window.parts_added,
+            "discontinuities": window.discontinuities,
+            "segments_split": window.segments_split,
+            "newest_capture_time_us": (newest.parts[-1].capture_time_us
+                                       if newest and newest.parts else None),
+            "codec": self.segmenter.codec,
+            "blocking_waiting": self.waiting,
+            "blocking_max": self.max_waiting,
+            "blocking_refused": self.waits_refused,
+            "blocking_timed_out": self.waits_timed_out,
+            "blocking_satisfied": self.waits_satisfied,
+        }

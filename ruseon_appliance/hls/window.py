@@ -1,0 +1,306 @@
+"""The live window: the segmenter's fragments as LL-HLS parts, grouped into segments at IDRs.
+
+Everything lives in memory and the window is bounded (by media duration and by bytes), so the SD
+card never sees a segment. Numbering never goes backwards while the process runs:
+
+- a segment's media sequence number (MSN) grows by one per segment;
+- a part's number is global (one per fragment, across segments), so the preload hint always
+  names the very next part, whether or not it turns out to start a new segment;
+- a timeline break (the segmenter was reset after a ring overrun, the camera restarted, or the
+  SPS/PPS changed and with them the init segment) marks the next segment with a discontinuity,
+  and the discontinuity sequence counts the ones that have left the window.
+
+Names carry a per-process run id, so an HTTP cache in front can never hand out a part from a
+previous run of the service under the same name.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from ruseon_appliance.segmenter import Fragment
+
+TIMESCALE = 90_000
+# A fragment continuing the previous one starts exactly where it ended (the segmenter derives
+# durations from the next frame's pts); this much slack absorbs rounding in other timescales.
+CONTINUITY_SLACK_TICKS = 90
+
+
+@dataclass(slots=True)
+class Part:
+    """One LL-HLS partial segment: one fragment (moof+mdat) of the segmenter."""
+
+    number: int
+    msn: int
+    index: int  # position inside its segment (the _HLS_part of blocking requests)
+    data: bytes | memoryview
+    duration_s: float
+    independent: bool
+    capture_time_us: int
+
+
+@dataclass(slots=True)
+class Segment:
+    """A media segment: the parts from one IDR (or a forced split) to the next."""
+
+    msn: int
+    init_generation: int
+    discontinuity: bool
+    capture_time_us: int
+    # Discontinuity sequence number: discontinuities up to and including this segment's own.
+    dsn: int = 0
+    parts: list[Part] = field(default_factory=list)
+    complete: bool = False
+    data: bytes | None = None  # the parts joined, once complete
+
+    @property
+    def duration_s(self) -> float:
+        """Sum of the parts' durations."""
+        return sum(p.duration_s for p in self.parts)
+
+    @property
+    def size(self) -> int:
+        """Bytes held (parts share the joined segment's buffer once complete)."""
+        return len(self.data) if self.data is not None else sum(len(p.data) for p in self.parts)
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    """Where the live edge is: the open segment's MSN and how many parts it has so far."""
+
+    msn: int
+    parts: int
+
+
+class LiveWindow:
+    """A bounded window of segments and parts, fed fragment by fragment.
+
+    ``target_duration`` is the playlist's ``EXT-X-TARGETDURATION`` (whole seconds); it never
+    changes, so a segment that would outgrow it is split before the next part even without an
+    IDR (that segment then starts with a non-independent part, which HLS allows).
+    ``window_s`` is how much complete media is kept; at least three target durations plus the
+    open segment are kept whatever it says, as RFC 8216 asks of a live playlist.
+    """
+
+    def __init__(
+        self,
+        *,
+        target_duration: int,
+        part_target_s: float,
+        window_s: float,
+        max_bytes: int = 64 * 1024 * 1024,
+        run_id: str | None = None,
+    ) -> None:
+        self.target_duration = max(1, target_duration)
+        self.part_target_s = part_target_s
+        self.window_s = max(window_s, 3 * self.target_duration + part_target_s)
+        self.max_bytes = max_bytes
+        self.run_id = run_id or secrets.token_hex(4)
+        self.segments: deque[Segment] = deque()
+        self.inits: dict[int, bytes] = {}
+        self._parts_by_number: dict[int, Part] = {}
+        self._next_msn = 0
+        self._next_part = 0
+        self._expected_pts: int | None = None
+        self._generation: int | None = None
+        self._break_pending = False
+        self._bytes = 0
+        self.parts_added = 0
+        self.segments_split = 0
+        self.discontinuities = 0
+
+    # -- feeding ---------------------------------------------------------------------------
+
+    def add_init(self, generation: int, init: bytes) -> None:
+        """Remember the init segment (ftyp+moov) for ``generation``."""
+        self.inits.setdefault(generation, init)
+
+    def mark_break(self) -> None:
+        """The timeline is broken (camera restarted, ring overrun): the next part opens a new
+        segment after an ``EXT-X-DISCONTINUITY``."""
+        self._break_pending = True
+
+    def add(self, fragment: Fragment) -> Part:
+        """Add one fragment as the next part; returns it."""
+        duration_s = fragment.duration / TIMESCALE
+        broken = self._break_pending or (
+            self._generation is not None and fragment.init_generation != self._generation
+        ) or (
+            self._expected_pts is not None
+            and abs(fragment.start_pts - self._expected_pts) > CONTINUITY_SLACK_TICKS
+        )
+        self._break_pending = False
+        open_segment = self.segments[-1] if self.segments and not self.segments[-1].complete \
+            else None
+        starts_segment = open_segment is None or broken or fragment.independent
+        if open_segment is not None and not starts_segment and (
+            round(open_segment.duration_s + duration_s) > self.target_duration
+        ):
+            starts_segment = True  # keep every EXTINF within TARGETDURATION
+            self.segments_split += 1
+        if starts_segment:
+            if open_segment is not None:
+                self._complete(open_segment)
+            first = self._next_msn == 0 and not self.segments
+            open_segment = Segment(
+                msn=self._next_msn,
+                init_generation=fragment.init_generation,
+                discontinuity=broken and not first,
+                capture_time_us=fragment.capture_time_us,
+            )
+            if open_segment.discontinuity:
+                self.discontinuities += 1
+            open_segment.dsn = self.discontinuities
+            self._next_msn += 1
+            self.segments.append(open_segment)
+        assert open_segment is not None
+        part = Part(
+            number=self._next_part,
+            msn=open_segment.msn,
+            index=len(open_segment.parts),
+            data=fragment.data,
+            duration_s=duration_s,
+            independent=fragment.independent,
+            capture_time_us=fragment.capture_time_us,
+        )
+        self._next_part += 1
+        open_segment.parts.append(part)
+        self._parts_by_number[part.number] = part
+        self._bytes += len(fragment.data)
+        self._generation = fragment.init_generation
+        self._expected_pts = fragment.start_pts + fragment.duration
+        self.parts_added += 1
+        self._evict()
+        return part
+
+    def _complete(self, segment: Segment) -> None:
+        segment.complete = True
+        # One buffer per segment; the parts become views into it, so a complete segment is not
+        # held twice.
+        joined = b"".join(bytes(p.data) for p in segment.parts)
+        view = memoryview(joined)
+        offset = 0
+        for part in segment.parts:
+            size = len(part.data)
+            part.data = view[offset:offset + size]
+            offset += size
+        segment.data = joined
+
+    def _evict(self) -> None:
+        complete_s = sum(s.duration_s for s in self.segments if s.complete)
+        while len(self.segments) > 1 and self.segments[0].complete:
+            oldest = self.segments[0]
+            too_long = complete_s - oldest.duration_s >= self.window_s
+            too_big = self._bytes > self.max_bytes and len(self.segments) > 2
+            if not (too_long or too_big):
+                break
+            self.segments.popleft()
+            complete_s -= oldest.duration_s
+            self._bytes -= oldest.size
+            for part in oldest.parts:
+                self._parts_by_number.pop(part.number, None)
+        live = {s.init_generation for s in self.segments}
+        for generation in [g for g in self.inits if g not in live]:
+            if generation != self._generation:
+                del self.inits[generation]
+
+    # -- reading ---------------------------------------------------------------------------
+
+    @property
+    def empty(self) -> bool:
+        """True until the first part arrived."""
+        return not self.segments
+
+    @property
+    def position(self) -> Position:
+        """The live edge (the newest segment's MSN and its part count)."""
+        if not self.segments:
+            return Position(-1, 0)
+        newest = self.segments[-1]
+        return Position(newest.msn, len(newest.parts))
+
+    @property
+    def next_part_number(self) -> int:
+        """The number the next part will get (the preload hint names it)."""
+        return self._next_part
+
+    @property
+    def first_msn(self) -> int:
+        """The oldest segment's MSN (``EXT-X-MEDIA-SEQUENCE``)."""
+        return self.segments[0].msn if self.segments else 0
+
+    @property
+    def discontinuity_sequence(self) -> int:
+        """``EXT-X-DISCONTINUITY-SEQUENCE``: the oldest segment's discontinuity number (its own
+        discontinuity, if it has one, is then implied and not tagged again)."""
+        return self.segments[0].dsn if self.segments else 0
+
+    @property
+    def size(self) -> int:
+        """Bytes held."""
+        return self._bytes
+
+    def satisfies(self, msn: int, part: int | None) -> bool:
+        """Does the window already hold what a blocking reload for ``msn``/``part`` waits for?
+
+        Without ``part``: segment ``msn`` is complete. With it: part ``part`` of segment ``msn``
+        exists, or a later segment has begun (segment ``msn`` ended with fewer parts).
+        """
+        if not self.segments:
+            return False
+        newest = self.segments[-1]
+        if part is None:
+            last_complete = newest.msn if newest.complete else newest.msn - 1
+            return msn <= last_complete
+        return msn < newest.msn or (msn == newest.msn and part < len(newest.parts))
+
+    def part(self, number: int) -> Part | None:
+        """The part with that global number, if still in the window."""
+        return self._parts_by_number.get(number)
+
+    def segment(self, msn: int) -> Segment | None:
+        """The complete segment ``msn``, if still in the window."""
+        if not self.segments:
+            return None
+        index = msn - self.segments[0].msn
+        if 0 <= index < len(self.segments):
+            segment = self.segments[index]
+            return segment if segment.complete else None
+        return None
+
+    def init(self, generation: int) -> bytes | None:
+        """The init segment of ``generation``, if any segment in the window still uses it."""
+        return self.inits.get(generation)
+
+    def recent_segments(self) -> Sequence[Segment]:
+        """All segments, oldest first (the newest may be open)."""
+        return self.segments
+
+    def part_lists(self) -> Iterator[tuple[Segment, bool]]:
+        """Every segment with whether its parts are listed: those within three target durations
+        of the live edge (RFC 8216bis: older parts may be left out of the playlist)."""
+        horizon = 3 * self.target_duration
+        edge = 0.0
+        listed: set[int] = set()
+        for segment in reversed(self.segments):
+            if edge < horizon:
+                listed.add(segment.msn)
+            edge += segment.duration_s
+        for segment in self.segments:
+            yield segment, segment.msn in listed
+
+
+def target_duration_for(keyframe_interval: int, framerate: int) -> int:
+    """``EXT-X-TARGETDURATION`` for a camera with that GOP: the GOP rounded up to seconds."""
+    return max(1, math.ceil(keyframe_interval / max(1, framerate) - 1e-9))
+
+
+def fragment_max_for(part_target_s: float, framerate: int) -> float:
+    """What to ask of the segmenter so no part outgrows ``part_target_s``: it closes a fragment
+    once it holds at least ``fragment_max_s``, i.e. up to one frame interval later."""
+    frame_s = 1 / max(1, framerate)
+    return max(frame_s / 2, part_target_s - frame_s + 1e-6)
