@@ -25,6 +25,7 @@ const player = {
   lastFrames: 0,
   lastFrameChange: 0,
   viewers: null,
+  transport: "webrtc", // "hls" while hls-fallback.js plays the stream instead
   get pc() { return this.client ? this.client.pc : null; },
 };
 window.ruseon = player; // for diagnostics and the end-to-end tests
@@ -60,6 +61,7 @@ function toast(text) {
 
 async function connect() {
   clearTimeout(player.retryTimer);
+  if (player.transport !== "webrtc") return; // HLS plays instead (hls-fallback.js)
   const generation = ++player.generation;
   if (player.client) player.client.close();
   const client = new WhepClient("/whep", { token: token() });
@@ -96,6 +98,11 @@ async function connect() {
 }
 
 function handleConnectError(error) {
+  if (error instanceof WhepError && error.status === 406) {
+    // The server and this browser share no codec: hls-fallback.js may play HLS instead.
+    window.dispatchEvent(new CustomEvent("ruseon:webrtc-unsupported", { detail: error.message }));
+    if (player.transport !== "webrtc") return;
+  }
   if (error instanceof WhepError) {
     if (error.status === 401) {
       askForToken(token() ? "That token was not accepted. Try again." : null);
@@ -147,6 +154,23 @@ $("token-form").addEventListener("submit", () => {
 });
 
 window.addEventListener("pagehide", () => { if (player.client) player.client.close(); });
+
+// For hls-fallback.js: hand the video element over to HLS and take it back.
+player.setState = setState;
+player.askForToken = askForToken;
+player.token = token;
+player.stopWebrtc = () => {
+  clearTimeout(player.retryTimer);
+  player.generation++;
+  if (player.client) player.client.close();
+  player.client = null;
+  video.srcObject = null;
+};
+player.startWebrtc = () => {
+  player.transport = "webrtc";
+  player.attempt = 0;
+  connect();
+};
 
 // ---------------------------------------------------------------------------------------------
 // Statistics
@@ -220,6 +244,7 @@ function render(stats) {
 }
 
 async function statsTick() {
+  if (player.transport !== "webrtc") return; // hls-fallback.js shows its own figures
   let stats = null;
   try { stats = await collectStats(); } catch { stats = null; }
   player.lastStats = stats;

@@ -1,0 +1,211 @@
+// HLS for the device page when WebRTC cannot play: UDP blocked (guest Wi-Fi, VPNs), a browser
+// without H.264 for WebRTC (Firefox without OpenH264), or a server that answers /whep with 406.
+// Safari plays the appliance's LL-HLS natively; other browsers use the vendored hls.js
+// (/static/vendor/hls.min.js, loaded only when needed). A button switches by hand.
+//
+// device.js owns WebRTC; this module only takes the <video> over (player.stopWebrtc) and gives
+// it back (player.startWebrtc). window.ruseon.transport says which one plays.
+
+const PLAYLIST = "/hls/index.m3u8";
+const HLS_SCRIPT = "/static/vendor/hls.min.js";
+const CHOICE_KEY = "ruseon.transport"; // "webrtc" | "hls" when chosen by hand (per tab)
+// WebRTC that has not shown a picture this long after it started trying is given up on.
+const FALLBACK_MS = 5000;
+const WATCH_MS = 500;
+const STATS_MS = 1000;
+
+const $ = (id) => document.getElementById(id);
+const video = $("video");
+const state = {
+  mode: "webrtc", // what plays now
+  reason: "",
+  hls: null, // the hls.js instance
+  native: false,
+  notLiveSince: performance.now(),
+  lastFrames: 0,
+  lastTime: 0,
+  statsTimer: 0,
+};
+window.ruseonHls = state; // for diagnostics and the end-to-end tests
+
+function player() { return window.ruseon; }
+function chosen() { return sessionStorage.getItem(CHOICE_KEY) || ""; }
+
+function label(text, title) {
+  const el = $("transport");
+  if (!el) return;
+  el.textContent = text;
+  el.title = title || "";
+  el.dataset.transport = state.mode;
+  const button = $("btn-transport");
+  if (button) {
+    button.querySelector(".label").textContent = state.mode === "hls" ? "WebRTC" : "HLS";
+    button.title = state.mode === "hls" ? "Switch to WebRTC" : "Switch to HLS";
+  }
+}
+
+function webrtcCanDecodeH264() {
+  if (typeof RTCPeerConnection === "undefined" || typeof RTCRtpReceiver === "undefined") return false;
+  if (!RTCRtpReceiver.getCapabilities) return true; // cannot tell: let WHEP try
+  const caps = RTCRtpReceiver.getCapabilities("video");
+  return !!caps && caps.codecs.some((c) => c.mimeType.toLowerCase() === "video/h264");
+}
+
+function useNative() {
+  // Safari (and iOS browsers, all WebKit) plays HLS itself, with LL-HLS; others via hls.js.
+  const apple = /Apple/.test(navigator.vendor || "");
+  return apple && video.canPlayType("application/vnd.apple.mpegurl") !== "";
+}
+
+function loadHlsJs() {
+  if (window.Hls) return Promise.resolve(window.Hls);
+  return new Promise((resolve, reject) => {
+    const script = document.createElement("script");
+    script.src = HLS_SCRIPT;
+    script.onload = () => (window.Hls ? resolve(window.Hls) : reject(new Error("hls.js did not load")));
+    script.onerror = () => reject(new Error("hls.js could not be loaded"));
+    document.head.appendChild(script);
+  });
+}
+
+async function playHls(reason) {
+  if (state.mode === "hls") return;
+  const p = player();
+  state.mode = "hls";
+  state.reason = reason;
+  p.transport = "hls";
+  p.stopWebrtc();
+  p.setState("connecting", `Playing over HLS (${reason})…`);
+  label("HLS", reason);
+  const token = p.token();
+  try {
+    if (useNative()) {
+      state.native = true;
+      video.src = PLAYLIST + (token ? `?token=${encodeURIComponent(token)}` : "");
+      label("HLS", `native HLS: ${reason}`);
+    } else {
+      const Hls = await loadHlsJs();
+      if (state.mode !== "hls") return;
+      if (!Hls.isSupported()) throw new Error("this browser has neither WebRTC H.264 nor MSE");
+      const hls = new Hls({
+        lowLatencyMode: true,
+        backBufferLength: 10,
+        xhrSetup: (xhr) => { if (token) xhr.setRequestHeader("Authorization", `Bearer ${token}`); },
+      });
+      state.hls = hls;
+      hls.on(Hls.Events.ERROR, (event, data) => onHlsError(Hls, hls, data));
+      hls.loadSource(PLAYLIST);
+      hls.attachMedia(video);
+      label("LL-HLS", `hls.js ${Hls.version}: ${reason}`);
+    }
+    video.play().catch(() => {});
+  } catch (error) {
+    p.setState("error", `HLS is not available: ${error.message}`);
+  }
+  clearInterval(state.statsTimer);
+  state.statsTimer = setInterval(hlsTick, STATS_MS);
+}
+
+function onHlsError(Hls, hls, data) {
+  const status = data.response ? data.response.code : 0;
+  if (status === 401) {
+    player().askForToken(player().token() ? "That token was not accepted. Try again." : null);
+    return;
+  }
+  if (!data.fatal) return;
+  if (data.type === Hls.ErrorTypes.MEDIA_ERROR) {
+    hls.recoverMediaError();
+  } else {
+    player().setState("reconnecting", "The HLS stream was interrupted. Reconnecting…");
+    setTimeout(() => { if (state.hls === hls) hls.startLoad(); }, 1000);
+  }
+}
+
+function stopHls() {
+  clearInterval(state.statsTimer);
+  if (state.hls) state.hls.destroy();
+  state.hls = null;
+  state.native = false;
+  video.removeAttribute("src");
+  video.load();
+}
+
+function playWebrtc() {
+  stopHls();
+  state.mode = "webrtc";
+  state.reason = "";
+  state.notLiveSince = performance.now();
+  label("WebRTC");
+  player().startWebrtc();
+}
+
+function framesShown() {
+  const quality = video.getVideoPlaybackQuality ? video.getVideoPlaybackQuality() : null;
+  return quality ? quality.totalVideoFrames : 0;
+}
+
+function hlsTick() {
+  if (state.mode !== "hls") return;
+  const p = player();
+  const frames = framesShown();
+  const advancing = video.currentTime > state.lastTime && !video.paused;
+  if (advancing && p.state !== "live") p.setState("live");
+  const fps = Math.max(0, frames - state.lastFrames) / (STATS_MS / 1000);
+  state.lastFrames = frames;
+  state.lastTime = video.currentTime;
+  const set = (id, text) => { const el = $(id); if (el) el.textContent = text; };
+  set("stat-resolution", video.videoWidth ? `${video.videoWidth}×${video.videoHeight}` : "–");
+  set("stat-fps", fps ? `${fps.toFixed(0)} fps` : "–");
+  const hls = state.hls;
+  set("stat-bitrate", hls && hls.bandwidthEstimate ? `${(hls.bandwidthEstimate / 1e6).toFixed(2)} Mbit/s` : "–");
+  set("stat-loss", "–");
+  set("stat-rtt", "–");
+  set("stat-jitter", hls && Number.isFinite(hls.latency) ? `${(hls.latency * 1000).toFixed(0)} ms` : "–");
+  set("stat-codec", state.native ? "H264 · HLS" : "H264 · LL-HLS");
+}
+
+// Give up on WebRTC when it shows no picture for FALLBACK_MS (a blocked UDP port never fails
+// loudly: ICE just never connects), unless a person chose WebRTC or must enter the token.
+function watch() {
+  const p = player();
+  if (!p || state.mode !== "webrtc") return;
+  if (p.state === "live" || p.state === "auth") {
+    state.notLiveSince = performance.now();
+    return;
+  }
+  if (chosen() !== "webrtc" && performance.now() - state.notLiveSince > FALLBACK_MS) {
+    playHls(`WebRTC did not connect within ${FALLBACK_MS / 1000} s`);
+  }
+}
+
+function start() {
+  const p = player();
+  if (!p) { setTimeout(start, 50); return; } // device.js (a module too) sets it up
+  label("WebRTC");
+  const button = $("btn-transport");
+  if (button) {
+    button.addEventListener("click", () => {
+      if (state.mode === "hls") {
+        sessionStorage.setItem(CHOICE_KEY, "webrtc");
+        playWebrtc();
+      } else {
+        sessionStorage.setItem(CHOICE_KEY, "hls");
+        playHls("chosen by hand");
+      }
+    });
+  }
+  window.addEventListener("ruseon:webrtc-unsupported", (event) => {
+    if (chosen() !== "webrtc") playHls(`the camera refused WebRTC: ${event.detail}`);
+  });
+  const form = $("token-form");
+  if (form) {
+    form.addEventListener("submit", () => {
+      if (state.mode === "hls") { stopHls(); state.mode = "webrtc"; playHls(state.reason); }
+    });
+  }
+  if (chosen() === "hls") playHls("chosen by hand");
+  else if (!webrtcCanDecodeH264()) playHls("this browser has no H.264 for WebRTC");
+  setInterval(watch, WATCH_MS);
+}
+
+start();

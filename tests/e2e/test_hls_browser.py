@@ -1,0 +1,164 @@
+"""HLS in a real browser: hls.js (vendored) in Debian's Chromium plays ``/hls/index.m3u8`` through
+the device page, and the page falls back to HLS by itself when UDP to the WebRTC port is dropped
+(nftables, in the test's own network namespace), then back to WebRTC once it is not.
+
+Each test re-runs itself in a fresh namespace (see :mod:`tests.e2e.browser_netns`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.browser_netns import (
+    chromium,
+    inside_browser_netns,
+    page_stats,
+    prepare_namespace,
+    record_browser_stats,
+    rerun_in_browser_netns,
+    running_server,
+    save_screenshot,
+    wait_for_page,
+)
+from tests.tooling import require_tool
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+TOKEN = "hls-test-token"
+BLOCK_TABLE = "ruseon_hls_block"
+# The page gives WebRTC 5 s (hls-fallback.js FALLBACK_MS); the issue asks for HLS within 10 s.
+FALLBACK_DEADLINE_S = 10.0
+
+# What the page reports about HLS playback (the <video> element, whatever feeds it).
+HLS_STATS_JS = """() => {
+  const v = document.getElementById('video');
+  const q = v.getVideoPlaybackQuality ? v.getVideoPlaybackQuality() : null;
+  const h = window.ruseonHls;
+  return {state: window.ruseon ? window.ruseon.state : null,
+          transport: window.ruseon ? window.ruseon.transport : null,
+          mode: h ? h.mode : null, reason: h ? h.reason : null,
+          hlsjs: !!(h && h.hls), native: !!(h && h.native),
+          label: document.getElementById('transport').textContent,
+          currentTime: v.currentTime, paused: v.paused,
+          videoWidth: v.videoWidth, videoHeight: v.videoHeight,
+          frames: q ? q.totalVideoFrames : 0, dropped: q ? q.droppedVideoFrames : 0,
+          latency: h && h.hls && Number.isFinite(h.hls.latency) ? h.hls.latency : null};
+}"""
+
+
+def hls_stats(page: Any) -> dict[str, Any]:
+    """The page's HLS playback figures."""
+    stats: dict[str, Any] = page.evaluate(HLS_STATS_JS)
+    return stats
+
+
+def wait_hls(page: Any, condition: str, predicate: Any, timeout_s: float = 60) -> dict[str, Any]:
+    """Poll :func:`hls_stats` until ``predicate``; the timeout only keeps a broken run from
+    hanging."""
+    deadline = time.monotonic() + timeout_s
+    stats = hls_stats(page)
+    while not predicate(stats):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"page never reached: {condition}; last stats {stats}")
+        page.wait_for_timeout(250)
+        stats = hls_stats(page)
+    return stats
+
+
+def assert_plays_hls(page: Any) -> dict[str, Any]:
+    """Frames decoded and currentTime advancing, over HLS, labelled as such."""
+    first = wait_hls(page, "HLS playing with frames decoded",
+                     lambda s: s["mode"] == "hls" and s["state"] == "live" and s["frames"] > 10)
+    page.wait_for_timeout(2000)
+    later = hls_stats(page)
+    assert later["currentTime"] > first["currentTime"], (first, later)
+    assert later["frames"] > first["frames"], (first, later)
+    assert later["videoWidth"] > 0 and later["label"] == "LL-HLS", later
+    return later
+
+
+@contextlib.contextmanager
+def udp_blocked_to(port: int) -> Iterator[None]:
+    """Drop every UDP datagram to ``port`` in this (private) namespace; removed on exit."""
+    nft = require_tool("nft", "apt-get install nftables")
+    commands = [
+        [nft, "add", "table", "inet", BLOCK_TABLE],
+        [nft, "add", "chain", "inet", BLOCK_TABLE, "out",
+         "{ type filter hook output priority 0 ; }"],
+        [nft, "add", "rule", "inet", BLOCK_TABLE, "out", "udp", "dport", str(port),
+         "counter", "drop"],
+    ]
+    for command in commands:
+        subprocess.run(command, check=True, capture_output=True, text=True)
+    try:
+        yield
+    finally:
+        subprocess.run([nft, "delete", "table", "inet", BLOCK_TABLE], check=False,
+                       capture_output=True)
+
+
+def test_hlsjs_plays_the_playlist_with_the_token(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """hls.js (chosen by hand on the page) plays /hls/index.m3u8 with the Bearer token."""
+    if not inside_browser_netns():
+        rerun_in_browser_netns(request.node.nodeid)
+        return
+    prepare_namespace()
+    with running_server(tmp_path, token=TOKEN) as server, chromium() as browser:
+        page = browser.new_page()
+        page.add_init_script(
+            f"sessionStorage.setItem('ruseon.token', '{TOKEN}');"
+            "sessionStorage.setItem('ruseon.transport', 'hls');"
+        )
+        page.goto(server.url)
+        stats = assert_plays_hls(page)
+        assert stats["hlsjs"] and not stats["native"], stats
+        status = server.status()
+        assert status["hls"]["clients"] >= 1, status["hls"]
+        assert status["hls"]["requests"].get("part", 0) > 0, status["hls"]
+        # No WebRTC session was opened: the page chose HLS before connecting.
+        assert status["viewers"]["count"] == 0, status["viewers"]
+        record_browser_stats("hlsjs", {"page": stats, "server_hls": status["hls"]})
+        save_screenshot(page, "browser-hls.png")
+
+
+def test_page_falls_back_to_hls_when_udp_is_blocked_and_back_after(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    if not inside_browser_netns():
+        rerun_in_browser_netns(request.node.nodeid)
+        return
+    prepare_namespace()
+    with running_server(tmp_path) as server, chromium() as browser:
+        page = browser.new_page()
+        with udp_blocked_to(server.rtc_port):
+            opened = time.monotonic()
+            page.goto(server.url)
+            switched = wait_hls(page, "the switch to HLS", lambda s: s["mode"] == "hls",
+                                timeout_s=60)
+            switch_s = time.monotonic() - opened
+            stats = assert_plays_hls(page)
+            playing_s = time.monotonic() - opened
+            assert "WebRTC did not connect" in switched["reason"], switched
+            save_screenshot(page, "browser-hls-fallback.png")
+        record_browser_stats("hls_fallback", {
+            "open_to_switch_s": round(switch_s, 3), "open_to_hls_playing_s": round(playing_s, 3),
+            "page": stats,
+        })
+        # The page's own timer decides (5 s); the issue's bound is 10 s.
+        assert switch_s <= FALLBACK_DEADLINE_S, switch_s
+        # Rule gone, page reloaded: WebRTC plays again.
+        page.reload()
+        stats_rtc = wait_for_page(page, "WebRTC live again",
+                                  lambda s: s["state"] == "live" and s["framesDecoded"] > 10)
+        assert stats_rtc["codec"] == "video/H264"
+        assert hls_stats(page)["label"] == "WebRTC"
+        assert page_stats(page)["framesDecoded"] > 10

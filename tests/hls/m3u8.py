@@ -1,0 +1,187 @@
+"""A strict parser for the media playlists the appliance serves, with the RFC 8216 / 8216bis
+rules checked as it goes. Written for the tests, independently of the code that renders them:
+it knows the spec, not ``ruseon_appliance.hls.playlist``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from dataclasses import dataclass, field
+
+HEADER_TAGS = ("#EXT-X-VERSION", "#EXT-X-TARGETDURATION", "#EXT-X-SERVER-CONTROL",
+               "#EXT-X-PART-INF", "#EXT-X-MEDIA-SEQUENCE", "#EXT-X-DISCONTINUITY-SEQUENCE")
+_ATTR = re.compile(r'([A-Z0-9-]+)=("[^"]*"|[^,]*)')
+
+
+def attributes(text: str) -> dict[str, str]:
+    """An attribute list (``A=1,B="x"``) as a dict, quotes removed."""
+    return {k: v.strip('"') for k, v in _ATTR.findall(text)}
+
+
+@dataclass
+class PartEntry:
+    uri: str
+    duration: float
+    independent: bool
+
+
+@dataclass
+class SegmentEntry:
+    """One media segment as listed (``uri`` None while it is still being filled by parts)."""
+
+    msn: int
+    dsn: int
+    map_uri: str
+    program_date_time: dt.datetime | None
+    discontinuity: bool
+    parts: list[PartEntry] = field(default_factory=list)
+    duration: float | None = None
+    uri: str | None = None
+
+
+@dataclass
+class MediaPlaylist:
+    version: int
+    target_duration: int
+    media_sequence: int
+    discontinuity_sequence: int
+    server_control: dict[str, str]
+    part_target: float
+    segments: list[SegmentEntry]
+    preload_hint: dict[str, str] | None
+
+
+class Violation(AssertionError):
+    """The playlist breaks a rule of the spec."""
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise Violation(message)
+
+
+def parse(text: str) -> MediaPlaylist:
+    """Parse and check one media playlist; raises :class:`Violation` naming the broken rule."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    _check(bool(lines) and lines[0] == "#EXTM3U", "the first line must be #EXTM3U")
+    header: dict[str, str] = {}
+    index = 1
+    while index < len(lines) and lines[index].split(":", 1)[0] in HEADER_TAGS:
+        name, _, value = lines[index].partition(":")
+        _check(name not in header, f"{name} appears twice")
+        header[name] = value
+        index += 1
+    for name in HEADER_TAGS:
+        _check(name in header, f"{name} missing from the header")
+    target = int(header["#EXT-X-TARGETDURATION"])
+    control = attributes(header["#EXT-X-SERVER-CONTROL"])
+    part_target = float(attributes(header["#EXT-X-PART-INF"])["PART-TARGET"])
+    _check(control.get("CAN-BLOCK-RELOAD") == "YES", "CAN-BLOCK-RELOAD=YES missing")
+    _check(float(control["PART-HOLD-BACK"]) >= 2 * part_target,
+           "PART-HOLD-BACK must be at least twice PART-TARGET")
+    msn = int(header["#EXT-X-MEDIA-SEQUENCE"])
+    dsn = int(header["#EXT-X-DISCONTINUITY-SEQUENCE"])
+    segments: list[SegmentEntry] = []
+    current_map = ""
+    pending_discontinuity = False
+    pending_pdt: dt.datetime | None = None
+    current: SegmentEntry | None = None
+    hint: dict[str, str] | None = None
+
+    def open_segment() -> SegmentEntry:
+        nonlocal current, pending_discontinuity, pending_pdt, dsn
+        if current is None:
+            _check(bool(current_map), "a segment before any EXT-X-MAP")
+            if pending_discontinuity:
+                dsn += 1
+            current = SegmentEntry(msn + len(segments), dsn, current_map, pending_pdt,
+                                   pending_discontinuity)
+            pending_discontinuity, pending_pdt = False, None
+        return current
+
+    while index < len(lines):
+        line = lines[index]
+        index += 1
+        _check(hint is None, f"{line!r} after EXT-X-PRELOAD-HINT (it must come last)")
+        name, _, value = line.partition(":")
+        if name in HEADER_TAGS:
+            raise Violation(f"{name} after the first media segment tag")
+        if name == "#EXT-X-DISCONTINUITY":
+            _check(current is None, "EXT-X-DISCONTINUITY inside a segment's parts")
+            pending_discontinuity = True
+        elif name == "#EXT-X-MAP":
+            _check(current is None, "EXT-X-MAP inside a segment's parts")
+            current_map = attributes(value)["URI"]
+        elif name == "#EXT-X-PROGRAM-DATE-TIME":
+            _check(current is None, "EXT-X-PROGRAM-DATE-TIME inside a segment's parts")
+            pending_pdt = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+        elif name == "#EXT-X-PART":
+            attrs = attributes(value)
+            duration = float(attrs["DURATION"])
+            _check(duration <= part_target + 1e-6,
+                   f"part {attrs['URI']} lasts {duration} > PART-TARGET {part_target}")
+            open_segment().parts.append(
+                PartEntry(attrs["URI"], duration, attrs.get("INDEPENDENT") == "YES"))
+        elif name == "#EXTINF":
+            segment = open_segment()
+            segment.duration = float(value.split(",", 1)[0])
+            _check(round(segment.duration) <= target,
+                   f"EXTINF {segment.duration} rounds above TARGETDURATION {target}")
+            _check(index < len(lines) and not lines[index].startswith("#"),
+                   "EXTINF must be followed by the segment URI")
+            segment.uri = lines[index]
+            index += 1
+            if segment.parts:
+                total = sum(p.duration for p in segment.parts)
+                _check(abs(total - segment.duration) < 0.002,
+                       f"segment {segment.uri}: parts sum to {total}, EXTINF {segment.duration}")
+            segments.append(segment)
+            current = None
+        elif name == "#EXT-X-PRELOAD-HINT":
+            hint = attributes(value)
+            _check(hint.get("TYPE") == "PART", "the preload hint must be TYPE=PART")
+        else:
+            raise Violation(f"unexpected line {line!r}")
+    if current is not None:
+        segments.append(current)  # the segment still being filled: parts only
+    _check(hint is not None, "EXT-X-PRELOAD-HINT missing")
+    for earlier, later in zip(segments, segments[1:], strict=False):
+        if earlier.program_date_time and later.program_date_time and not later.discontinuity:
+            _check(later.program_date_time > earlier.program_date_time,
+                   "EXT-X-PROGRAM-DATE-TIME goes backwards without a discontinuity")
+    return MediaPlaylist(
+        version=int(header["#EXT-X-VERSION"]), target_duration=target, media_sequence=msn,
+        discontinuity_sequence=int(header["#EXT-X-DISCONTINUITY-SEQUENCE"]),
+        server_control=control, part_target=part_target, segments=segments, preload_hint=hint,
+    )
+
+
+class ContinuityChecker:
+    """Checks a series of playlists from one stream against each other: a segment keeps its
+    media sequence number and discontinuity sequence number for as long as it is listed, media
+    sequence never goes back, and no segment is skipped between two playlists."""
+
+    def __init__(self) -> None:
+        self.msn_of: dict[str, int] = {}
+        self.dsn_of: dict[str, int] = {}
+        self.last_media_sequence = -1
+        self.last_listed_msn = -1
+
+    def add(self, playlist: MediaPlaylist) -> None:
+        """Check ``playlist`` against the ones before it."""
+        _check(playlist.media_sequence >= self.last_media_sequence,
+               f"EXT-X-MEDIA-SEQUENCE went back to {playlist.media_sequence}")
+        if self.last_listed_msn >= 0:
+            _check(playlist.media_sequence <= self.last_listed_msn + 1,
+                   f"segments {self.last_listed_msn + 1}..{playlist.media_sequence - 1} were "
+                   "never listed")
+        self.last_media_sequence = playlist.media_sequence
+        for segment in playlist.segments:
+            if segment.uri is None:
+                continue
+            known = self.msn_of.setdefault(segment.uri, segment.msn)
+            _check(known == segment.msn, f"{segment.uri} moved from MSN {known} to {segment.msn}")
+            dsn = self.dsn_of.setdefault(segment.uri, segment.dsn)
+            _check(dsn == segment.dsn, f"{segment.uri} moved from DSN {dsn} to {segment.dsn}")
+            self.last_listed_msn = max(self.last_listed_msn, segment.msn)

@@ -1,0 +1,196 @@
+"""Playlist conformance: tags, their order, TARGETDURATION against every segment, parts against
+PART-TARGET, and media/discontinuity sequence continuity across the window wrapping, a camera
+restart (timestamps jump, new init segment), a ring overrun (the segmenter is reset) and a camera
+whose keyframes come later than the target duration.
+
+The first tests feed the window hand-made fragments (exact control over timing); the last one
+runs real H.264 through the real ring, segmenter and window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+from ruseon_appliance.capture.access_unit import AccessUnit
+from ruseon_appliance.capture.h264 import AccessUnitSplitter
+from ruseon_appliance.capture.ring import RingBuffer
+from ruseon_appliance.hls import HlsStream, LiveWindow, render
+from ruseon_appliance.hls.playlist import init_name
+from ruseon_appliance.hls.window import fragment_max_for, target_duration_for
+from ruseon_appliance.segmenter import Fragment
+from tests.hls.m3u8 import ContinuityChecker, MediaPlaylist, parse
+
+FPS = 30
+FRAME = 90_000 // FPS
+CAM_STREAM = Path(__file__).resolve().parents[1] / "capture" / "data" / "cam_320x240_baseline.h264"
+
+
+class FakeCamera:
+    """Fragments as the segmenter makes them: parts of up to ``part_frames`` frames, a new
+    independent fragment at every IDR."""
+
+    def __init__(self, gop: int = 60, part_frames: int = 7) -> None:
+        self.gop = gop
+        self.part_frames = part_frames
+        self.pts = 0
+        self.frame = 0
+        self.capture_us = 1_764_000_000_000_000
+        self.sequence = 0
+        self.generation = 0
+
+    def restart(self, *, new_generation: bool) -> None:
+        """The camera restarts: timestamps start over, the next frame is an IDR."""
+        self.pts = 0
+        self.frame = 0
+        self.capture_us += 500_000  # it was away for half a second
+        if new_generation:
+            self.generation += 1
+
+    def fragments(self, count: int) -> Iterator[Fragment]:
+        for _ in range(count):
+            into_gop = self.frame % self.gop
+            frames = min(self.part_frames, self.gop - into_gop)
+            self.sequence += 1
+            yield Fragment(
+                data=f"part {self.sequence}".encode(), sequence=self.sequence,
+                start_pts=self.pts, duration=frames * FRAME, independent=into_gop == 0,
+                frames=frames, capture_time_us=self.capture_us,
+                init_generation=self.generation,
+            )
+            self.pts += frames * FRAME
+            self.frame += frames
+            self.capture_us += frames * 1_000_000 // FPS
+
+
+def new_window(gop: int = 60, window_s: float = 8.0) -> LiveWindow:
+    return LiveWindow(target_duration=target_duration_for(gop, FPS), part_target_s=0.25,
+                      window_s=window_s, run_id="0123abcd")
+
+
+def feed(window: LiveWindow, camera: FakeCamera, count: int,
+         checker: ContinuityChecker) -> MediaPlaylist:
+    """Add ``count`` fragments, parsing and checking the playlist after each one."""
+    playlist = None
+    for fragment in camera.fragments(count):
+        window.add_init(fragment.init_generation, b"init %d" % fragment.init_generation)
+        window.add(fragment)
+        playlist = parse(render(window))
+        checker.add(playlist)
+    assert playlist is not None
+    return playlist
+
+
+def test_header_parts_and_segments_follow_the_spec() -> None:
+    window, camera, checker = new_window(), FakeCamera(), ContinuityChecker()
+    playlist = feed(window, camera, 40, checker)
+    assert playlist.version >= 6
+    assert playlist.target_duration == 2
+    assert playlist.part_target == 0.25
+    assert float(playlist.server_control["PART-HOLD-BACK"]) >= 3 * playlist.part_target
+    assert playlist.media_sequence == 0 and playlist.discontinuity_sequence == 0
+    complete = [s for s in playlist.segments if s.uri is not None]
+    assert len(complete) >= 3
+    for segment in complete:
+        # Every segment starts at an IDR here, and only its first part is independent.
+        if segment.parts:
+            assert segment.parts[0].independent
+            assert not any(p.independent for p in segment.parts[1:])
+        assert segment.duration is not None and abs(segment.duration - 2.0) < 1e-6
+        assert segment.map_uri == init_name("0123abcd", 0)
+        assert segment.program_date_time is not None
+    # Parts are listed for the last three target durations only, and the newest segment (still
+    # open) is there with its parts; the preload hint names the part after the newest.
+    assert not complete[0].parts and complete[-1].parts
+    newest = playlist.segments[-1]
+    assert newest.uri is None and newest.parts
+    assert playlist.preload_hint is not None
+    assert playlist.preload_hint["URI"] == f"part-0123abcd-{window.next_part_number}.m4s"
+    # Program date-time is the capture clock: consecutive segments 2 s apart.
+    times = [s.program_date_time for s in complete]
+    assert all(t is not None for t in times)
+    gaps = {round((b - a).total_seconds(), 3) for a, b in zip(times, times[1:], strict=False)
+            if a is not None and b is not None}
+    assert gaps and all(abs(g - 2.0) <= 0.002 for g in gaps), gaps  # ms-rounded stamps
+
+
+def test_sequence_continuity_across_window_wrap_and_camera_restarts() -> None:
+    window, camera, checker = new_window(), FakeCamera(), ContinuityChecker()
+    feed(window, camera, 200, checker)  # about 22 s: the 8 s window wraps many times
+    wrapped = parse(render(window))
+    assert wrapped.media_sequence > 5
+    assert window.size < 10_000  # bounded (fake parts are a few bytes each)
+    # A camera restart with the same SPS/PPS: timestamps start over.
+    camera.restart(new_generation=False)
+    after = feed(window, camera, 12, checker)
+    restarted = [s for s in after.segments if s.discontinuity]
+    assert len(restarted) == 1 and restarted[0].map_uri == init_name("0123abcd", 0)
+    # Then one with new SPS/PPS: a discontinuity and a new EXT-X-MAP.
+    camera.restart(new_generation=True)
+    after = feed(window, camera, 12, checker)
+    assert [s.dsn for s in after.segments if s.discontinuity] == [1, 2]
+    assert after.segments[-1].map_uri == init_name("0123abcd", 1)
+    assert window.init(1) is not None
+    # Both discontinuities leave the window; the discontinuity sequence keeps their count and
+    # the first generation's init segment is dropped.
+    final = feed(window, camera, 100, checker)
+    assert final.discontinuity_sequence == 2
+    assert not any(s.discontinuity for s in final.segments)
+    assert window.init(0) is None and window.inits.keys() == {1}
+    assert {s.map_uri for s in final.segments} == {init_name("0123abcd", 1)}
+
+
+def test_a_gop_longer_than_the_target_duration_is_split_without_an_idr() -> None:
+    # The config says a 2 s GOP (TARGETDURATION 2), but the camera sends one IDR per 5 s.
+    window, camera, checker = new_window(gop=60), FakeCamera(gop=150), ContinuityChecker()
+    playlist = feed(window, camera, 60, checker)
+    complete = [s for s in playlist.segments if s.uri is not None]
+    assert window.segments_split > 0
+    assert all(s.duration is not None and round(s.duration) <= 2 for s in complete)
+    # A split segment starts with a part that is not independent, and says so by omission.
+    assert any(s.parts and not s.parts[0].independent for s in complete)
+
+
+async def test_real_stream_through_ring_and_segmenter_survives_an_overrun() -> None:
+    """Real H.264 (the recorded camera stream, GOP 30) through a small ring: the HLS reader is
+    lapped once (the segmenter is reset), which must show as one discontinuity with the
+    sequence numbers continuing."""
+    units = AccessUnitSplitter().split_all(CAM_STREAM.read_bytes())
+    ring = RingBuffer(2 * 1024 * 1024, 64)
+    stream = HlsStream(ring, framerate=FPS, keyframe_interval=30, part_target_s=0.25,
+                       window_s=6.0)
+    checker = ContinuityChecker()
+    pts = 0
+    capture_us = 1_764_000_000_000_000
+
+    async def play(frames: int, *, pace: bool = True) -> None:
+        nonlocal pts, capture_us
+        for i in range(frames):
+            data, keyframe = units[i % len(units)]
+            ring.write(AccessUnit(data, pts, keyframe, capture_us))
+            pts += FRAME
+            capture_us += 1_000_000 // FPS
+            if pace:
+                await asyncio.sleep(0)
+                await asyncio.sleep(0)
+                if not stream.window.empty:
+                    checker.add(parse(render(stream.window)))
+
+    await stream.start()
+    try:
+        await play(len(units) * 2)  # 6 s of video, read as it comes
+        before = parse(render(stream.window))
+        assert not any(s.discontinuity for s in before.segments)
+        # 100 frames written while the reader sleeps: the 64-slot ring laps it.
+        await play(100, pace=False)
+        await play(len(units) * 2)
+        after = parse(render(stream.window))
+        checker.add(after)
+        assert stream.window.discontinuities == 1, stream.stats()
+        assert after.media_sequence >= before.media_sequence
+        assert (stream.segmenter.codec or "").startswith("avc1.42")  # Baseline, from the SPS
+        assert all(p.duration <= after.part_target for s in after.segments for p in s.parts)
+        assert fragment_max_for(0.25, FPS) < 0.25
+    finally:
+        await stream.stop()
