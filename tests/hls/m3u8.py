@@ -6,6 +6,7 @@ it knows the spec, not ``ruseon_appliance.hls.playlist``.
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import re
 from dataclasses import dataclass, field
 
@@ -146,7 +147,7 @@ def parse(text: str) -> MediaPlaylist:
     if current is not None:
         segments.append(current)  # the segment still being filled: parts only
     _check(hint is not None, "EXT-X-PRELOAD-HINT missing")
-    for earlier, later in zip(segments, segments[1:], strict=False):
+    for earlier, later in itertools.pairwise(segments):
         if earlier.program_date_time and later.program_date_time and not later.discontinuity:
             _check(later.program_date_time > earlier.program_date_time,
                    "EXT-X-PROGRAM-DATE-TIME goes backwards without a discontinuity")

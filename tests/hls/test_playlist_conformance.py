@@ -10,6 +10,7 @@ runs real H.264 through the real ring, segmenter and window.
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -110,7 +111,7 @@ def test_header_parts_and_segments_follow_the_spec() -> None:
     # Program date-time is the capture clock: consecutive segments 2 s apart.
     times = [s.program_date_time for s in complete]
     assert all(t is not None for t in times)
-    gaps = {round((b - a).total_seconds(), 3) for a, b in zip(times, times[1:], strict=False)
+    gaps = {round((b - a).total_seconds(), 3) for a, b in itertools.pairwise(times)
             if a is not None and b is not None}
     assert gaps and all(abs(g - 2.0) <= 0.002 for g in gaps), gaps  # ms-rounded stamps
 

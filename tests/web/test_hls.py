@@ -1,0 +1,242 @@
+"""``/hls/`` over real HTTP: the playlist and its files, blocking reloads (held, 400 far ahead,
+503 when the live edge does not come in time, bounded and counted), caching headers, bad names
+and paths, long query strings, the token (header, and ``?token=`` for HLS only), and what
+``/api/status`` and ``/metrics`` report. Real synthetic camera, real segmenter, real aiohttp.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import av
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from ruseon_appliance.capture.pipeline import CapturePipeline
+from ruseon_appliance.config import Config
+from ruseon_appliance.engine.engine import Engine
+from ruseon_appliance.hls import HlsStream
+from ruseon_appliance.web.app import make_app
+from tests.hls.m3u8 import MediaPlaylist, parse
+from tests.web.conftest import web_config
+
+TOKEN = "s3cret-hls"
+
+
+@contextlib.asynccontextmanager
+async def hls_device(config: Config, tmp_path: Path, *, max_waiting: int = 1000
+                     ) -> AsyncIterator[tuple[HlsStream, TestClient[Any, Any]]]:
+    capture = CapturePipeline(config.camera)
+    await capture.start()
+    engine = Engine(config.webrtc, tmp_path, capture)
+    stream = HlsStream(capture.ring, framerate=config.camera.framerate,
+                       keyframe_interval=config.camera.keyframe_interval,
+                       part_target_s=0.25, window_s=6.0, max_waiting=max_waiting)
+    try:
+        assert await capture.wait_first_frame(20)
+        await engine.start()
+        await stream.start()
+        app = make_app(config, engine, capture, started=time.time(), hls=stream)
+        client: TestClient[Any, Any] = TestClient(TestServer(app, host="127.0.0.1"))
+        await client.start_server()
+        try:
+            assert await stream.wait_for_first_part(20)
+            yield stream, client
+        finally:
+            await client.close()
+    finally:
+        await stream.stop()
+        await engine.stop()
+        await capture.stop()
+
+
+@pytest.fixture
+async def hls(tmp_path: Path) -> AsyncIterator[tuple[HlsStream, TestClient[Any, Any]]]:
+    async with hls_device(web_config(), tmp_path) as running:
+        yield running
+
+
+async def raw_get(client: TestClient[Any, Any], target: str) -> tuple[int, bytes]:
+    """GET ``target`` exactly as written (no client-side normalization); (status, body)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", client.port)
+    writer.write(f"GET {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+    await writer.drain()
+    answer = await reader.read()
+    writer.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), body
+
+
+async def get_playlist(client: TestClient[Any, Any], query: str = "",
+                       **headers: str) -> tuple[MediaPlaylist, Any]:
+    response = await client.get("/hls/index.m3u8" + query, headers=headers)
+    assert response.status == 200, await response.text()
+    return parse(await response.text()), response
+
+
+async def test_playlist_and_files_decode_with_caching_headers(
+    hls: tuple[HlsStream, TestClient[Any, Any]],
+) -> None:
+    stream, client = hls
+    # Wait for one complete segment.
+    await stream.wait_for_playlist(0, None, 10)
+    playlist, response = await get_playlist(client)
+    assert response.content_type == "application/vnd.apple.mpegurl"
+    assert response.headers["Cache-Control"] == "public, max-age=1"
+    complete = [s for s in playlist.segments if s.uri]
+    assert complete, playlist
+    init = await client.get(f"/hls/{complete[0].map_uri}")
+    segment = await client.get(f"/hls/{complete[0].uri}")
+    newest_part = playlist.segments[-1].parts[-1].uri
+    part = await client.get(f"/hls/{newest_part}")
+    for answer in (init, segment, part):
+        assert answer.status == 200
+        assert answer.content_type == "video/mp4"
+        cache = answer.headers["Cache-Control"]
+        assert cache.startswith("public, max-age=") and cache.endswith(", immutable"), cache
+        assert int(cache.split("=")[1].split(",")[0]) >= 6  # at least the window
+    # init + segment is a playable fMP4 file: every frame of the segment decodes.
+    body = await init.read() + await segment.read()
+    container = av.open(io.BytesIO(body))
+    frames = sum(1 for _ in container.decode(video=0))
+    assert frames == round((complete[0].duration or 0) * 30), frames
+
+
+async def test_blocking_reload_is_held_until_the_part_exists(
+    hls: tuple[HlsStream, TestClient[Any, Any]],
+) -> None:
+    stream, client = hls
+    live = stream.window.position
+    want_msn, want_part = live.msn, live.parts  # the part after the newest
+    response = await client.get(f"/hls/index.m3u8?_HLS_msn={want_msn}&_HLS_part={want_part}")
+    assert response.status == 200
+    playlist = parse(await response.text())
+    assert stream.window.satisfies(want_msn, want_part)
+    listed = {(s.msn, i) for s in playlist.segments for i in range(len(s.parts))}
+    assert (want_msn, want_part) in listed or playlist.segments[-1].msn > want_msn
+    # Keyed by its query, a blocking answer stays valid: caches may keep it.
+    assert response.headers["Cache-Control"] == f"public, max-age={6 * playlist.target_duration}"
+    # The preload hint names a part before it exists; asking for it holds until it does.
+    hint = playlist.preload_hint
+    assert hint is not None
+    part = await client.get(f"/hls/{hint['URI']}")
+    assert part.status == 200 and len(await part.read()) > 0
+    assert stream.waits_satisfied >= 2
+
+
+@pytest.mark.parametrize("query", [
+    "?_HLS_msn=999999", "?_HLS_msn=0&_HLS_part=999", "?_HLS_part=1", "?_HLS_msn=abc",
+    "?_HLS_msn=-1", "?_HLS_msn=1234567890123", "?_HLS_msn=1&_HLS_part=x",
+])
+async def test_bad_or_far_ahead_blocking_requests_are_400(
+    hls: tuple[HlsStream, TestClient[Any, Any]], query: str,
+) -> None:
+    stream, client = hls
+    if query == "?_HLS_msn=0&_HLS_part=999":
+        query = f"?_HLS_msn={stream.window.position.msn}&_HLS_part=999"
+    started = stream.waits_satisfied + stream.waits_timed_out
+    response = await client.get("/hls/index.m3u8" + query)
+    assert response.status == 400, await response.text()
+    assert response.content_type == "application/problem+json"
+    assert response.headers["Cache-Control"] == "no-store"
+    assert stream.waits_satisfied + stream.waits_timed_out == started  # answered at once
+
+
+async def test_unknown_names_traversal_and_long_queries_are_refused(
+    hls: tuple[HlsStream, TestClient[Any, Any]],
+) -> None:
+    stream, client = hls
+    run = stream.window.run_id
+    for name in ["nothing.m4s", f"part-{run}-99999999.m4s", f"seg-{run}-99999.m4s",
+                 f"init-{run}-7.mp4", "part-00000000-1.m4s", f"part-{run}-1.mp4",
+                 f"seg-{run}-0.m4s..", "index.m3u8x"]:
+        response = await client.get(f"/hls/{name}")
+        assert response.status == 404, (name, response.status)
+    # Sent byte for byte (a client library would resolve the dots itself first).
+    for raw in ["/hls/../../../etc/passwd", "/hls/%2e%2e/%2e%2e/etc/passwd",
+                "/hls/..%2F..%2F..%2Fetc%2Fpasswd", "/hls/%2Fetc%2Fpasswd",
+                "/hls/part-%00.m4s", "/hls/..\\..\\etc\\passwd"]:
+        status, body = await raw_get(client, raw)
+        assert status in (400, 404), (raw, status, body[:200])
+        assert b"root:" not in body
+    long_query = await client.get("/hls/index.m3u8?x=" + "a" * 600)
+    assert long_query.status == 414
+    huge = await client.get("/hls/index.m3u8?x=" + "a" * 20000)
+    assert 400 <= huge.status < 500
+    # A part older than the window is gone.
+    assert (await client.get(f"/hls/part-{run}-0.m4s")).status in (200, 404)
+
+
+async def test_waiting_requests_are_bounded_counted_and_time_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(HlsStream, "hold_timeout_s", property(lambda self: 1.0))
+    async with hls_device(web_config(), tmp_path, max_waiting=3) as (stream, client):
+        live = stream.window.position
+        # Two segments ahead: allowed (not 400), but it cannot arrive within the 1 s hold.
+        query = f"/hls/index.m3u8?_HLS_msn={live.msn + 2}"
+        held = [asyncio.ensure_future(client.get(query)) for _ in range(3)]
+        for _ in range(200):
+            if stream.waiting == 3:
+                break
+            await asyncio.sleep(0.01)
+        assert stream.waiting == 3
+        metrics = await (await client.get("/metrics")).text()
+        assert "ruseon_hls_blocking_outstanding 3" in metrics
+        refused = await client.get(query)
+        assert refused.status == 503 and refused.headers["Retry-After"] == "1"
+        assert "too many" in (await refused.json())["detail"]
+        answers = await asyncio.gather(*held)
+        assert [a.status for a in answers] == [503, 503, 503]
+        assert stream.waiting == 0
+        assert stream.waits_refused == 1 and stream.waits_timed_out == 3
+        metrics = await (await client.get("/metrics")).text()
+        assert "ruseon_hls_blocking_refused_total 1" in metrics
+        assert "ruseon_hls_blocking_timed_out_total 3" in metrics
+
+
+async def test_token_header_or_query_for_hls_only(tmp_path: Path) -> None:
+    config = web_config(auth={"token": TOKEN})
+    async with hls_device(config, tmp_path) as (_stream, client):
+        assert (await client.get("/hls/index.m3u8")).status == 401
+        assert (await client.get("/hls/index.m3u8?token=wrong")).status == 401
+        playlist, _ = await get_playlist(client, Authorization=f"Bearer {TOKEN}")
+        assert "token" not in (playlist.preload_hint or {}).get("URI", "")
+        # Native players get the token in the URL, and every URI in the playlist carries it.
+        response = await client.get(f"/hls/index.m3u8?token={TOKEN}")
+        text = await response.text()
+        assert response.status == 200
+        uris = [line for line in text.splitlines() if "URI=" in line or line.endswith(".m4s")
+                or "m4s?" in line]
+        assert uris and all(f"?token={TOKEN}" in line for line in uris)
+        hinted = parse(text).segments[-1].parts[-1].uri
+        assert (await client.get(f"/hls/{hinted}")).status == 200
+        assert (await client.get(f"/hls/{hinted.split('?')[0]}")).status == 401
+        # Only HLS takes the token from the query: the API does not.
+        assert (await client.get(f"/api/status?token={TOKEN}")).status == 401
+
+
+async def test_status_and_metrics_report_clients_and_rates(
+    hls: tuple[HlsStream, TestClient[Any, Any]],
+) -> None:
+    _stream, client = hls
+    for agent in ("player-a", "player-b"):
+        await get_playlist(client, **{"User-Agent": agent})
+    status = await (await client.get("/api/status")).json()
+    section = status["hls"]
+    assert section["clients"] >= 2
+    assert section["requests"]["playlist"] >= 2
+    assert set(section["request_rates"]) >= {"playlist", "blocking_playlist", "part"}
+    assert section["stream"]["blocking_waiting"] == 0
+    assert section["stream"]["codec"].startswith("avc1.")
+    metrics = await (await client.get("/metrics")).text()
+    for family in ("ruseon_hls_clients", 'ruseon_hls_requests_total{kind="playlist"}',
+                   'ruseon_hls_request_rate{kind="part"}', "ruseon_hls_blocking_outstanding",
+                   "ruseon_hls_stream_parts_added"):
+        assert family in metrics, family
