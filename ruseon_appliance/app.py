@@ -23,8 +23,8 @@ from .capture.sources.base import SourceUnavailable
 from .config import Config
 from .engine.engine import Engine, default_advertise
 from .engine.fanout import Fanout
-from .relay import RtpRelay
 from .hls import HlsStream
+from .relay import RtpRelay
 from .systemd_integration import SystemdNotifier, frames_flowing
 from .web.app import make_app
 

@@ -28,8 +28,8 @@ if TYPE_CHECKING:
     from ruseon_appliance.capture.pipeline import CapturePipeline
     from ruseon_appliance.config import Config
     from ruseon_appliance.engine.engine import Engine
-    from ruseon_appliance.relay import RtpRelay
     from ruseon_appliance.hls import HlsStream
+    from ruseon_appliance.relay import RtpRelay
 
 log = logging.getLogger(__name__)
 
