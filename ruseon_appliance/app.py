@@ -24,6 +24,7 @@ from .config import Config
 from .engine.engine import Engine, default_advertise
 from .engine.fanout import Fanout
 from .hls import HlsStream
+from .recording import Recorder, RecorderSettings
 from .relay import RtpRelay
 from .systemd_integration import SystemdNotifier, frames_flowing
 from .web.app import make_app
@@ -50,6 +51,11 @@ class Appliance:
         # The relays' fan-out when the engine has none (send_path = "aiortc").
         self._relay_fanout: Fanout | None = None
         self.hls: HlsStream | None = None
+        rec = config.recording
+        self.recorder = Recorder(RecorderSettings(
+            directory=rec.directory(config.state.dir), continuous=rec.continuous,
+            segment_s=rec.segment_s, preroll_s=rec.preroll_s, max_bytes=rec.max_bytes,
+            max_age_s=rec.max_age_hours * 3600), self.capture.ring)
         self._runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.started = time.time()
@@ -71,6 +77,7 @@ class Appliance:
         )
         await self.engine.start()
         await self._start_relays()
+        await self.recorder.start()
 
         if config.hls.enable:
             self.hls = HlsStream(
@@ -84,7 +91,7 @@ class Appliance:
             await self.hls.start()
 
         app = make_app(config, self.engine, self.capture, started=self.started,
-                       relays=self.relays, hls=self.hls)
+                       relays=self.relays, hls=self.hls, recorder=self.recorder)
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
         await self._runner.setup()
         tls = self._tls_context()
@@ -182,6 +189,7 @@ class Appliance:
             await self._relay_fanout.stop()
         if self.engine is not None:
             await self.engine.stop()
+        await self.recorder.stop()
         await self.capture.stop()
         log.info("stopped", extra={"EVENT": "stopped"})
 

@@ -46,6 +46,8 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
         "--relay", metavar="rtp://HOST:PORT",
         help="also send the camera's RTP to this media server (a relay named default)",
     )
+    parser.add_argument("--record-dir", metavar="DIR",
+                        help="record continuously into DIR (recording.dir + recording.continuous)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,6 +84,9 @@ def config_from_args(args: argparse.Namespace) -> Config:
     put("log", "level", args.log_level)
     if args.relay is not None:
         flags["relay"] = {"url": args.relay}
+    if args.record_dir is not None:
+        put("recording", "dir", args.record_dir)
+        put("recording", "continuous", "true")
     return load_config(args.config, overrides=flags, required=args.config is not None)
 
 

@@ -194,6 +194,27 @@ class RelayConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class RecordingConfig:
+    """``[recording]``: the fMP4 archive on the board and its playback API."""
+
+    # Record from start-up on (otherwise only between POST /api/recording/start and stop).
+    continuous: bool = False
+    # Where segments go; empty means <state.dir>/recordings.
+    dir: str = ""
+    # Segment length in seconds (a segment is cut at the first IDR after it).
+    segment_s: float = 60.0
+    # Seconds of the ring's past an on-demand recording begins with (bounded by the ring).
+    preroll_s: float = 5.0
+    # Retention: oldest segments are deleted once the archive exceeds either limit (0: none).
+    max_bytes: int = 2 * 1024 * 1024 * 1024
+    max_age_hours: float = 168.0
+
+    def directory(self, state_dir: str) -> Path:
+        """The archive directory, resolved against the state directory."""
+        return Path(self.dir) if self.dir else Path(state_dir) / "recordings"
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     """The whole configuration, one frozen dataclass per TOML section."""
 
@@ -206,6 +227,7 @@ class Config:
     hls: HlsConfig = field(default_factory=HlsConfig)
     # ``[[relay]]`` tables (an array, not a section).
     relay: tuple[RelayConfig, ...] = ()
+    recording: RecordingConfig = field(default_factory=RecordingConfig)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -514,6 +536,13 @@ def validate(config: Config) -> None:
     _check(4.0 <= hls.window_s <= 120.0, "hls.window_s", hls.window_s, "4 to 120 seconds")
     _check(1 <= hls.max_waiting_requests <= 100_000, "hls.max_waiting_requests",
            hls.max_waiting_requests, "1 to 100000")
+    rec = config.recording
+    _check(2 <= rec.segment_s <= 3600, "recording.segment_s", rec.segment_s, "2 to 3600 seconds")
+    _check(0 <= rec.preroll_s <= 60, "recording.preroll_s", rec.preroll_s, "0 to 60 seconds")
+    _check(rec.max_bytes == 0 or rec.max_bytes >= 1024 * 1024, "recording.max_bytes",
+           rec.max_bytes, "0 (no limit) or at least 1048576 bytes")
+    _check(rec.max_age_hours >= 0, "recording.max_age_hours", rec.max_age_hours,
+           "0 (no limit) or more hours")
     validate_relays(config.relay)
 
 

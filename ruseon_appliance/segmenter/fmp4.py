@@ -162,14 +162,14 @@ def movie_box(avccs: list[bytes], width: int, height: int, timescale: int, *, du
     return box(b"moov", *children)
 
 
-def fragment_bytes(sequence: int, base_decode_time: int,
-                   samples: list[tuple[int, int, int]], payload: list[bytes | memoryview]) -> bytes:
-    """moof + mdat for one track run: ``samples`` are (duration, size, flags)."""
+def moof_box(sequence: int, base_decode_time: int, samples: list[tuple[int, int, int]]) -> bytes:
+    """moof for one track run whose data follows in the next mdat: ``samples`` are
+    (duration, size, flags). The run's data offset points just past the mdat header."""
     n = len(samples)
     table = b"".join(_SAMPLE.pack(d, s, f) for d, s, f in samples)
     # moof = 8 + mfhd 16 + traf(8 + tfhd 16 + tfdt 20 + trun 20 + 12n)
     moof_size = 8 + 16 + 8 + 16 + 20 + 20 + 12 * n
-    moof = box(
+    return box(
         b"moof",
         full_box(b"mfhd", 0, 0, struct.pack(">I", sequence)),
         box(
@@ -180,6 +180,12 @@ def fragment_bytes(sequence: int, base_decode_time: int,
             full_box(b"trun", 0, 0x000701, struct.pack(">Ii", n, moof_size + 8), table),
         ),
     )
+
+
+def fragment_bytes(sequence: int, base_decode_time: int,
+                   samples: list[tuple[int, int, int]], payload: list[bytes | memoryview]) -> bytes:
+    """moof + mdat for one track run: ``samples`` are (duration, size, flags)."""
+    moof = moof_box(sequence, base_decode_time, samples)
     body = b"".join(payload)
     return moof + struct.pack(">I4s", 8 + len(body), b"mdat") + body
 
@@ -204,6 +210,7 @@ class Fmp4Segmenter:
         self._sequence = 0
         self._generation = 0
         self._init: bytes | None = None
+        self._inits: dict[int, bytes] = {}
         self._codec: str | None = None
         self._info: StreamInfo | None = None
         self._params: tuple[bytes, bytes] | None = None
@@ -229,6 +236,11 @@ class Fmp4Segmenter:
     def init_generation(self) -> int:
         """+1 whenever SPS/PPS change (a new init segment)."""
         return self._generation
+
+    def init_segment_for(self, generation: int) -> bytes | None:
+        """The init segment of ``generation`` (the current one and the one before it are kept):
+        the fragment closed just before an SPS change still belongs to the previous one."""
+        return self._inits.get(generation)
 
     @property
     def codec(self) -> str | None:
@@ -338,6 +350,8 @@ class Fmp4Segmenter:
         if self._params is not None:
             self._generation += 1
         self._params = params
+        self._inits[self._generation] = self._init
+        self._inits.pop(self._generation - 2, None)
         return True
 
     def _append(self, sample: _Sample, duration: int, *, next_is_idr: bool) -> None:

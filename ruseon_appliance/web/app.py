@@ -20,6 +20,7 @@ from ruseon_appliance.web.cors import cors_middleware
 from ruseon_appliance.web.hls import HlsResource
 from ruseon_appliance.web.metrics import WebMetrics
 from ruseon_appliance.web.problem import ERROR_COUNTS, MAX_BODY_BYTES, problem_middleware
+from ruseon_appliance.web.recordings import RecordingsResource
 from ruseon_appliance.web.relay import RelayResource
 from ruseon_appliance.web.snapshot import KeyframeSnapshot
 from ruseon_appliance.web.whep import WhepResource
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from ruseon_appliance.config import Config
     from ruseon_appliance.engine.engine import Engine
     from ruseon_appliance.hls import HlsStream
+    from ruseon_appliance.recording import Recorder
     from ruseon_appliance.relay import RtpRelay
 
 log = logging.getLogger(__name__)
@@ -66,12 +68,14 @@ def make_app(
     config: Config, engine: Engine, capture: CapturePipeline, *, started: float,
     relays: Sequence[RtpRelay] = (),
     hls: HlsStream | None = None,
+    recorder: Recorder | None = None,
 ) -> web.Application:
     """The web application for one engine and one capture pipeline.
 
     ``started`` is the service's start time (``time.time()``), for the uptime in ``/api/status``;
     ``relays`` get ``/relay/<name>.sdp`` and their part of the status and metrics; ``hls``, when
     given, is served under ``/hls/``.
+    ``recorder`` adds the playback API and recording control (web/recordings.py).
     """
     token = config.auth.resolve_token()
     max_body = config.http.max_offer_bytes
@@ -123,6 +127,12 @@ def make_app(
         api.status_sections["hls"] = hls_resource.status
         api.metrics_sections.append(hls_resource.metrics_text)
         app[HLS] = hls_resource
+
+    if recorder is not None:
+        recordings = RecordingsResource(recorder)
+        recordings.add_routes(app)
+        api.status_sections["recording"] = recorder.stats
+        api.metrics_sections.append(recordings.metrics)
 
     app.router.add_get("/", _device_page)
     app.router.add_static("/static/", STATIC_DIR, append_version=False)

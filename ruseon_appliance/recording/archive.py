@@ -1,0 +1,230 @@
+"""The archive on disk: one fMP4 file per segment, named by its start time, indexed in memory.
+
+``2026-11-30_20-45-01-123456.mp4`` starts at that UTC wall-clock time (the capture time of its
+first frame). The segment being written is ``<name>.mp4.part`` and becomes ``<name>.mp4`` when it
+is closed (fsynced, then renamed), so a closed segment is never written to again. At start-up the
+index is rebuilt from the files: a ``.part`` left by a crash or power loss is cut back to its last
+complete fragment and closed, or moved to ``set-aside/`` when nothing in it is usable.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import datetime as dt
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .segment_file import SegmentFormatError, read_segment
+
+log = logging.getLogger(__name__)
+
+SEGMENT_SUFFIX = ".mp4"
+OPEN_SUFFIX = ".mp4.part"
+SET_ASIDE_DIR = "set-aside"
+_NAME_FORMAT = "%Y-%m-%d_%H-%M-%S-%f"
+# Two segments whose ends are closer than this belong to one continuous range.
+CONTIGUOUS_TOLERANCE_US = 1_000_000
+
+
+def segment_name(start_us: int) -> str:
+    """The file name (without suffix) of a segment starting at ``start_us`` (UTC µs)."""
+    when = dt.datetime.fromtimestamp(start_us / 1e6, tz=dt.UTC)
+    return when.replace(microsecond=start_us % 1_000_000).strftime(_NAME_FORMAT)
+
+
+def parse_segment_name(name: str) -> int | None:
+    """The start time in µs encoded in ``name`` (suffix removed), or None if it is not ours."""
+    try:
+        when = dt.datetime.strptime(name, _NAME_FORMAT).replace(tzinfo=dt.UTC)
+    except ValueError:
+        return None
+    return int(when.timestamp()) * 1_000_000 + when.microsecond
+
+
+def rfc3339(us: int) -> str:
+    """``us`` (UTC µs) as RFC 3339 with microseconds and a ``Z``."""
+    when = dt.datetime.fromtimestamp(us // 1_000_000, tz=dt.UTC)
+    return when.strftime("%Y-%m-%dT%H:%M:%S") + f".{us % 1_000_000:06d}Z"
+
+
+@dataclass(slots=True)
+class Segment:
+    """One segment file: where it is, when it starts, how long and how big it is."""
+
+    path: Path
+    start_us: int
+    duration_us: int
+    size: int
+    open: bool = False
+
+    @property
+    def end_us(self) -> int:
+        """When its last frame ends."""
+        return self.start_us + self.duration_us
+
+    def __lt__(self, other: Segment) -> bool:
+        return self.start_us < other.start_us
+
+
+def segment_info(path: Path) -> Segment:
+    """Index ``path`` (a closed segment); raises OSError or SegmentFormatError."""
+    name = path.name.removesuffix(OPEN_SUFFIX).removesuffix(SEGMENT_SUFFIX)
+    start = parse_segment_name(name)
+    if start is None:
+        raise SegmentFormatError(f"{path.name} is not a segment name")
+    with path.open("rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        index = read_segment(f, size)
+    return Segment(path, start, index.duration * 1_000_000 // index.timescale, size)
+
+
+@dataclass
+class ScanReport:
+    """What rebuilding the index found."""
+
+    segments: list[Segment] = field(default_factory=list)
+    repaired: list[str] = field(default_factory=list)
+    set_aside: list[str] = field(default_factory=list)
+
+
+class Archive:
+    """The in-memory index of closed segments in one directory, oldest first.
+
+    Blocking methods (:meth:`scan`, :meth:`repair`) touch the disk: call them off the event loop.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.segments: list[Segment] = []
+
+    # -- rebuilding ------------------------------------------------------------------------
+
+    def scan(self) -> ScanReport:
+        """Rebuild the index from the files; repair or set aside what a crash left behind."""
+        report = ScanReport()
+        if not self.directory.is_dir():
+            self.segments = []
+            return report  # created with the first segment
+        for entry in sorted(self.directory.iterdir()):
+            if not entry.is_file():
+                continue
+            if entry.name.endswith(OPEN_SUFFIX):
+                segment = self.repair(entry, report)
+            elif entry.name.endswith(SEGMENT_SUFFIX):
+                try:
+                    segment = segment_info(entry)
+                except (OSError, SegmentFormatError) as exc:
+                    self._set_aside(entry, f"unreadable ({exc})", report)
+                    continue
+                if segment.duration_us == 0:
+                    self._set_aside(entry, "no complete fragment", report)
+                    continue
+            else:
+                continue
+            if segment is not None:
+                report.segments.append(segment)
+        self.segments = sorted(report.segments)
+        return report
+
+    def repair(self, path: Path, report: ScanReport) -> Segment | None:
+        """Cut an unfinished segment back to its last complete fragment and close it."""
+        final = path.with_name(path.name.removesuffix(OPEN_SUFFIX) + SEGMENT_SUFFIX)
+        try:
+            with path.open("r+b") as f:
+                size = os.fstat(f.fileno()).st_size
+                index = read_segment(f, size)
+                if not index.fragments:
+                    raise SegmentFormatError("no complete fragment")
+                if index.valid_end < size:
+                    f.truncate(index.valid_end)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(path, final)
+            fsync_dir(self.directory)
+            segment = segment_info(final)
+        except (OSError, SegmentFormatError) as exc:
+            self._set_aside(path, str(exc), report)
+            return None
+        report.repaired.append(final.name)
+        log.warning("recording: repaired %s (cut %d bytes of an unfinished fragment)",
+                    final.name, size - index.valid_end,
+                    extra={"EVENT": "recording_repaired", "SEGMENT": final.name})
+        return segment
+
+    def _set_aside(self, path: Path, reason: str, report: ScanReport) -> None:
+        target = self.directory / SET_ASIDE_DIR
+        try:
+            target.mkdir(exist_ok=True)
+            os.replace(path, target / path.name)
+        except OSError as exc:
+            log.error("recording: cannot set %s aside: %s", path.name, exc)
+        report.set_aside.append(path.name)
+        log.warning("recording: set %s aside (%s)", path.name, reason,
+                    extra={"EVENT": "recording_set_aside", "SEGMENT": path.name})
+
+    # -- the index -------------------------------------------------------------------------
+
+    def add(self, segment: Segment) -> None:
+        """Insert a newly closed segment."""
+        bisect.insort(self.segments, segment)
+
+    def forget(self, segments: list[Segment]) -> None:
+        """Drop segments from the index (their files are deleted separately)."""
+        gone = {id(s) for s in segments}
+        self.segments = [s for s in self.segments if id(s) not in gone]
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes of all closed segments."""
+        return sum(s.size for s in self.segments)
+
+    def with_open(self, current: Segment | None) -> list[Segment]:
+        """The closed segments plus the one being written (if it has media yet)."""
+        if current is None or current.duration_us <= 0:
+            return list(self.segments)
+        return [*self.segments, current]
+
+    def ranges(self, current: Segment | None = None) -> list[tuple[int, int]]:
+        """Continuous recorded ranges ``(start_us, end_us)``; a gap splits them."""
+        out: list[tuple[int, int]] = []
+        for s in self.with_open(current):
+            if out and s.start_us - out[-1][1] <= CONTIGUOUS_TOLERANCE_US:
+                out[-1] = (out[-1][0], max(out[-1][1], s.end_us))
+            else:
+                out.append((s.start_us, s.end_us))
+        return out
+
+    def overlapping(self, start_us: int, end_us: int,
+                    current: Segment | None = None) -> list[Segment]:
+        """Segments with media in ``[start_us, end_us)``, oldest first."""
+        return [s for s in self.with_open(current) if s.start_us < end_us and s.end_us > start_us]
+
+    def expired(self, *, max_bytes: int, max_age_us: int, now_us: int,
+                open_bytes: int = 0) -> list[Segment]:
+        """Closed segments retention removes now: oldest first, until the archive (with the
+        open segment's ``open_bytes``) fits ``max_bytes``, and every one older than the age."""
+        out: list[Segment] = []
+        total = self.total_bytes + open_bytes
+        for s in self.segments:
+            too_big = max_bytes > 0 and total > max_bytes
+            too_old = max_age_us > 0 and s.end_us < now_us - max_age_us
+            if not (too_big or too_old):
+                break
+            out.append(s)
+            total -= s.size
+        return out
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a rename durable (the directory entry, not only the file)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+

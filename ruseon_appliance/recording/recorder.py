@@ -1,0 +1,453 @@
+"""The recorder: reads the ring like any viewer, segments it to fMP4 and keeps the archive.
+
+Modes: continuous (from start-up) and on demand (:meth:`Recorder.begin` / :meth:`Recorder.end`,
+behind ``POST /api/recording/start|stop``). An on-demand recording begins with the ring's last
+``preroll_s`` seconds, from a keyframe. Segments are cut at the first IDR after ``segment_s``.
+The event loop only segments (a few µs per access unit) and batches; files are written by one
+worker thread in large sequential writes. A full or read-only disk stops writing with a clear
+state and one journal line; the live view does not notice, and recording resumes by itself
+once the disk takes data again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..capture.ring import RingBuffer, RingReader
+from ..segmenter import Fmp4Segmenter, Fragment, run_segmenter
+from .archive import OPEN_SUFFIX, SEGMENT_SUFFIX, Archive, Segment, rfc3339, segment_name
+from .disk import SegmentFile, classify, free_bytes, unlink_all, writable
+
+log = logging.getLogger(__name__)
+
+# A batch goes to the disk once it holds this much, or has waited this long.
+BATCH_BYTES = 1024 * 1024
+FLUSH_INTERVAL_S = 2.0
+# Media per fragment in the archive (a clip can start at any IDR; fragments never span one).
+FRAGMENT_S = 1.0
+HOUSEKEEPING_INTERVAL_S = 1.0
+RETENTION_INTERVAL_S = 10.0
+# While stopped by a disk error: how often to try again, and what must fit before resuming.
+RESUME_CHECK_S = 3.0
+RESUME_FREE_BYTES = 2 * BATCH_BYTES
+RATE_WINDOW_S = 10.0
+MAX_PREROLL_S = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class RecorderSettings:
+    """What the recorder needs from ``[recording]`` (the composition root fills it in)."""
+
+    directory: Path
+    continuous: bool = False
+    segment_s: float = 60.0
+    preroll_s: float = 5.0
+    max_bytes: int = 0
+    max_age_s: float = 0.0
+
+
+@dataclass
+class _OpenSegment:
+    file: SegmentFile
+    start_us: int
+    generation: int
+    media_ticks: int = 0
+    pending: list[bytes] = field(default_factory=list)
+    pending_bytes: int = 0
+    pending_ticks: int = 0
+    last_submit: float = field(default_factory=time.monotonic)
+    written_bytes: int = 0
+    written_ticks: int = 0
+    has_init: bool = False
+
+
+class Recorder:
+    """Continuous and on-demand recording of one ring into an :class:`Archive`."""
+
+    def __init__(self, settings: RecorderSettings, ring: RingBuffer) -> None:
+        self.settings = settings
+        self.ring = ring
+        self.archive = Archive(settings.directory)
+        self._disk = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="recording-disk")
+        self._segmenter = Fmp4Segmenter(fragment_max_s=FRAGMENT_S)
+        self._timescale = self._segmenter.timescale
+        self._segment_ticks = int(settings.segment_s * self._timescale)
+        self._active = False
+        self._task: asyncio.Task[None] | None = None
+        self._reader: RingReader | None = None
+        self._housekeeping: asyncio.Task[None] | None = None
+        self._current: _OpenSegment | None = None
+        self._inflight: set[asyncio.Future[Any]] = set()
+        self._blocked: str | None = None  # disk_full / read_only / error
+        self._blocked_reason = ""
+        self._last_resume_check = 0.0
+        self._last_retention = 0.0
+        self._rate: collections.deque[tuple[float, int]] = collections.deque()
+        self._disk_free: int | None = None
+        self.started_at: float | None = None
+        self.bytes_written = 0
+        self.segments_closed = 0
+        self.segments_repaired = 0
+        self.segments_set_aside = 0
+        self.segments_deleted = 0
+        self.write_errors = 0
+        self.fragments_dropped = 0
+        self.resumed = 0
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Rebuild the index (repairing what a crash left), then record if continuous."""
+        loop = asyncio.get_running_loop()
+        try:
+            report = await loop.run_in_executor(self._disk, self.archive.scan)
+        except OSError as exc:
+            self._block(exc)
+        else:
+            self.segments_repaired += len(report.repaired)
+            self.segments_set_aside += len(report.set_aside)
+            log.info("recording: %d segments in %s (%d repaired, %d set aside)",
+                     len(report.segments), self.settings.directory, len(report.repaired),
+                     len(report.set_aside), extra={"EVENT": "recording_index"})
+        self._disk_free = await loop.run_in_executor(self._disk, free_bytes,
+                                                     self.settings.directory)
+        self._housekeeping = asyncio.create_task(self._housekeeping_loop())
+        if self.settings.continuous:
+            self.begin(preroll_s=0.0)
+
+    async def stop(self) -> None:
+        """Stop recording, close the open segment durably, stop the disk thread."""
+        await self.end()
+        if self._housekeeping is not None:
+            self._housekeeping.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._housekeeping
+            self._housekeeping = None
+        await self._drain()
+        self._disk.shutdown(wait=True)
+
+    # -- control ---------------------------------------------------------------------------
+
+    @property
+    def active(self) -> bool:
+        """Recording was asked for (it may still wait for a keyframe or for the disk)."""
+        return self._active
+
+    def begin(self, preroll_s: float | None = None) -> bool:
+        """Start recording with up to ``preroll_s`` seconds from the ring; False if already on."""
+        if self._active:
+            return False
+        self._active = True
+        self.started_at = time.time()
+        seconds = self.settings.preroll_s if preroll_s is None else preroll_s
+        seconds = max(0.0, min(seconds, MAX_PREROLL_S))
+        self._segmenter.reset()
+        self._segmenter.flush()
+        reader = self.ring.reader("next")
+        self._reader = reader
+        # The pre-roll is pushed now, synchronously: nothing can be written to the ring between
+        # choosing the frames and the reader's start, so there is no gap and no overlap.
+        first = self._preroll_start(seconds) if seconds > 0 else None
+        if first is not None:
+            fragments: list[Fragment] = []
+            for seq in range(first, reader.position):
+                view = self.ring.frame(seq)
+                if view is not None:
+                    fragments += self._segmenter.push(view.data, view.pts, view.keyframe,
+                                                      view.capture_time_us)
+            self._on_fragments(fragments)
+        self._task = asyncio.create_task(run_segmenter(reader, self._segmenter,
+                                                       self._on_fragments))
+        log.info("recording started (pre-roll %.1f s)", seconds,
+                 extra={"EVENT": "recording_started"})
+        return True
+
+    async def end(self) -> bool:
+        """Stop recording and close the open segment; False if it was not recording."""
+        if not self._active:
+            return False
+        reader = self._reader
+        # Let the segmenter take what the ring already holds (it is on the loop, scheduled).
+        for _ in range(100):
+            if reader is None or not reader.lag or self._task is None or self._task.done():
+                break
+            await asyncio.sleep(0.01)
+        self._active = False
+        if reader is not None:
+            reader.close()  # run_segmenter flushes the last fragment and returns
+        if self._task is not None:
+            try:
+                await asyncio.wait_for(self._task, 5)
+            except (TimeoutError, asyncio.CancelledError):
+                self._task.cancel()
+            self._task = None
+        self._reader = None
+        self._close_current()
+        await self._drain()
+        log.info("recording stopped", extra={"EVENT": "recording_stopped"})
+        return True
+
+    def _preroll_start(self, seconds: float) -> int | None:
+        """The newest keyframe at least ``seconds`` before the newest frame, or the oldest
+        keyframe still in the ring (the pre-roll is bounded by what the ring holds)."""
+        ring = self.ring
+        newest = ring.frame(ring.newest_seq)
+        if newest is None:
+            return None
+        cutoff = newest.capture_time_us - int(seconds * 1_000_000)
+        oldest_key = None
+        for seq in range(ring.newest_seq, ring.oldest_seq - 1, -1):
+            if ring.is_keyframe(seq):
+                view = ring.frame(seq)
+                if view is None:
+                    break
+                oldest_key = seq
+                if view.capture_time_us <= cutoff:
+                    return seq
+        return oldest_key
+
+    # -- fragments to disk -----------------------------------------------------------------
+
+    def _on_fragments(self, fragments: list[Fragment]) -> None:
+        now = time.monotonic()
+        for f in fragments:
+            if self._blocked is not None:
+                self.fragments_dropped += 1
+                continue
+            cur = self._current
+            if cur is not None and f.independent and (
+                    cur.media_ticks >= self._segment_ticks or f.init_generation != cur.generation):
+                self._close_current()
+                cur = None
+            if cur is None:
+                init = self._segmenter.init_segment_for(f.init_generation)
+                if not f.independent or init is None:
+                    self.fragments_dropped += 1
+                    continue
+                cur = self._open_segment(f, init)
+            cur.pending.append(f.data)
+            cur.pending_bytes += len(f.data)
+            cur.pending_ticks += f.duration
+            cur.media_ticks += f.duration
+            if cur.pending_bytes >= BATCH_BYTES or now - cur.last_submit >= FLUSH_INTERVAL_S:
+                self._submit(cur)
+
+    def _open_segment(self, first: Fragment, init: bytes) -> _OpenSegment:
+        start = first.capture_time_us
+        directory = self.settings.directory
+        while True:
+            name = segment_name(start)
+            if not (directory / (name + SEGMENT_SUFFIX)).exists() and not (
+                    directory / (name + OPEN_SUFFIX)).exists():
+                break
+            start += 1
+        cur = _OpenSegment(SegmentFile(directory / (name + OPEN_SUFFIX),
+                                       directory / (name + SEGMENT_SUFFIX)),
+                           start, first.init_generation)
+        self._current = cur
+        self._track(self._disk_call(cur.file.append, init, init=True),
+                    lambda ok: self._written(cur, ok, len(init), 0))
+        return cur
+
+    def _submit(self, cur: _OpenSegment) -> None:
+        cur.last_submit = time.monotonic()
+        if not cur.pending:
+            return
+        data = b"".join(cur.pending)
+        ticks = cur.pending_ticks
+        cur.pending, cur.pending_bytes, cur.pending_ticks = [], 0, 0
+        self._track(self._disk_call(cur.file.append, data),
+                    lambda ok: self._written(cur, ok, len(data), ticks))
+
+    def _written(self, cur: _OpenSegment, error: BaseException | None, size: int,
+                 ticks: int) -> None:
+        if error is not None:
+            if cur is self._current:
+                self._block(error)
+                self._current = None
+                cur.pending.clear()
+                self._close_segment(cur)
+            return
+        cur.written_bytes += size
+        cur.written_ticks += ticks
+        self.bytes_written += size
+        self._rate.append((time.monotonic(), size))
+
+    def _close_current(self) -> None:
+        cur, self._current = self._current, None
+        if cur is None:
+            return
+        self._submit(cur)
+        self._close_segment(cur)
+
+    def _close_segment(self, cur: _OpenSegment) -> None:
+        def closed(future: asyncio.Future[Any]) -> None:
+            if future.cancelled() or future.exception() is not None:
+                return
+            segment = future.result()
+            if segment is not None:
+                self.archive.add(segment)
+                self.segments_closed += 1
+        future = self._disk_call(cur.file.close)
+        self._inflight.add(future)
+        future.add_done_callback(self._inflight.discard)
+        future.add_done_callback(closed)
+
+    def _disk_call(self, fn: Any, *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
+        loop = asyncio.get_running_loop()
+        return loop.run_in_executor(self._disk, lambda: fn(*args, **kwargs))
+
+    def _track(self, future: asyncio.Future[Any], done: Any) -> None:
+        self._inflight.add(future)
+
+        def finished(f: asyncio.Future[Any]) -> None:
+            self._inflight.discard(f)
+            done(None if f.cancelled() else f.exception())
+        future.add_done_callback(finished)
+
+    async def _drain(self) -> None:
+        while self._inflight:
+            await asyncio.gather(*list(self._inflight), return_exceptions=True)
+
+    def _block(self, exc: BaseException) -> None:
+        kind = classify(exc)
+        self.write_errors += 1
+        if self._blocked is not None:
+            return
+        self._blocked = kind
+        what = {"disk_full": "the disk is full", "read_only": "the disk is read-only"}.get(
+            kind, "the disk failed")
+        self._blocked_reason = f"{what}: {exc}"
+        log.error("recording stopped: %s (the live view continues; recording resumes by itself "
+                  "when the disk takes data again)", self._blocked_reason,
+                  extra={"EVENT": "recording_" + kind, "DIRECTORY": str(self.settings.directory)})
+
+    # -- housekeeping ----------------------------------------------------------------------
+
+    async def _housekeeping_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(HOUSEKEEPING_INTERVAL_S)
+            now = time.monotonic()
+            cur = self._current
+            if cur is not None and cur.pending and now - cur.last_submit >= FLUSH_INTERVAL_S:
+                self._submit(cur)
+            self._disk_free = await loop.run_in_executor(self._disk, free_bytes,
+                                                         self.settings.directory)
+            if self._blocked is not None and now - self._last_resume_check >= RESUME_CHECK_S:
+                self._last_resume_check = now
+                ok = await loop.run_in_executor(self._disk, writable, self.settings.directory,
+                                                RESUME_FREE_BYTES)
+                free = self._disk_free or 0
+                if ok and free >= RESUME_FREE_BYTES and self._blocked is not None:
+                    log.warning("recording resumed: the disk takes data again",
+                                extra={"EVENT": "recording_resumed"})
+                    self._blocked = None
+                    self._blocked_reason = ""
+                    self.resumed += 1
+            if now - self._last_retention >= RETENTION_INTERVAL_S:
+                self._last_retention = now
+                self.apply_retention()
+
+    def apply_retention(self) -> list[Segment]:
+        """Delete the oldest closed segments beyond the size or age limit (never the open one)."""
+        s = self.settings
+        cur = self._current
+        expired = self.archive.expired(
+            max_bytes=s.max_bytes, max_age_us=int(s.max_age_s * 1_000_000),
+            now_us=time.time_ns() // 1000,
+            open_bytes=(cur.written_bytes + cur.pending_bytes) if cur else 0)
+        if expired:
+            self._forget_and_delete(expired, "retention")
+        return expired
+
+    def delete_range(self, start_us: int, end_us: int) -> tuple[list[Segment], list[Segment]]:
+        """Delete the closed segments lying wholly inside ``[start_us, end_us)``.
+
+        Returns (deleted, kept): kept are those only partly inside, and the open segment.
+        """
+        hit = self.archive.overlapping(start_us, end_us, self.current_segment())
+        deleted = [x for x in hit if not x.open and x.start_us >= start_us and x.end_us <= end_us]
+        kept = [x for x in hit if x not in deleted]
+        if deleted:
+            self._forget_and_delete(deleted, "request")
+        return deleted, kept
+
+    def _forget_and_delete(self, segments: list[Segment], why: str) -> None:
+        self.archive.forget(segments)
+        self.segments_deleted += len(segments)
+        log.info("recording: deleting %d segments (%s)", len(segments), why,
+                 extra={"EVENT": "recording_deleted"})
+        future = self._disk_call(unlink_all, [x.path for x in segments])
+        self._inflight.add(future)
+        future.add_done_callback(self._inflight.discard)
+
+    # -- reporting -------------------------------------------------------------------------
+
+    def current_segment(self) -> Segment | None:
+        """The segment being written, as far as it is on disk (None when there is none)."""
+        cur = self._current
+        if cur is None or cur.written_ticks <= 0:
+            return None
+        return Segment(cur.file.part, cur.start_us,
+                       cur.written_ticks * 1_000_000 // self._timescale, cur.written_bytes,
+                       open=True)
+
+    @property
+    def state(self) -> str:
+        """stopped, waiting (for a keyframe), recording, disk_full, read_only or error."""
+        if not self._active:
+            return "stopped"
+        if self._blocked is not None:
+            return self._blocked
+        return "recording" if self._current is not None else "waiting"
+
+    def write_rate(self) -> float:
+        """Bytes per second written over the last few seconds."""
+        now = time.monotonic()
+        while self._rate and now - self._rate[0][0] > RATE_WINDOW_S:
+            self._rate.popleft()
+        return sum(n for _, n in self._rate) / RATE_WINDOW_S
+
+    def stats(self) -> dict[str, Any]:
+        """For ``/api/status`` (everything) and ``/metrics`` (the numbers)."""
+        cur = self.current_segment()
+        segments = self.archive.with_open(cur)
+        state = self.state
+        return {
+            "state": state,
+            "reason": self._blocked_reason or None,
+            "mode": "continuous" if self.settings.continuous else "on_demand",
+            "recording": 1 if state == "recording" else 0,
+            "states": {name: int(state == name) for name in (
+                "stopped", "waiting", "recording", "disk_full", "read_only", "error")},
+            "directory": str(self.settings.directory),
+            "segments": len(segments),
+            "bytes_on_disk": sum(x.size for x in segments),
+            "oldest": rfc3339(segments[0].start_us) if segments else None,
+            "newest": rfc3339(segments[-1].end_us) if segments else None,
+            "oldest_unix_s": segments[0].start_us / 1e6 if segments else 0,
+            "newest_unix_s": segments[-1].end_us / 1e6 if segments else 0,
+            "write_bytes_per_s": round(self.write_rate(), 1),
+            "bytes_written_total": self.bytes_written,
+            "segments_closed_total": self.segments_closed,
+            "segments_repaired_total": self.segments_repaired,
+            "segments_set_aside_total": self.segments_set_aside,
+            "segments_deleted_total": self.segments_deleted,
+            "write_errors_total": self.write_errors,
+            "resumed_total": self.resumed,
+            "fragments_dropped_total": self.fragments_dropped,
+            "disk_free_bytes": self._disk_free if self._disk_free is not None else -1,
+            "segment_s": self.settings.segment_s,
+            "preroll_s": self.settings.preroll_s,
+            "max_bytes": self.settings.max_bytes,
+            "max_age_s": self.settings.max_age_s,
+        }

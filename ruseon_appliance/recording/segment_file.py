@@ -1,0 +1,200 @@
+"""Reading an archive segment: one fMP4 file (init segment, then moof+mdat fragments).
+
+Only box headers and the small moof boxes are read; media data is never loaded. A file cut short
+(power loss while it was written) reads as far as its last complete fragment, and
+:attr:`SegmentIndex.valid_end` says where that is, so the tail can be cut off.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import BinaryIO
+
+from ..segmenter.boxes import find_box, iter_boxes, read_top_level
+
+SYNC_FLAGS_MASK = 0x00010000  # sample_is_non_sync_sample
+
+
+class SegmentFormatError(ValueError):
+    """The file does not start with an init segment this archive can read."""
+
+
+@dataclass(frozen=True, slots=True)
+class FragmentIndex:
+    """Where one fragment's samples are in the file, and their timing."""
+
+    decode_time: int  # tfdt, in the track's timescale
+    data_offset: int  # file offset of the first sample's data
+    durations: tuple[int, ...]
+    sizes: tuple[int, ...]
+    sync: tuple[bool, ...]
+
+    @property
+    def duration(self) -> int:
+        """Sum of the sample durations."""
+        return sum(self.durations)
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentIndex:
+    """A parsed segment: its init segment and every complete fragment."""
+
+    init: bytes  # ftyp + moov, as written
+    timescale: int
+    fragments: tuple[FragmentIndex, ...]
+    init_end: int  # file offset where the first fragment starts
+    valid_end: int  # end of the last complete fragment (== init_end when there is none)
+
+    @property
+    def duration(self) -> int:
+        """Media duration, in ``timescale`` units."""
+        return sum(f.duration for f in self.fragments)
+
+    @property
+    def first_decode_time(self) -> int:
+        """tfdt of the first fragment (0 when there is none)."""
+        return self.fragments[0].decode_time if self.fragments else 0
+
+
+def _timescale(moov: bytes) -> int:
+    found = find_box(moov, [b"moov", b"trak", b"mdia", b"mdhd"])
+    if found is None:
+        raise SegmentFormatError("no mdhd in moov")
+    pos = found[0]
+    version = moov[pos]
+    timescale: int = struct.unpack_from(">I", moov, pos + (20 if version == 1 else 12))[0]
+    if timescale <= 0:
+        raise SegmentFormatError("timescale 0")
+    return timescale
+
+
+def _parse_moof(moof: bytes, moof_offset: int) -> FragmentIndex | None:
+    """The first track run of a moof (the archive writes one track, one run)."""
+    traf = find_box(moof, [b"moof", b"traf"])
+    if traf is None:
+        return None
+    base = moof_offset
+    default_duration = default_size = default_flags = 0
+    decode_time = 0
+    run: tuple[int, int] | None = None
+    for kind, start, end in iter_boxes(moof, traf[0], traf[1]):
+        if kind == b"tfhd":
+            flags = int.from_bytes(moof[start + 1 : start + 4], "big")
+            pos = start + 8  # version/flags, track_ID
+            if flags & 0x01:
+                base = struct.unpack_from(">Q", moof, pos)[0]
+                pos += 8
+            if flags & 0x02:
+                pos += 4
+            if flags & 0x08:
+                default_duration = struct.unpack_from(">I", moof, pos)[0]
+                pos += 4
+            if flags & 0x10:
+                default_size = struct.unpack_from(">I", moof, pos)[0]
+                pos += 4
+            if flags & 0x20:
+                default_flags = struct.unpack_from(">I", moof, pos)[0]
+        elif kind == b"tfdt":
+            version = moof[start]
+            decode_time = (struct.unpack_from(">Q", moof, start + 4)[0] if version == 1
+                           else struct.unpack_from(">I", moof, start + 4)[0])
+        elif kind == b"trun" and run is None:
+            run = (start, end)
+    if run is None:
+        return None
+    start, end = run
+    flags = int.from_bytes(moof[start + 1 : start + 4], "big")
+    count = struct.unpack_from(">I", moof, start + 4)[0]
+    pos = start + 8
+    data_offset = 0
+    if flags & 0x001:
+        data_offset = struct.unpack_from(">i", moof, pos)[0]
+        pos += 4
+    first_flags = None
+    if flags & 0x004:
+        first_flags = struct.unpack_from(">I", moof, pos)[0]
+        pos += 4
+    fields = sum(4 for bit in (0x100, 0x200, 0x400, 0x800) if flags & bit)
+    if count * fields > end - pos or count > 1_000_000:
+        return None
+    durations, sizes, sync = [], [], []
+    for i in range(count):
+        duration = size = 0
+        sample_flags = default_flags
+        if flags & 0x100:
+            duration = struct.unpack_from(">I", moof, pos)[0]
+            pos += 4
+        else:
+            duration = default_duration
+        if flags & 0x200:
+            size = struct.unpack_from(">I", moof, pos)[0]
+            pos += 4
+        else:
+            size = default_size
+        if flags & 0x400:
+            sample_flags = struct.unpack_from(">I", moof, pos)[0]
+            pos += 4
+        elif i == 0 and first_flags is not None:
+            sample_flags = first_flags
+        if flags & 0x800:
+            pos += 4
+        durations.append(duration)
+        sizes.append(size)
+        sync.append(not sample_flags & SYNC_FLAGS_MASK)
+    return FragmentIndex(decode_time, base + data_offset, tuple(durations), tuple(sizes),
+                         tuple(sync))
+
+
+def read_segment(f: BinaryIO, size: int) -> SegmentIndex:
+    """Index an open segment file of ``size`` bytes (complete fragments only).
+
+    Raises :class:`SegmentFormatError` when the file does not begin with ftyp + moov.
+    """
+    boxes = read_top_level(f, size)
+    first = next(boxes, None)
+    second = next(boxes, None)
+    if first is None or second is None or first[0] != b"ftyp" or second[0] != b"moov":
+        raise SegmentFormatError("the file does not start with ftyp and moov")
+    init_end = second[1] + second[3]
+    if init_end > 4 * 1024 * 1024:
+        raise SegmentFormatError("init segment larger than 4 MiB")
+    f.seek(0)
+    init = f.read(init_end)
+    timescale = _timescale(init[first[3]:])
+    fragments: list[FragmentIndex] = []
+    valid_end = init_end
+    pending: tuple[int, bytes] | None = None
+    for kind, start, header, box_size in boxes:
+        if kind == b"moof":
+            if box_size > 16 * 1024 * 1024:
+                break
+            f.seek(start)
+            pending = (start, f.read(box_size))
+        elif kind == b"mdat" and pending is not None:
+            fragment = _parse_moof(pending[1], pending[0])
+            mdat_end = start + box_size
+            if fragment is None or fragment.data_offset < start + header or (
+                    fragment.data_offset + sum(fragment.sizes) > mdat_end):
+                break
+            fragments.append(fragment)
+            valid_end = mdat_end
+            pending = None
+        else:
+            break
+    return SegmentIndex(init, timescale, tuple(fragments), init_end, valid_end)
+
+
+def init_track(init: bytes) -> tuple[bytes, int, int]:
+    """``(avcC payload, width, height)`` from an init segment written by the segmenter."""
+    found = find_box(init, [b"moov", b"trak", b"mdia", b"minf", b"stbl", b"stsd"])
+    if found is None:
+        raise SegmentFormatError("no stsd in the init segment")
+    entry = found[0] + 8  # version/flags, entry_count
+    for kind, start, end in iter_boxes(init, entry, found[1]):
+        if kind in (b"avc1", b"avc3"):
+            width, height = struct.unpack_from(">HH", init, start + 24)
+            for child, cstart, cend in iter_boxes(init, start + 78, end):
+                if child == b"avcC":
+                    return init[cstart:cend], width, height
+    raise SegmentFormatError("no avc1/avcC sample entry in the init segment")

@@ -1,0 +1,200 @@
+"""The playback API (shaped like mediamtx's playback server) and recording control.
+
+- ``GET /recordings/list[?start=&end=]`` → ``[{"start": RFC 3339, "duration": s, "url": ...}]``
+- ``GET /recordings/get?start=<RFC 3339>&duration=<s>[&format=mp4|fmp4]`` → the clip, streamed
+- ``DELETE /recordings?start=&duration=`` → deletes the closed segments wholly inside the range
+- ``GET /api/recording``, ``POST /api/recording/start[?preroll=s]``, ``POST /api/recording/stop``
+
+``path`` (mediamtx's stream name) is accepted and ignored: this device has one camera.
+Every route needs the token when auth is on (the app's auth middleware).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import math
+import re
+import urllib.parse
+from typing import Any
+
+from aiohttp import web
+
+from ruseon_appliance.recording import ClipError, Recorder, plan_clip, rfc3339
+from ruseon_appliance.web.metrics import Exposition
+from ruseon_appliance.web.problem import Problem
+
+# Longest clip one request may ask for (a plan holds a small record per frame).
+MAX_CLIP_S = 3600.0
+# Query values longer than this are not times or numbers.
+MAX_PARAM_CHARS = 64
+_PATH_NAME = re.compile(r"[A-Za-z0-9_.~-]{0,64}")
+
+
+def parse_time(name: str, text: str | None) -> int:
+    """An RFC 3339 time with a zone (``Z`` or ``+hh:mm``) as UTC µs; Problem 400 otherwise."""
+    if text is None or text == "":
+        raise Problem(400, f"{name} is required: an RFC 3339 time such as 2026-11-30T20:45:00Z")
+    if len(text) > MAX_PARAM_CHARS:
+        raise Problem(400, f"{name} is too long to be an RFC 3339 time")
+    # A '+' in a query string arrives as a space unless the client encoded it.
+    value = text.strip().replace(" ", "+")
+    try:
+        when = dt.datetime.fromisoformat(value)
+    except ValueError:
+        raise Problem(400, f"{name} = {text!r} is not an RFC 3339 time "
+                           "(e.g. 2026-11-30T20:45:00Z)") from None
+    if when.tzinfo is None:
+        raise Problem(400, f"{name} = {text!r} has no time zone: add Z or an offset")
+    try:
+        seconds = when.timestamp()
+    except (OverflowError, OSError, ValueError):
+        raise Problem(400, f"{name} = {text!r} is out of range") from None
+    return round(seconds * 1_000_000)
+
+
+def parse_seconds(name: str, text: str | None, *, maximum: float) -> float:
+    """A positive, finite number of seconds up to ``maximum``; Problem 400 otherwise."""
+    if text is None or text == "":
+        raise Problem(400, f"{name} is required: seconds, e.g. 30 or 2.5")
+    if len(text) > MAX_PARAM_CHARS:
+        raise Problem(400, f"{name} is too long to be a number of seconds")
+    try:
+        value = float(text)
+    except ValueError:
+        raise Problem(400, f"{name} = {text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise Problem(400, f"{name} = {text!r} must be more than 0 seconds")
+    if value > maximum:
+        raise Problem(400, f"{name} = {text!r} is too long: at most {maximum:g} seconds")
+    return value
+
+
+def _check_path(request: web.Request) -> None:
+    path = request.query.get("path")
+    if path is not None and not _PATH_NAME.fullmatch(path):
+        raise Problem(400, "path must be a stream name (letters, digits, _ . ~ -); "
+                           "this device has one camera, so it may be left out")
+
+
+class RecordingsResource:
+    """HTTP handlers over one :class:`Recorder`."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self.recorder = recorder
+
+    def add_routes(self, app: web.Application) -> None:
+        """Register the playback and control routes."""
+        app.router.add_get("/recordings/list", self.list)
+        app.router.add_get("/recordings/get", self.get)
+        app.router.add_delete("/recordings", self.delete)
+        app.router.add_get("/api/recording", self.status)
+        app.router.add_post("/api/recording/start", self.start)
+        app.router.add_post("/api/recording/stop", self.stop)
+
+    async def list(self, request: web.Request) -> web.Response:
+        """``GET /recordings/list``: continuous recorded ranges, oldest first."""
+        _check_path(request)
+        start = parse_time("start", request.query["start"]) if "start" in request.query else None
+        end = parse_time("end", request.query["end"]) if "end" in request.query else None
+        out: list[dict[str, Any]] = []
+        for lo, hi in self.recorder.archive.ranges(self.recorder.current_segment()):
+            if start is not None:
+                lo = max(lo, start)
+            if end is not None:
+                hi = min(hi, end)
+            if hi <= lo:
+                continue
+            seconds = (hi - lo) / 1e6
+            query = urllib.parse.urlencode({"start": rfc3339(lo), "duration": f"{seconds:.6f}"})
+            out.append({"start": rfc3339(lo), "duration": round(seconds, 6),
+                        "url": f"/recordings/get?{query}"})
+        return web.json_response(out, headers={"Cache-Control": "no-store"})
+
+    async def get(self, request: web.Request) -> web.StreamResponse:
+        """``GET /recordings/get``: the clip as progressive MP4 (default) or fMP4, streamed."""
+        _check_path(request)
+        start = parse_time("start", request.query.get("start"))
+        seconds = parse_seconds("duration", request.query.get("duration"), maximum=MAX_CLIP_S)
+        fmt = request.query.get("format", "mp4")
+        if fmt not in ("mp4", "fmp4"):
+            raise Problem(400, f"format = {fmt[:20]!r} is not valid: mp4 or fmp4")
+        end = start + round(seconds * 1_000_000)
+        # Every segment starts with an IDR, so the one holding `start` holds the IDR before it.
+        segments = self.recorder.archive.overlapping(start, end, self.recorder.current_segment())
+        if not segments:
+            raise Problem(404, "nothing is recorded in that range")
+        loop = asyncio.get_running_loop()
+        try:
+            clip = await loop.run_in_executor(None, plan_clip, segments, start, end, fmt)
+        except ClipError as exc:
+            raise Problem(exc.status, exc.reason) from None
+        try:
+            stamp = rfc3339(clip.start_us).replace(":", "-")
+            response = web.StreamResponse(headers={
+                "Content-Type": clip.content_type,
+                "Content-Disposition": f'inline; filename="ruseon-{stamp}.mp4"',
+                "Cache-Control": "no-store",
+                "X-Clip-Start": rfc3339(clip.start_us),
+                "X-Clip-Duration": f"{clip.duration_us / 1e6:.6f}",
+                "X-Clip-Frames": str(clip.frames),
+            })
+            response.content_length = clip.content_length
+            await response.prepare(request)
+            if request.method == "HEAD":
+                return response
+            chunks = clip.read()
+            while True:
+                data = await loop.run_in_executor(None, next, chunks, None)
+                if data is None:
+                    break
+                await response.write(data)
+            await response.write_eof()
+            return response
+        except OSError:
+            # The length was promised: closing early makes the client see an incomplete file
+            # rather than a short one that looks whole.
+            if request.transport is not None:
+                request.transport.close()
+            return response
+        finally:
+            clip.close()
+
+    async def delete(self, request: web.Request) -> web.Response:
+        """``DELETE /recordings?start=&duration=``: delete the closed segments inside it."""
+        _check_path(request)
+        start = parse_time("start", request.query.get("start"))
+        seconds = parse_seconds("duration", request.query.get("duration"),
+                                maximum=100 * 365 * 86400)
+        deleted, kept = self.recorder.delete_range(start, start + round(seconds * 1_000_000))
+        return web.json_response({
+            "deleted": [{"start": rfc3339(s.start_us), "duration": s.duration_us / 1e6,
+                         "bytes": s.size} for s in deleted],
+            "kept": [{"start": rfc3339(s.start_us), "duration": s.duration_us / 1e6,
+                      "why": "being written" if s.open else "only partly inside the range"}
+                     for s in kept],
+        })
+
+    def metrics(self) -> str:
+        """The recorder's numbers as ``ruseon_recording_*`` families for ``/metrics``."""
+        out = Exposition()
+        out.stats("ruseon_recording", self.recorder.stats(), "Recording")
+        return out.text()
+
+    async def status(self, request: web.Request) -> web.Response:
+        """``GET /api/recording``."""
+        return web.json_response(self.recorder.stats(), headers={"Cache-Control": "no-store"})
+
+    async def start(self, request: web.Request) -> web.Response:
+        """``POST /api/recording/start[?preroll=seconds]``."""
+        preroll = None
+        if "preroll" in request.query:
+            text = request.query["preroll"]
+            preroll = 0.0 if text in ("0", "0.0") else parse_seconds("preroll", text, maximum=60)
+        started = self.recorder.begin(preroll)
+        return web.json_response({"started": started, **self.recorder.stats()})
+
+    async def stop(self, request: web.Request) -> web.Response:
+        """``POST /api/recording/stop``."""
+        stopped = await self.recorder.end()
+        return web.json_response({"stopped": stopped, **self.recorder.stats()})

@@ -1,0 +1,210 @@
+"""The recorder and the archive, in process: a real ring, real libx264 frames, real files.
+
+Frames are written into the ring as fast as the recorder takes them (no real-time pacing), so
+these tests are quick; the media timeline comes from the frames' own pts and capture times.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from pathlib import Path
+
+import av
+import pytest
+
+from ruseon_appliance.capture.access_unit import AccessUnit
+from ruseon_appliance.capture.ring import RingBuffer
+from ruseon_appliance.capture.stamp import read_stamp
+from ruseon_appliance.recording import Archive, ClipError, Recorder, RecorderSettings, plan_clip
+from ruseon_appliance.recording.archive import OPEN_SUFFIX, SET_ASIDE_DIR
+from tests.segmenter.stream import Unit, encode, ffmpeg_errors, probe_frames
+
+FPS, GOP = 30, 15
+FRAME_US = 1_000_000 // FPS
+
+
+@pytest.fixture(scope="module")
+def units() -> list[Unit]:
+    """Ten seconds of stamped 160x96 video, an IDR every half second."""
+    return encode(10 * FPS, width=160, height=96, fps=FPS, gop=GOP)
+
+
+async def feed(ring: RingBuffer, units: list[Unit]) -> None:
+    for u in units:
+        ring.write(AccessUnit(u.data, u.pts, u.keyframe, u.capture_time_us))
+        await asyncio.sleep(0)
+
+
+def recorder_for(tmp_path: Path, ring: RingBuffer, **settings: float) -> Recorder:
+    return Recorder(RecorderSettings(directory=tmp_path / "rec", segment_s=2.0,
+                                     **settings), ring)  # type: ignore[arg-type]
+
+
+def write_clip(tmp_path: Path, segments: list, start_us: int, end_us: int,  # type: ignore[type-arg]
+               fmt: str = "mp4") -> Path:
+    clip = plan_clip(segments, start_us, end_us, fmt)
+    try:
+        out = tmp_path / f"clip.{fmt}.mp4"
+        out.write_bytes(b"".join(clip.read()))
+    finally:
+        clip.close()
+    assert out.stat().st_size == clip.content_length
+    return out
+
+
+def stamps(path: Path) -> list[int]:
+    with av.open(str(path)) as container:
+        found = [read_stamp(frame) for frame in container.decode(video=0)]
+    assert all(s is not None for s in found)
+    return [s[0] for s in found if s is not None]
+
+
+async def test_segments_cut_at_idr_index_rebuilt_and_clips_hit_the_right_moment(
+        tmp_path: Path, units: list[Unit]) -> None:
+    ring = RingBuffer(8 * 1024 * 1024, 1024)
+    recorder = recorder_for(tmp_path, ring)
+    await recorder.start()
+    assert recorder.begin(preroll_s=0)
+    await feed(ring, units)
+    assert await recorder.end()
+    await recorder.stop()
+    files = sorted((tmp_path / "rec").glob("*.mp4"))
+    # 10 s in segments of at least 2 s, each starting at an IDR (every 0.5 s here).
+    assert len(files) == 5 and not list((tmp_path / "rec").glob("*" + OPEN_SUFFIX))
+    total = 0
+    for f in files:
+        assert ffmpeg_errors(f) == ""
+        frames = probe_frames(f)
+        assert frames[0][0], f"{f.name} does not start with a keyframe"
+        total += len(frames)
+    assert total == len(units)
+    # The index rebuilt from the files alone says the same as the recorder's.
+    archive = Archive(tmp_path / "rec")
+    report = archive.scan()
+    assert not report.repaired and not report.set_aside
+    assert [(s.start_us, s.duration_us) for s in archive.segments] == [
+        (s.start_us, s.duration_us) for s in recorder.archive.segments]
+    first, last = units[0].capture_time_us, units[-1].capture_time_us + FRAME_US
+    [(lo, hi)] = archive.ranges()
+    assert lo == first and abs(hi - last) <= 2
+
+    # A clip across a segment boundary: starts at the IDR at or before `start`, ends at `end`.
+    start = first + 3_300_000
+    end = start + 2_500_000
+    for fmt in ("mp4", "fmp4"):
+        clip = write_clip(tmp_path, archive.overlapping(start, end), start, end, fmt)
+        assert ffmpeg_errors(clip) == ""
+        frames = probe_frames(clip)
+        assert frames[0][0]
+        times = stamps(clip)
+        assert start - GOP * FRAME_US < times[0] <= start
+        assert end - 2 * FRAME_US < times[-1] < end
+        assert len(frames) == len(times) == (times[-1] - times[0]) // FRAME_US + 1
+    with pytest.raises(ClipError) as nothing:
+        plan_clip(archive.overlapping(last + 10_000_000, last + 20_000_000),
+                  last + 10_000_000, last + 20_000_000)
+    assert nothing.value.status == 404
+
+
+async def test_preroll_starts_at_a_keyframe_from_the_ring(tmp_path: Path,
+                                                          units: list[Unit]) -> None:
+    ring = RingBuffer(8 * 1024 * 1024, 1024)
+    await feed(ring, units[:90])  # three seconds already in the ring, nobody recording
+    recorder = recorder_for(tmp_path, ring)
+    await recorder.start()
+    recorder.begin(preroll_s=1.0)
+    await feed(ring, units[90:120])
+    await recorder.end()
+    await recorder.stop()
+    # The newest frame was 89; one second before it is frame 59; the keyframe at or before: 45.
+    segments = recorder.archive.segments
+    assert segments[0].start_us == units[45].capture_time_us
+    clip = write_clip(tmp_path, segments, segments[0].start_us, segments[-1].end_us)
+    times = stamps(clip)
+    assert times[0] == units[45].capture_time_us and times[-1] == units[119].capture_time_us
+    assert len(times) == 75  # no gap and no overlap between pre-roll and live frames
+
+
+async def test_retention_deletes_oldest_first_never_the_open_segment(
+        tmp_path: Path, units: list[Unit]) -> None:
+    ring = RingBuffer(8 * 1024 * 1024, 1024)
+    recorder = recorder_for(tmp_path, ring, max_bytes=1)
+    await recorder.start()
+    recorder.begin(preroll_s=0)
+    await feed(ring, units[:250])
+    # Housekeeping applies retention by itself; the open segment shows once its first batch is
+    # written (at the latest after the flush interval).
+    for _ in range(3000):
+        if recorder.segments_deleted >= 3 and recorder.current_segment() is not None:
+            break
+        await asyncio.sleep(0.01)
+    open_part = recorder.current_segment()
+    assert open_part is not None
+    recorder.apply_retention()
+    assert recorder.segments_deleted == 3 and recorder.archive.segments == []
+    assert open_part.path.exists()
+    await recorder.end()
+    await recorder.stop()
+    remaining = sorted(p.name for p in (tmp_path / "rec").glob("*.mp4"))
+    # The three oldest went; the one being written then is kept (closed now), and what follows.
+    assert remaining[0] == open_part.path.name.removesuffix(".part")
+    assert len(remaining) == 2
+
+
+async def test_a_crash_leaves_closed_segments_intact_and_the_open_one_repaired_or_set_aside(
+        tmp_path: Path, units: list[Unit]) -> None:
+    ring = RingBuffer(8 * 1024 * 1024, 1024)
+    recorder = recorder_for(tmp_path, ring)
+    await recorder.start()
+    recorder.begin(preroll_s=0)
+    await feed(ring, units[:150])
+    await recorder.end()
+    await recorder.stop()
+    rec = tmp_path / "rec"
+    closed = sorted(rec.glob("*.mp4"))
+    # What a power cut leaves: the last segment unfinished mid-fragment, and a stub of another.
+    victim = closed[-1]
+    cut = victim.stat().st_size - 500
+    part = victim.with_name(victim.name + ".part")
+    os.replace(victim, part)
+    os.truncate(part, cut)
+    stub = rec / ("2030-01-01_00-00-00-000000.mp4" + ".part")
+    shutil.copyfile(closed[0], stub)
+    os.truncate(stub, 300)  # inside the init segment
+    archive = Archive(rec)
+    report = archive.scan()
+    assert report.repaired == [victim.name]
+    assert report.set_aside == [stub.name]
+    assert (rec / SET_ASIDE_DIR / stub.name).exists()
+    for f in sorted(rec.glob("*.mp4")):
+        assert ffmpeg_errors(f) == ""
+    assert victim.stat().st_size < cut  # cut back to the last complete fragment
+    clip = write_clip(tmp_path, archive.segments, archive.segments[0].start_us,
+                      archive.segments[-1].end_us)
+    assert ffmpeg_errors(clip) == ""
+
+
+async def test_a_download_survives_retention_deleting_its_segments(
+        tmp_path: Path, units: list[Unit]) -> None:
+    ring = RingBuffer(8 * 1024 * 1024, 1024)
+    recorder = recorder_for(tmp_path, ring)
+    await recorder.start()
+    recorder.begin(preroll_s=0)
+    await feed(ring, units[:120])
+    await recorder.end()
+    segments = list(recorder.archive.segments)
+    clip = plan_clip(segments, segments[0].start_us, segments[-1].end_us)
+    deleted, kept = recorder.delete_range(segments[0].start_us, segments[-1].end_us)
+    assert len(deleted) == len(segments) and not kept
+    await recorder.stop()
+    assert not list((tmp_path / "rec").glob("*.mp4"))
+    out = tmp_path / "late.mp4"
+    try:
+        out.write_bytes(b"".join(clip.read()))
+    finally:
+        clip.close()
+    assert out.stat().st_size == clip.content_length
+    assert ffmpeg_errors(out) == ""
+    assert len(probe_frames(out)) == 120
