@@ -24,6 +24,10 @@ DEFAULT_CONFIG_PATH = Path("/etc/ruseon/ruseon.toml")
 
 SOURCE_KINDS = ("auto", "synthetic", "picamera", "rpicam")
 PROFILES = ("baseline", "main", "high")
+# White balance modes both camera sources accept: libcamera's AwbModeEnum (picamera2) and
+# rpicam-apps' --awb table (core/options.cpp), which also has "normal" as a synonym of auto.
+AWB_MODES = ("auto", "incandescent", "tungsten", "fluorescent", "indoor", "daylight", "cloudy",
+             "custom")
 
 
 class ConfigError(ValueError):
@@ -466,6 +470,7 @@ def validate(config: Config) -> None:
     )
     _check(cam.exposure_us >= 0, "camera.exposure_us", cam.exposure_us, "0 (auto) or more µs")
     _check(cam.gain >= 0, "camera.gain", cam.gain, "0 (auto) or more")
+    _check(cam.awb in AWB_MODES, "camera.awb", cam.awb, "allowed are " + ", ".join(AWB_MODES))
     _check(
         64 * 1024 <= cam.ring_bytes <= 512 * 1024 * 1024,
         "camera.ring_bytes",

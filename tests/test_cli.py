@@ -40,7 +40,12 @@ def test_bad_flag_exits_nonzero_with_one_clear_line(args: list[str], names: str)
 
 @pytest.mark.parametrize(
     ("text", "names"),
-    [("[camera]\nframerat = 30\n", "camera.framerat"), ("[http]\nlisten = 8080\n", "http.listen")],
+    [
+        ("[camera]\nframerat = 30\n", "camera.framerat"),
+        ("[http]\nlisten = 8080\n", "http.listen"),
+        # rpicam-vid would exit "Invalid AWB mode" on every restart, forever.
+        ('[camera]\nawb = "sunny"\n', "camera.awb = 'sunny' is not valid: allowed are auto, "),
+    ],
 )
 def test_bad_config_file_exits_nonzero_with_one_clear_line(
     tmp_path: Path, text: str, names: str

@@ -66,6 +66,7 @@ def test_config_env_var_names_the_file(tmp_path: Path) -> None:
         ("[camera]\nwidth = 641\n", "camera.width = 641 is not valid: an even number"),
         ('[camera]\nprofile = "extended"\n', "allowed are baseline, main, high"),
         ('[camera]\nsource = "webcam"\n', "camera.source = 'webcam'"),
+        ('[camera]\nawb = "sunny"\n', "camera.awb = 'sunny' is not valid: allowed are auto, "),
         ("[cameras]\nwidth = 640\n", r"\[cameras\] .* is not a known section"),
         ('[http]\nlisten = "localhost"\n', "http.listen = 'localhost' is not valid"),
         ('[webrtc]\nadvertise = "127.0.0.1"\n', "expected list of strings"),
