@@ -37,7 +37,6 @@ class CapturePipeline:
         self.ring = RingBuffer(camera.ring_bytes, camera.ring_slots)
         self._muxer = Muxer(camera.max_frame_bytes)
         self._source: Source = source if source is not None else create_source(camera)
-        self.source_kind: str = self._source.kind
         self._coalescer = KeyframeCoalescer(
             camera.keyframe_request_interval_ms / 1000, self._source.request_keyframe
         )
@@ -53,6 +52,11 @@ class CapturePipeline:
         self._window_bytes = 0
         self._fps = 0.0
         self._bitrate = 0.0
+
+    @property
+    def source_kind(self) -> str:
+        """The source's kind ("synthetic", "picamera", "rpicam", "file"; "auto" until started)."""
+        return self._source.kind
 
     @property
     def source(self) -> Source:
@@ -112,6 +116,7 @@ class CapturePipeline:
         self.last_frame_monotonic = now
         if out.keyframe:
             self._last_keyframe_monotonic = now
+            self._coalescer.keyframe_arrived()
         if not self._first_frame.is_set():
             self._first_frame.set()
             info = self.stream_info
@@ -168,6 +173,8 @@ class CapturePipeline:
             "keyframes_forced": self._coalescer.forced,
             "keyframe_requests": self._coalescer.requests,
             "keyframe_requests_absorbed": self._coalescer.absorbed,
+            "keyframes_lost": self._coalescer.lost,
+            "keyframe_retries": self._coalescer.retries,
             **{f"muxer_{k}": v for k, v in muxer.items()},
             **{f"source_{k}": v for k, v in self._source.stats().items()},
         }

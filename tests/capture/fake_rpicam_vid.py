@@ -1,10 +1,20 @@
 """Stand-in for ``rpicam-vid``: writes a recorded libx264 stream to stdout like the real one.
 
-It accepts (and records) rpicam-vid's arguments, then writes one access unit per frame at the
-requested frame rate, each in a single write as ``--flush`` does, looping the recording.
+It parses its arguments by upstream's rules (rpicam-apps ``core/options.cpp``,
+``core/video_options.hpp``, ``encoder/encoder.cpp``, ``encoder/libav_encoder.cpp``): an option the
+emulated version does not have fails like boost's parser (``ERROR: *** unrecognised option
+'--x' ***``, exit 255); ``--help`` lists the options that version has; an unknown ``--awb`` fails
+as upstream does; on a BCM2712 board ``--codec h264`` goes through libav, which without
+``--libav-format`` cannot open ``-o -`` and exits with upstream's message. Then it writes one
+access unit per frame at the requested frame rate, each in a single write as ``--flush`` does,
+looping the recording.
+
 Environment: ``FAKE_RPICAM_STREAM`` (the .h264 to replay), ``FAKE_RPICAM_LOG`` (append argv,
 one line per start), ``FAKE_RPICAM_EXIT_AFTER`` (die with status 1 after N frames, mid-frame),
-``FAKE_RPICAM_NO_CAMERA`` (``--list-cameras`` reports none).
+``FAKE_RPICAM_NO_CAMERA`` (``--list-cameras`` reports none), ``FAKE_RPICAM_SOC`` (``bcm2712``
+emulates a Pi 5 / CM5; default a VC4 board), ``FAKE_RPICAM_VERSION`` (default 1.9.0),
+``FAKE_RPICAM_LIBAV`` (``0``: built without libav), ``FAKE_RPICAM_LIST_WAIT_FOR`` (a path:
+``--list-cameras`` answers only once it exists, giving up after 20 s as if no camera).
 """
 
 from __future__ import annotations
@@ -18,10 +28,86 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from ruseon_appliance.capture.h264 import AccessUnitSplitter
 
+# Options taking a value, and flags (boost bool options with an implicit value).
+VALUE_OPTIONS = {"-t", "--timeout", "--codec", "--intra", "-g", "--profile", "--level", "--width",
+                 "--height", "--framerate", "--bitrate", "-b", "--shutter", "--gain",
+                 "--analoggain", "--awb", "-o", "--output"}
+FLAGS = {"-n", "--nopreview", "--inline", "--flush", "--hflip", "--vflip", "--list-cameras",
+         "--help", "-h", "--version"}
+LIBAV_VALUE_OPTIONS = {"--libav-format", "--libav-video-codec"}
+AWB_MODES = {"auto", "normal", "incandescent", "tungsten", "fluorescent", "indoor", "daylight",
+             "cloudy", "custom"}
+
+
+def version() -> tuple[int, ...]:
+    return tuple(int(p) for p in os.environ.get("FAKE_RPICAM_VERSION", "1.9.0").split("."))
+
+
+def known_options() -> tuple[set[str], set[str]]:
+    """(value options, flags) of the emulated build."""
+    values, flags = set(VALUE_OPTIONS), set(FLAGS)
+    # Up to 1.8.0 the libav options exist only in libav builds (LIBAV_PRESENT); 1.8.1 (4908ce4,
+    # encoder plugins) registers them in every build.
+    libav_options = os.environ.get("FAKE_RPICAM_LIBAV", "1") != "0" or version() >= (1, 8, 1)
+    if libav_options:
+        values |= LIBAV_VALUE_OPTIONS
+        flags.add("--libav-audio")
+        if version() >= (1, 5, 0):  # c480fd9 "libav_encoder: Allow codec options"
+            values.add("--libav-video-codec-opts")
+    if version() >= (1, 6, 0):  # 6287bff "libav: Add a low latency encode option"
+        flags.add("--low-latency")
+    return values, flags
+
+
+def fail(message: str) -> int:
+    print(f"ERROR: *** {message} ***", file=sys.stderr, flush=True)
+    return 255  # main() returns -1
+
+
+def parse(args: list[str]) -> dict[str, str] | str:
+    """Options given (flags map to ""), or the error message boost / upstream would print."""
+    values, flags = known_options()
+    given: dict[str, str] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        name, eq, inline_value = arg.partition("=")
+        if name in flags:
+            given[name] = inline_value if eq else ""
+        elif name in values:
+            if eq:
+                given[name] = inline_value
+            elif i + 1 < len(args):
+                i += 1
+                given[name] = args[i]
+            else:
+                return f"the required argument for option '{name}' is missing"
+        else:
+            return f"unrecognised option '{arg}'"
+        i += 1
+    return given
+
 
 def main() -> int:
     args = sys.argv[1:]
-    if "--list-cameras" in args:
+    given = parse(args)
+    if isinstance(given, str):
+        return fail(given)
+    if "--help" in given or "-h" in given:
+        values, flags = known_options()
+        print("Valid options are:")
+        for option in sorted(values | flags):
+            if option.startswith("--"):
+                print(f"  {option} {'arg' if option in values else '[=arg(=1)] (=0)'}")
+        return 0
+    if "--list-cameras" in given:
+        if wait_for := os.environ.get("FAKE_RPICAM_LIST_WAIT_FOR"):
+            deadline = time.monotonic() + 20
+            while not os.path.exists(wait_for) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            if not os.path.exists(wait_for):
+                print("No cameras available!")
+                return 0
         if os.environ.get("FAKE_RPICAM_NO_CAMERA"):
             print("No cameras available!")
         else:
@@ -30,10 +116,20 @@ def main() -> int:
     if log := os.environ.get("FAKE_RPICAM_LOG"):
         with open(log, "a") as fh:
             fh.write(" ".join(args) + "\n")
-    fps = int(args[args.index("--framerate") + 1]) if "--framerate" in args else 30
+    if given.get("--awb", "auto") not in AWB_MODES:
+        return fail(f"Invalid AWB mode: {given['--awb']}")
+    print("fake rpicam-vid: camera started", file=sys.stderr, flush=True)
+    if os.environ.get("FAKE_RPICAM_SOC") == "bcm2712" and given.get("--codec", "h264") == "h264":
+        # h264_codec_select: no VC4 encoder, so libx264 through libav, if built.
+        if os.environ.get("FAKE_RPICAM_LIBAV", "1") == "0":
+            return fail("Unable to find an appropriate H.264 codec")
+        output = given.get("-o", given.get("--output", ""))
+        if not given.get("--libav-format") and output and not output.startswith(
+                ("tcp://", "udp://")):
+            return fail("libav: cannot allocate output context, try setting with --libav-format")
+    fps = int(given.get("--framerate", "30"))
     units = AccessUnitSplitter().split_all(Path(os.environ["FAKE_RPICAM_STREAM"]).read_bytes())
     exit_after = int(os.environ.get("FAKE_RPICAM_EXIT_AFTER", "0"))
-    print("fake rpicam-vid: camera started", file=sys.stderr, flush=True)
     out = sys.stdout.buffer
     start = time.monotonic()
     n = 0

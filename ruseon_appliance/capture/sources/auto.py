@@ -1,15 +1,23 @@
-"""Choosing a source from ``camera.source``, including ``auto`` detection."""
+"""Choosing a source from ``camera.source``, including ``auto`` detection.
+
+``auto`` probes for a camera (importing picamera2 and asking libcamera, or running
+``rpicam-vid --list-cameras``), which takes from a fraction of a second to several on a Pi.
+That happens in :meth:`AutoSource.start`, in a worker thread and an asynchronous child process,
+so the event loop keeps serving while the camera is looked for.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import shlex
 import shutil
-import subprocess
 from pathlib import Path
+from typing import Any
 
 from ...config import CameraConfig
-from .base import Source, SourceUnavailable
+from .base import Deliver, Source, SourceUnavailable
 from .file import FileSource
 from .picamera import PicameraSource, camera_present, load_picamera2
 from .rpicam import RpicamSource
@@ -18,22 +26,85 @@ from .synthetic import SyntheticSource
 log = logging.getLogger(__name__)
 
 
-def rpicam_camera_present(camera: CameraConfig, timeout: float = 5.0) -> bool:
-    """Whether the rpicam binary exists and lists at least one camera."""
+async def rpicam_camera_present(camera: CameraConfig, timeout: float = 5.0) -> bool:
+    """Whether the rpicam binary exists and lists at least one camera (without blocking)."""
     argv = shlex.split(camera.rpicam_command)
     if not argv or shutil.which(argv[0]) is None:
         return False
     try:
-        result = subprocess.run([*argv, "--list-cameras"], capture_output=True, text=True,
-                                timeout=timeout, check=False)
-    except (OSError, subprocess.TimeoutExpired):
+        proc = await asyncio.create_subprocess_exec(
+            *argv, "--list-cameras",
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+    except OSError:
         return False
-    text = result.stdout + result.stderr
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+        return False
+    text = out.decode(errors="replace")
     return "Available cameras" in text and "No cameras available" not in text
 
 
+async def choose_source(camera: CameraConfig) -> Source:
+    """``auto``: picamera2 with a camera, else rpicam-vid with a camera, else synthetic."""
+    try:
+        api = await asyncio.to_thread(load_picamera2)
+    except SourceUnavailable:
+        api = None
+    if api is not None and await asyncio.to_thread(camera_present, api):
+        log.info("camera.source = auto: using picamera2")
+        return PicameraSource(camera, api=api)
+    if await rpicam_camera_present(camera):
+        log.info("camera.source = auto: picamera2 unavailable, using %s", camera.rpicam_command)
+        return RpicamSource(camera)
+    argv = shlex.split(camera.rpicam_command)
+    log.info("camera.source = auto: no camera found (picamera2 %s, %s %s); using the synthetic "
+             "test camera", "importable" if api else "not importable", camera.rpicam_command,
+             "present" if argv and shutil.which(argv[0]) else "absent")
+    return SyntheticSource(camera)
+
+
+class AutoSource:
+    """``camera.source = auto``: finds the camera in :meth:`start`, then is that source."""
+
+    def __init__(self, camera: CameraConfig) -> None:
+        self._camera = camera
+        self.chosen: Source | None = None
+
+    @property
+    def kind(self) -> str:
+        """The chosen source's kind; "auto" until :meth:`start` has chosen."""
+        return self.chosen.kind if self.chosen is not None else "auto"
+
+    async def start(self, deliver: Deliver) -> None:
+        """Probe (off the loop) on the first start, then start the chosen source."""
+        if self.chosen is None:
+            self.chosen = await choose_source(self._camera)
+        await self.chosen.start(deliver)
+
+    async def stop(self) -> None:
+        """Stop the chosen source, if any."""
+        if self.chosen is not None:
+            await self.chosen.stop()
+
+    def request_keyframe(self) -> None:
+        """Forward to the chosen source (nothing to do before one is chosen)."""
+        if self.chosen is not None:
+            self.chosen.request_keyframe()
+
+    def stats(self) -> dict[str, Any]:
+        """The chosen source's counters."""
+        return self.chosen.stats() if self.chosen is not None else {}
+
+
 def create_source(camera: CameraConfig) -> Source:
-    """Build the source ``camera.source`` names; ``auto`` picks the best one present.
+    """Build the source ``camera.source`` names; ``auto`` picks the best one present at start.
 
     Raises :class:`SourceUnavailable` when an explicitly chosen source cannot run here.
     """
@@ -53,18 +124,4 @@ def create_source(camera: CameraConfig) -> Source:
         return PicameraSource(camera)
     if kind != "auto":
         raise SourceUnavailable(f"camera.source = {kind!r} is not a known source")
-    try:
-        api = load_picamera2()
-    except SourceUnavailable:
-        api = None
-    if api is not None and camera_present(api):
-        log.info("camera.source = auto: using picamera2")
-        return PicameraSource(camera, api=api)
-    if rpicam_camera_present(camera):
-        log.info("camera.source = auto: picamera2 unavailable, using %s", camera.rpicam_command)
-        return RpicamSource(camera)
-    log.info("camera.source = auto: no camera found (picamera2 %s, %s %s); using the synthetic "
-             "test camera", "importable" if api else "not importable", camera.rpicam_command,
-             "present" if shutil.which(shlex.split(camera.rpicam_command)[0] if
-                                       camera.rpicam_command.strip() else "") else "absent")
-    return SyntheticSource(camera)
+    return AutoSource(camera)

@@ -24,7 +24,9 @@ class Source(Protocol):
     dict of counters for status pages.
     """
 
-    kind: str
+    @property
+    def kind(self) -> str:
+        """"synthetic", "picamera", "rpicam" or "file" (a plain class attribute will do)."""
 
     async def start(self, deliver: Deliver) -> None:
         """Begin delivering access units."""

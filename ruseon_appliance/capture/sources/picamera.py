@@ -1,9 +1,17 @@
-"""The picamera source: picamera2 with the hardware H.264 encoder (libx264 on a Pi 5).
+"""The picamera source: picamera2 with the hardware H.264 encoder (libx264 on BCM2712 boards).
 
 picamera2 needs libcamera's Python bindings, which only Raspberry Pi OS's apt provides, so it is
 an optional import: without it, choosing this source fails with a message saying what to
 install. The encoder calls our ``Output.outputframe`` on its own thread; frames are handed to the
-event loop with ``call_soon_threadsafe``. Keyframe requests call ``force_key_frame()``.
+event loop with ``call_soon_threadsafe``. Keyframe requests call ``force_key_frame()`` where the
+encoder has it (picamera2 0.3.32 and later, and always on the libav path, which we fix).
+
+Facts relied on (picamera2 at 3e6dff0, tags v0.3.31/v0.3.32): ``picamera2/encoders/__init__.py``
+binds ``H264Encoder`` to ``LibavH264Encoder`` when ``platform.get_platform()`` is not VC4 (every
+BCM2712 board); the V4L2 encoder hands ``outputframe`` an immutable ``bytes`` read from its mmap,
+the libav one ``bytes(packet)``, with timestamps in µs from 0; ``force_key_frame`` is absent in
+v0.3.31; libcamera's ``AeEnable=False`` fixes exposure and gain together, while picamera2 sets
+``ExposureTimeMode``/``AnalogueGainMode`` manual only for the control given (``request.py``).
 """
 
 from __future__ import annotations
@@ -19,7 +27,6 @@ from typing import Any
 from ...config import CameraConfig
 from ..access_unit import VIDEO_CLOCK_RATE, AccessUnit
 from .base import Deliver, SourceUnavailable
-from .rpicam import is_pi5
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +44,7 @@ class Picamera2Api:
     LibavH264Encoder: Any | None = None
     Transform: Any | None = None
     controls: Any | None = None  # libcamera.controls, for AwbModeEnum
+    platform: Any | None = None  # picamera2.platform (get_platform, Platform)
 
 
 def load_picamera2() -> Picamera2Api:
@@ -55,6 +63,7 @@ def load_picamera2() -> Picamera2Api:
         LibavH264Encoder=_optional("picamera2.encoders", "LibavH264Encoder"),
         Transform=_optional("libcamera", "Transform"),
         controls=_optional("libcamera", "controls"),
+        platform=_module_optional("picamera2.platform"),
     )
 
 
@@ -64,6 +73,31 @@ def _optional(module: str, name: str) -> Any:
         return getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError):
         return None
+
+
+def _module_optional(module: str) -> Any:
+    """The module if importable (older picamera2 lacks ``platform``), else None."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        return None
+
+
+def uses_libav(api: Picamera2Api) -> bool:
+    """Whether picamera2 encodes H.264 with libx264 here (BCM2712: Pi 5, CM5, Pi 500).
+
+    Asks picamera2 itself: it binds ``H264Encoder`` to ``LibavH264Encoder`` when its platform
+    is not VC4; older releases without that binding still have ``platform.get_platform()``.
+    """
+    if api.LibavH264Encoder is not None and api.H264Encoder is api.LibavH264Encoder:
+        return True
+    platform = api.platform
+    if platform is None:
+        return False
+    try:
+        return bool(platform.get_platform() != platform.Platform.VC4)
+    except Exception:  # an unexpected platform module: keep the hardware path
+        return False
 
 
 def camera_present(api: Picamera2Api) -> bool:
@@ -146,21 +180,26 @@ class PicameraSource:
     kind = "picamera"
 
     def __init__(self, camera: CameraConfig, *, api: Picamera2Api | None = None,
-                 pi5: bool | None = None) -> None:
+                 libav: bool | None = None) -> None:
         self._camera = camera
         self._api = api
-        self._pi5 = pi5
+        self._libav = libav  # None: ask picamera2 (uses_libav)
         self._picam2: Any = None
         self._encoder: Any = None
+        self._can_force = False
+        self._logged_no_force = False
+        self.libav: bool | None = None
         self._last_pts = -1
         self._pts_origin: int | None = None
         self.frames = 0
         self.keyframe_requests = 0
+        self.keyframe_requests_unsupported = 0
 
     def make_access_unit(self, frame: Any, keyframe: bool, timestamp_us: int | None) -> AccessUnit:
         """Turn one encoder buffer into an AccessUnit (runs on the encoder thread)."""
-        # The encoder reuses its buffer after outputframe returns: copy it once here.
-        data = bytes(frame)
+        # picamera2 hands over immutable bytes (V4L2: read from its mmap; libav: bytes(packet)):
+        # keep that object. Anything else (a view the encoder may reuse) is copied once.
+        data = frame if isinstance(frame, bytes) else bytes(frame)
         now_us = time.time_ns() // 1000
         if timestamp_us is None:
             timestamp_us = time.monotonic_ns() // 1000
@@ -174,8 +213,9 @@ class PicameraSource:
 
     def _make_encoder(self, api: Picamera2Api) -> Any:
         cam = self._camera
-        pi5 = is_pi5() if self._pi5 is None else self._pi5
-        if pi5 and api.LibavH264Encoder is not None:
+        libav = uses_libav(api) if self._libav is None else self._libav
+        self.libav = libav
+        if libav and api.LibavH264Encoder is not None:
             cls = fixed_libav_encoder_class(api.LibavH264Encoder)
             return cls(bitrate=cam.bitrate, repeat=True, iperiod=cam.keyframe_interval,
                        framerate=cam.framerate, profile=cam.profile)
@@ -193,8 +233,9 @@ class PicameraSource:
             controls["ExposureTime"] = cam.exposure_us
         if cam.gain:
             controls["AnalogueGain"] = cam.gain
-        if cam.exposure_us or cam.gain:
-            controls["AeEnable"] = False
+        # No AeEnable: False would fix exposure *and* gain; picamera2 makes only the control
+        # given manual, so exposure_us alone keeps the gain automatic and vice versa (as
+        # rpicam-vid's --shutter / --gain do).
         if cam.awb and cam.awb != "auto":
             enum = getattr(getattr(api.controls, "AwbModeEnum", None), cam.awb.capitalize(), None)
             if enum is None:
@@ -215,6 +256,9 @@ class PicameraSource:
             kwargs["transform"] = api.Transform(hflip=int(cam.hflip), vflip=int(cam.vflip))
         picam2.configure(picam2.create_video_configuration(**kwargs))
         encoder = self._make_encoder(api)
+        self._can_force = callable(getattr(encoder, "force_key_frame", None))
+        if not self._can_force:
+            self._log_no_force()
         output = output_class(api.Output)(self, loop, deliver)
         picam2.start_recording(encoder, output)
         self._picam2, self._encoder = picam2, encoder
@@ -238,12 +282,32 @@ class PicameraSource:
         """Stop recording and release the camera."""
         await asyncio.to_thread(self._close)
 
+    def _log_no_force(self) -> None:
+        if self._logged_no_force:
+            return
+        self._logged_no_force = True
+        log.warning("this picamera2 has no force_key_frame (added in 0.3.32): keyframe requests "
+                    "wait for the next periodic IDR (every %d frames); upgrade python3-picamera2",
+                    self._camera.keyframe_interval)
+
     def request_keyframe(self) -> None:
-        """Ask the encoder for an IDR (V4L2 FORCE_KEY_FRAME, or the Pi 5 libav fix)."""
+        """Ask the encoder for an IDR (V4L2 FORCE_KEY_FRAME, or the libav fix).
+
+        Without ``force_key_frame`` (picamera2 before 0.3.32) nothing can be forced: the
+        periodic IDR (``camera.keyframe_interval``) serves the request; logged once.
+        """
         self.keyframe_requests += 1
-        if self._encoder is not None:
-            self._encoder.force_key_frame()
+        encoder = self._encoder
+        if encoder is None:
+            return
+        if not self._can_force:
+            self.keyframe_requests_unsupported += 1
+            self._log_no_force()
+            return
+        encoder.force_key_frame()
 
     def stats(self) -> dict[str, Any]:
         """Frame and request counters."""
-        return {"frames": self.frames, "keyframe_requests": self.keyframe_requests}
+        return {"frames": self.frames, "keyframe_requests": self.keyframe_requests,
+                "keyframe_requests_unsupported": self.keyframe_requests_unsupported,
+                "libav": self.libav}

@@ -1,9 +1,21 @@
-"""The rpicam source: ``rpicam-vid ... --inline --flush -o -`` as a supervised child process.
+"""The rpicam source: ``rpicam-vid ... -o -`` as a supervised child process.
 
 For boards where picamera2 is not importable but rpicam-apps are installed. stdout carries Annex B
-(SPS/PPS inline before every IDR); it is split into access units here. If the child dies it is
+(SPS/PPS before every IDR); it is split into access units here. If the child dies it is
 restarted with exponential backoff; a keyframe request restarts it (rate-limited), since a
 running ``rpicam-vid`` cannot be asked for an IDR.
+
+Two encoder paths, as rpicam-apps chooses them (``encoder/encoder.cpp``, ``h264_codec_select``):
+- VC4 boards (Pi 4, 3, Zero 2 W): the V4L2 hardware encoder; ``--inline`` repeats SPS/PPS before
+  every IDR and ``--flush`` writes each frame at once.
+- BCM2712 boards (Pi 5, CM5, Pi 500): libx264 through libav (``encoder/libav_encoder.cpp``). It
+  picks an output format by itself only for an empty, ``tcp://`` or ``udp://`` output; for
+  ``-o -`` it throws "libav: cannot allocate output context, try setting with --libav-format", so
+  ``--libav-format h264`` is passed there (and only there: rpicam-apps before 1.8.1 built without
+  libav reject the option). ``--inline``/``--flush`` do nothing on that path (libav writes the
+  stream; libx264 without a global header repeats SPS/PPS itself). ``--low-latency`` (rpicam-apps
+  1.6.0+) turns off libx264's B-frames; it is passed only when ``--help`` lists it, otherwise
+  ``--libav-video-codec-opts bf=0`` (1.5.0+) does the same.
 """
 
 from __future__ import annotations
@@ -11,10 +23,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import shlex
 import time
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,27 +36,71 @@ from ...config import CameraConfig
 from ..access_unit import VIDEO_CLOCK_RATE, AccessUnit
 from ..h264 import AccessUnitSplitter
 from .base import Deliver
+from .soc import DEVICE_TREE_COMPATIBLE, is_bcm2712
 
 log = logging.getLogger(__name__)
 
-_DEVICE_MODEL = Path("/proc/device-tree/model")
+# How long ``rpicam-vid --help`` may take (it starts no camera, but a loaded board is slow).
+HELP_TIMEOUT_S = 10.0
 
 
-def is_pi5(model_path: Path = _DEVICE_MODEL) -> bool:
-    """True on a Raspberry Pi 5 (no hardware H.264: rpicam-vid uses libx264 there)."""
+@dataclass(frozen=True, slots=True)
+class RpicamFeatures:
+    """The options this ``rpicam-vid`` build accepts (from its ``--help``) that vary by version."""
+
+    low_latency: bool = False  # --low-latency: rpicam-apps 1.6.0+
+    libav_format: bool = False  # --libav-format: libav builds; every build from 1.8.1
+    libav_codec_opts: bool = False  # --libav-video-codec-opts: libav builds from 1.5.0
+
+
+def parse_help(text: str) -> RpicamFeatures:
+    """Read :class:`RpicamFeatures` from ``rpicam-vid --help`` output (boost's option list)."""
+
+    def has(option: str) -> bool:
+        return re.search(rf"(?m)^\s*{re.escape(option)}(?![\w-])", text) is not None
+
+    return RpicamFeatures(
+        low_latency=has("--low-latency"),
+        libav_format=has("--libav-format"),
+        libav_codec_opts=has("--libav-video-codec-opts"),
+    )
+
+
+async def probe_features(command: Sequence[str],
+                         timeout: float = HELP_TIMEOUT_S) -> RpicamFeatures | None:
+    """Run ``command --help`` without blocking the loop; None if it cannot be run or read."""
     try:
-        return "Raspberry Pi 5" in model_path.read_text(errors="replace")
-    except OSError:
-        return False
+        proc = await asyncio.create_subprocess_exec(
+            *command, "--help",
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+    except OSError as exc:
+        log.warning("cannot run %s --help: %s", command[0] if command else "rpicam-vid", exc)
+        return None
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+        log.warning("%s --help did not answer within %.0f s", command[0], timeout)
+        return None
+    return parse_help(out.decode(errors="replace"))
 
 
-def rpicam_command(camera: CameraConfig, *, pi5: bool | None = None) -> list[str]:
-    """The full ``rpicam-vid`` argument list for ``camera``."""
+def rpicam_command(camera: CameraConfig, *, bcm2712: bool = False,
+                   features: RpicamFeatures | None = None) -> list[str]:
+    """The full ``rpicam-vid`` argument list for ``camera``.
+
+    ``bcm2712``: the board has no hardware encoder (libav path); ``features``: what this
+    rpicam-vid accepts (None: unknown, assume the least).
+    """
     argv = [
         *shlex.split(camera.rpicam_command),
         "-t", "0", "-n",
         "--codec", "h264",
-        "--inline", "--flush",
         "--intra", str(camera.keyframe_interval),
         "--profile", camera.profile,
         "--width", str(camera.width),
@@ -50,18 +108,27 @@ def rpicam_command(camera: CameraConfig, *, pi5: bool | None = None) -> list[str
         "--framerate", str(camera.framerate),
         "--bitrate", str(camera.bitrate),
     ]  # fmt: skip
+    if bcm2712:
+        if features is None or features.libav_format:
+            argv += ["--libav-format", "h264"]
+        if features is not None and features.low_latency:
+            argv.append("--low-latency")  # otherwise libx264 there emits B-frames
+        elif features is not None and features.libav_codec_opts:
+            argv += ["--libav-video-codec-opts", "bf=0"]
+    else:
+        argv += ["--inline", "--flush"]
     if camera.hflip:
         argv.append("--hflip")
     if camera.vflip:
         argv.append("--vflip")
+    # Each manual setting alone: --shutter leaves the gain automatic and --gain the exposure
+    # (rpicam-apps sets ExposureTimeMode / AnalogueGainMode manual only for what is given).
     if camera.exposure_us:
         argv += ["--shutter", str(camera.exposure_us)]
     if camera.gain:
         argv += ["--gain", str(camera.gain)]
     if camera.awb and camera.awb != "auto":
         argv += ["--awb", camera.awb]
-    if is_pi5() if pi5 is None else pi5:
-        argv.append("--low-latency")  # otherwise libx264 on the Pi 5 emits B-frames
     return [*argv, "-o", "-"]
 
 
@@ -79,11 +146,17 @@ class RpicamSource:
         camera: CameraConfig,
         *,
         argv: Sequence[str] | None = None,
+        compatible_path: Path = DEVICE_TREE_COMPATIBLE,
         backoff_s: tuple[float, float] = (0.5, 10.0),
         keyframe_restart_interval_s: float = 10.0,
     ) -> None:
         self._camera = camera
-        self.argv = list(argv) if argv is not None else rpicam_command(camera)
+        # Built in start() (it needs the SoC and, on BCM2712, a --help probe), unless given.
+        self.argv: list[str] = list(argv) if argv is not None else []
+        self._argv_given = argv is not None
+        self._compatible_path = compatible_path
+        self.bcm2712: bool | None = None
+        self.features: RpicamFeatures | None = None
         self._backoff = backoff_s
         self._keyframe_restart_interval = keyframe_restart_interval_s
         self._task: asyncio.Task[None] | None = None
@@ -106,6 +179,8 @@ class RpicamSource:
         """Start the supervisor task (which spawns the child)."""
         if self._task is not None:
             return
+        if not self._argv_given and not self.argv:
+            await self._build_argv()
         self._stopping = False
         self._wake = asyncio.Event()
         self._t0 = time.monotonic()
@@ -126,6 +201,23 @@ class RpicamSource:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+    async def _build_argv(self) -> None:
+        """Pick the encoder path's arguments: SoC from the device tree, options from --help."""
+        bcm2712 = await asyncio.to_thread(is_bcm2712, self._compatible_path)
+        features = None
+        if bcm2712:
+            features = await probe_features(shlex.split(self._camera.rpicam_command))
+            if features is None or not features.low_latency:
+                log.warning(
+                    "%s has no --low-latency (rpicam-apps < 1.6.0)%s", self._camera.rpicam_command,
+                    "; passing --libav-video-codec-opts bf=0 so libx264 makes no B-frames"
+                    if features is not None and features.libav_codec_opts else
+                    ": libx264 on this BCM2712 board may emit B-frames (upgrade rpicam-apps)")
+        self.bcm2712, self.features = bcm2712, features
+        self.argv = rpicam_command(self._camera, bcm2712=bcm2712, features=features)
+        log.info("rpicam-vid on %s: %s", "BCM2712 (libx264 via libav)" if bcm2712 else
+                 "a board with the hardware encoder", shlex.join(self.argv))
 
     def request_keyframe(self) -> None:
         """Restart the child for an immediate IDR, at most once per the restart interval."""
@@ -150,6 +242,8 @@ class RpicamSource:
             "keyframe_requests_ignored": self.keyframe_requests_ignored,
             "frames": self.frames,
             "discarded_bytes": self.discarded_bytes,
+            "bcm2712": self.bcm2712,
+            "low_latency": "--low-latency" in self.argv,
         }
 
     async def _supervise(self, deliver: Deliver) -> None:
@@ -192,8 +286,9 @@ class RpicamSource:
         assert proc.stdout is not None and proc.stderr is not None
         stderr_task = asyncio.create_task(self._drain_stderr(proc.stderr))
         splitter = AccessUnitSplitter(max_au_bytes=self._camera.max_frame_bytes)
-        # rpicam-vid --flush writes each frame at once: a pause of a third of a frame interval
-        # means the pending access unit is complete, so emit it without waiting for the next.
+        # rpicam-vid --flush writes each frame at once (libav on BCM2712 writes each packet): a
+        # pause of a third of a frame interval means the pending access unit is complete, so
+        # emit it without waiting for the next.
         idle = max(0.005, 1.0 / self._camera.framerate / 3)
         try:
             while True:
