@@ -10,14 +10,18 @@ import errno
 import glob
 import importlib.util
 import os
+import shlex
 import shutil
 import socket
+import subprocess
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from .capture.sources.rpicam import HELP_TIMEOUT_S, RpicamFeatures, libav_options, parse_help
+from .capture.sources.soc import DEVICE_TREE_COMPATIBLE, is_bcm2712
 from .config import Config, HostPort
 
 
@@ -53,8 +57,40 @@ def check_camera(config: Config) -> Finding:
     return Finding("camera", verdict, f"no camera found: {what}{fallback}")
 
 
-def check_encoder(config: Config) -> Finding:
-    """Hardware H.264 (V4L2 M2M on Pi 4/3/Zero 2 W) or libx264 through PyAV."""
+def _rpicam_features(config: Config) -> RpicamFeatures | None:
+    """What ``rpicam-vid --help`` lists, or None without the binary (a CLI: blocking is fine)."""
+    argv = shlex.split(config.camera.rpicam_command)
+    if not argv or shutil.which(argv[0]) is None:
+        return None
+    try:
+        result = subprocess.run([*argv, "--help"], capture_output=True, text=True,
+                                timeout=HELP_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return parse_help(result.stdout + result.stderr)
+
+
+def _bcm2712_encoder(config: Config, software: str) -> Finding:
+    """BCM2712 (Pi 5, CM5, Pi 500): no hardware H.264; say how each source will encode."""
+    parts = [f"BCM2712, no hardware H.264: picamera2 uses {software or 'libx264 (missing!)'}"]
+    features = _rpicam_features(config)
+    if features is not None:
+        options = " ".join(libav_options(features)) or "no libav options"
+        parts.append(f"rpicam-vid uses libx264 via libav with {options}")
+        if not features.low_latency:
+            parts.append("rpicam-vid has no --low-latency (rpicam-apps < 1.6.0)"
+                         + ("; B-frames off via bf=0" if features.libav_codec_opts else
+                            ": libx264 may emit B-frames"))
+    verdict = "ok" if software or features is not None else "FAIL"
+    return Finding("encoder", verdict, "; ".join(parts))
+
+
+def check_encoder(config: Config, compatible_path: Path = DEVICE_TREE_COMPATIBLE) -> Finding:
+    """Hardware H.264 (V4L2 M2M on Pi 4/3/Zero 2 W) or libx264 through PyAV.
+
+    On BCM2712 boards (device tree ``compatible``) it also says which rpicam-vid options the
+    rpicam source will use there, from that binary's ``--help``.
+    """
     try:
         import av
 
@@ -63,6 +99,8 @@ def check_encoder(config: Config) -> Finding:
     except Exception as exc:  # any failure means no usable software encoder
         software = ""
         reason = str(exc)
+    if is_bcm2712(compatible_path):
+        return _bcm2712_encoder(config, software)
     hardware = [d for d in ("/dev/video11",) if os.path.exists(d)]
     if hardware:
         return Finding(

@@ -90,6 +90,18 @@ async def probe_features(command: Sequence[str],
     return parse_help(out.decode(errors="replace"))
 
 
+def libav_options(features: RpicamFeatures | None) -> list[str]:
+    """The options a BCM2712 board's libav encoder path needs, as far as this build has them."""
+    options = []
+    if features is None or features.libav_format:
+        options += ["--libav-format", "h264"]
+    if features is not None and features.low_latency:
+        options.append("--low-latency")  # otherwise libx264 there emits B-frames
+    elif features is not None and features.libav_codec_opts:
+        options += ["--libav-video-codec-opts", "bf=0"]
+    return options
+
+
 def rpicam_command(camera: CameraConfig, *, bcm2712: bool = False,
                    features: RpicamFeatures | None = None) -> list[str]:
     """The full ``rpicam-vid`` argument list for ``camera``.
@@ -109,12 +121,7 @@ def rpicam_command(camera: CameraConfig, *, bcm2712: bool = False,
         "--bitrate", str(camera.bitrate),
     ]  # fmt: skip
     if bcm2712:
-        if features is None or features.libav_format:
-            argv += ["--libav-format", "h264"]
-        if features is not None and features.low_latency:
-            argv.append("--low-latency")  # otherwise libx264 there emits B-frames
-        elif features is not None and features.libav_codec_opts:
-            argv += ["--libav-video-codec-opts", "bf=0"]
+        argv += libav_options(features)
     else:
         argv += ["--inline", "--flush"]
     if camera.hflip:
