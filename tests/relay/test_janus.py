@@ -1,0 +1,208 @@
+"""The relay with a real Janus (Debian's ``janus``): viewers watch THROUGH Janus's Streaming plugin.
+
+Each test re-runs itself in a private network namespace (veth address for Janus's ICE); inside,
+it starts Janus with a generated minimal config, an in-process appliance (synthetic camera) that
+relays to a mountpoint, and aiortc viewers that use Janus's HTTP API like a browser page would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+import os
+import re
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ruseon_appliance.app import Appliance
+from ruseon_appliance.config import (
+    CameraConfig,
+    Config,
+    HostPort,
+    HttpConfig,
+    RelayConfig,
+    StateConfig,
+    WebRtcConfig,
+)
+from ruseon_appliance.relay import RtpRelay
+from tests.e2e.browser_netns import inside_browser_netns, prepare_namespace
+from tests.relay.conftest import wait_for
+from tests.relay.janus import Janus, JanusViewer, rerun_in_janus_netns, running_janus
+from tests.tooling import free_port
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+FPS = 15
+GOP = 150  # 10 s: a picture within a fraction of this came from a forced keyframe
+VIEWERS = 12
+
+
+def in_janus_netns(request: pytest.FixtureRequest) -> bool:
+    """True inside the namespace (set up); outside, re-runs the test there and returns False."""
+    if inside_browser_netns():
+        prepare_namespace()
+        return True
+    rerun_in_janus_netns(request.node.nodeid)
+    return False
+
+
+def appliance_config(tmp_path: Path, relays: tuple[RelayConfig, ...]) -> Config:
+    return Config(
+        camera=CameraConfig(source="synthetic", width=320, height=240, framerate=FPS,
+                            bitrate=300_000, keyframe_interval=GOP,
+                            keyframe_request_interval_ms=300),
+        http=HttpConfig(listen=HostPort("127.0.0.1", free_port())),
+        webrtc=WebRtcConfig(listen=HostPort("127.0.0.1", 0), advertise=("127.0.0.1",)),
+        state=StateConfig(dir=str(tmp_path / "state")),
+        relay=relays,
+    )
+
+
+@contextlib.asynccontextmanager
+async def running_appliance(config: Config) -> AsyncIterator[Appliance]:
+    appliance = Appliance(config)
+    await appliance.start()
+    try:
+        yield appliance
+    finally:
+        await appliance.stop()
+
+
+def frames_in(appliance: Appliance) -> int:
+    return int(appliance.capture.stats()["frames_in"])
+
+
+async def watch(janus: Janus, mountpoint: int, count: int) -> list[JanusViewer]:
+    viewers = [JanusViewer(janus, mountpoint) for _ in range(count)]
+    await asyncio.gather(*(v.watch() for v in viewers))
+    return viewers
+
+
+async def close_all(viewers: list[JanusViewer]) -> None:
+    await asyncio.gather(*(v.close() for v in viewers), return_exceptions=True)
+
+
+def assert_live(viewer: JanusViewer, since_frame: int) -> None:
+    """Stamps read back from decoded pictures count up and are newer than ``since_frame``."""
+    numbers = [n for _, n in viewer.stamps]
+    assert numbers, "no stamped picture decoded"
+    assert numbers == sorted(numbers), "pictures out of order"
+    assert numbers[-1] > since_frame, f"stale picture {numbers[-1]} <= {since_frame}"
+
+
+async def test_viewers_watch_through_janus_keyframes_on_join_and_janus_restart(
+        request: pytest.FixtureRequest, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    if not in_janus_netns(request):
+        return
+    caplog.set_level(logging.INFO, logger="ruseon_appliance.relay")
+    rtp_port, rtcp_port = free_port(kind=socket.SOCK_DGRAM), free_port(kind=socket.SOCK_DGRAM)
+    relay_config = RelayConfig(name="janus", url=f"rtp://127.0.0.1:{rtp_port}",
+                               rtcp_port=rtcp_port, bind=HostPort("127.0.0.1", 0))
+    with running_janus(tmp_path / "janus") as janus:
+        async with running_appliance(appliance_config(tmp_path, (relay_config,))) as appliance:
+            (relay,) = appliance.relays
+            info = appliance.capture.stream_info
+            assert info is not None
+            mountpoint = dict(port=rtp_port, rtcp_port=rtcp_port,
+                              profile_level_id=info.profile_level_id)
+            await asyncio.to_thread(janus.create_mountpoint, 1, **mountpoint)
+
+            # Many viewers through Janus: every one decodes live, stamped pictures.
+            start = frames_in(appliance)
+            viewers = await watch(janus, 1, VIEWERS)
+            await wait_for(lambda: all(len(v.stamps) >= 15 for v in viewers), timeout=90,
+                           what=f"{VIEWERS} viewers decoding through Janus")
+            for viewer in viewers:
+                assert_live(viewer, start)
+            assert relay.stats()["state"] == "sending"
+
+            # A viewer joining mid-GOP: Janus's PLI reaches the relay and the camera, and the
+            # picture comes long before the next scheduled keyframe.
+            requests_before = relay.keyframe_requests_received
+            joined_at = frames_in(appliance)
+            (late,) = await watch(janus, 1, 1)
+            await wait_for(lambda: len(late.stamps) >= 1, timeout=60, what="the late viewer")
+            assert relay.keyframe_requests_received > requests_before
+            first = late.stamps[0][1]
+            assert first - joined_at < GOP // 2, (first, joined_at)
+            viewers.append(late)
+
+            # Janus dies: the relay notices (ICMP), logs once, keeps running.
+            janus.kill()
+            await wait_for(lambda: relay.state == "unreachable", what="the relay to notice")
+            frames = frames_in(appliance)
+            await wait_for(lambda: frames_in(appliance) > frames + FPS, what="the camera")
+            assert relay.state == "unreachable"
+            await close_all(viewers)
+
+            # Janus is back (a fresh mountpoint, as after any restart): new viewers watch.
+            janus.start()
+            await asyncio.to_thread(janus.create_mountpoint, 1, **mountpoint)
+            await wait_for(lambda: relay.state == "sending", what="the relay to resume")
+            back = frames_in(appliance)
+            viewers = await watch(janus, 1, 3)
+            await wait_for(lambda: all(len(v.stamps) >= 5 for v in viewers), timeout=60,
+                           what="viewers after the restart")
+            for viewer in viewers:
+                assert_live(viewer, back)
+            await close_all(viewers)
+            stats = relay.stats()
+            assert stats["outages"] >= 1 and stats["errors"]["unreachable"] >= 1
+            warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING
+                        and r.name.startswith("ruseon_appliance.relay")]
+            assert len(warnings) == stats["outages"], warnings
+
+
+def docs_mountpoint() -> tuple[str, dict[str, Any]]:
+    """The SRTP mountpoint config from docs/janus.md, exactly as written there, and its values."""
+    text = (REPO / "docs" / "janus.md").read_text()
+    block = re.search(r"```[a-z]*\n(ruseon-srtp: \{.*?\n\})\n```", text, re.S)
+    assert block, "docs/janus.md lost its ruseon-srtp mountpoint block"
+    config = block.group(1)
+    values = {k: v for k, v in re.findall(r'(\w+) = "?([^"\n]+)"?', config)}
+    return config, values
+
+
+async def test_srtp_mountpoint_from_the_docs_decodes_and_a_wrong_key_does_not(
+        request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    if not in_janus_netns(request):
+        return
+    config, values = docs_mountpoint()
+    key = values["srtpcrypto"]
+    port, rtcp = int(values["port"]), int(values["rtcpport"])
+    wrong_port, wrong_rtcp = free_port(kind=socket.SOCK_DGRAM), free_port(kind=socket.SOCK_DGRAM)
+    wrong_key = base64.b64encode(os.urandom(30)).decode()
+    relays = (
+        RelayConfig(name="right", url=f"rtp://127.0.0.1:{port}", rtcp_port=rtcp,
+                    srtp_key=key, bind=HostPort("127.0.0.1", 0)),
+        RelayConfig(name="wrong", url=f"rtp://127.0.0.1:{wrong_port}", rtcp_port=wrong_rtcp,
+                    srtp_key=wrong_key, bind=HostPort("127.0.0.1", 0)),
+    )
+    with running_janus(tmp_path / "janus", streaming=config) as janus:
+        async with running_appliance(appliance_config(tmp_path, relays)) as appliance:
+            info = appliance.capture.stream_info
+            assert info is not None
+            # The second mountpoint has the docs' key too; its relay uses another.
+            await asyncio.to_thread(janus.create_mountpoint, 2, port=wrong_port,
+                                    rtcp_port=wrong_rtcp,
+                                    profile_level_id=info.profile_level_id, srtp_key=key)
+            mountpoint_id = int(values["id"])
+            start = frames_in(appliance)
+            right, wrong = await watch(janus, mountpoint_id, 1) + await watch(janus, 2, 1)
+            await wait_for(lambda: len(right.stamps) >= 30, timeout=60, what="SRTP decoding")
+            assert_live(right, start)
+            assert wrong.decoded == 0
+            right_relay: RtpRelay
+            right_relay, wrong_relay = appliance.relays
+            assert right_relay.stats()["state"] == wrong_relay.stats()["state"] == "sending"
+            assert wrong_relay.packets_sent > 100
+            # Janus is still up and answering.
+            await asyncio.to_thread(janus.attach)
+            await close_all([right, wrong])
