@@ -265,7 +265,8 @@ async def test_appliance_serves_the_relay_sdp_status_and_metrics(tmp_path: Path)
                 status = await response.json()
             (relay,) = status["relays"]
             assert relay["name"] == "lan" and relay["packets_sent"] > 0
-            assert relay["state"] == "sending"
+            # FFmpeg has gone again, so the relay may already have seen its port close.
+            assert relay["state"] in ("sending", "unreachable")
             async with http.get(f"{base}/metrics") as response:
                 metrics = await response.text()
             assert 'ruseon_relay_packets_sent_total{relay="lan"}' in metrics
