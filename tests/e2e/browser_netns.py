@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -100,9 +100,11 @@ def prepare_namespace() -> None:
 class Server:
     """A real ``python -m ruseon_appliance serve`` with the synthetic source on loopback."""
 
-    def __init__(self, state_dir: Path, *, token: str = "") -> None:
+    def __init__(self, state_dir: Path, *, token: str = "",
+                 extra_args: Sequence[str] = ()) -> None:
         self.state_dir = state_dir
         self.token = token
+        self.extra_args = list(extra_args)
         self.http_port = free_port()
         self.rtc_port = free_port(kind=socket.SOCK_DGRAM)
         self.proc: subprocess.Popen[str] | None = None
@@ -123,6 +125,7 @@ class Server:
         ]
         if self.token:
             command += ["--token", self.token]
+        command += self.extra_args
         # Only our settings: the service refuses unknown RUSEON_* variables (the test bench's
         # RUSEON_TEST_NETNS, our own NETNS_ENV).
         env = {k: v for k, v in os.environ.items() if not k.startswith("RUSEON_")}
@@ -168,9 +171,10 @@ class Server:
 
 
 @contextlib.contextmanager
-def running_server(state_dir: Path, *, token: str = "") -> Iterator[Server]:
-    """A started :class:`Server`, stopped on exit."""
-    server = Server(state_dir, token=token)
+def running_server(state_dir: Path, *, token: str = "",
+                   extra_args: Sequence[str] = ()) -> Iterator[Server]:
+    """A started :class:`Server` (``extra_args`` appended to ``serve``), stopped on exit."""
+    server = Server(state_dir, token=token, extra_args=extra_args)
     server.start()
     try:
         yield server

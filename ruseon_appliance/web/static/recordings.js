@@ -1,0 +1,330 @@
+// Recordings on the device page: a timeline of what is on disk under the picture; click a moment
+// (or drag a range) to play it in the same <video>, "Live" to go back; download; record button.
+//
+// Playback fetches /recordings/get?format=fmp4 with the token in a header and streams it into
+// Media Source Extensions, so it works with auth on and never holds a whole clip in memory.
+// device.js owns WebRTC and hls-fallback.js owns HLS: this module takes the <video> from them
+// (player.stopWebrtc, the HLS state's mode) and hands it back (player.startWebrtc).
+
+const LIST_MS = 5000;
+const CLIP_WINDOW_S = 300; // what one click loads; the next window follows when it ends
+const WINDOW_MIN_MS = 2 * 60 * 1000;
+const WINDOW_MAX_MS = 24 * 3600 * 1000;
+const APPEND_BYTES = 256 * 1024;
+
+const $ = (id) => document.getElementById(id);
+const video = $("video");
+const track = $("rec-track");
+const rec = {
+  ranges: [], // [{start, end}] in ms since the epoch
+  state: "stopped",
+  reason: "",
+  preroll: 0,
+  from: 0,
+  to: 0,
+  playing: null, // {start, end, clipStart, rangeEnd} while a recording plays
+  selection: null, // {start, end}
+  loads: 0,
+  error: null,
+  abort: null,
+  codec: "avc1.42e01f",
+};
+window.ruseonRecordings = rec; // for diagnostics and the end-to-end tests
+
+function player() { return window.ruseon; }
+function headers() {
+  const p = player();
+  const t = p && p.token ? p.token() : "";
+  return t ? { Authorization: `Bearer ${t}` } : {};
+}
+function toast(text) {
+  const el = $("toast");
+  el.textContent = text;
+  el.classList.add("show");
+  clearTimeout(toast.timer);
+  toast.timer = setTimeout(() => el.classList.remove("show"), 2500);
+}
+function clock(ms) {
+  return new Date(ms).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit" });
+}
+function iso(ms) { return new Date(ms).toISOString(); }
+function showPlayback(message) {
+  player().setState("playback", message);
+  $("state-text").textContent = "Recording";
+}
+
+// ---------------------------------------------------------------------------------------------
+// What is recorded
+
+async function refresh() {
+  try {
+    const [list, status] = await Promise.all([
+      fetch("/recordings/list", { headers: headers(), cache: "no-store" }),
+      fetch("/api/status", { headers: headers(), cache: "no-store" }),
+    ]);
+    if (list.ok) {
+      rec.ranges = (await list.json()).map((r) => {
+        const start = Date.parse(r.start);
+        return { start, end: start + r.duration * 1000 };
+      });
+    }
+    if (status.ok) {
+      const doc = await status.json();
+      const r = doc.recording || {};
+      rec.state = r.state || "stopped";
+      rec.reason = r.reason || "";
+      rec.preroll = r.preroll_s || 0;
+      if (doc.source && doc.source.profile_level_id) rec.codec = `avc1.${doc.source.profile_level_id}`;
+    }
+  } catch {
+    // The service may be restarting; the next poll tries again.
+  }
+  render();
+}
+
+function render() {
+  const recording = rec.state !== "stopped";
+  const button = $("btn-record");
+  button.setAttribute("aria-pressed", String(recording));
+  button.querySelector(".label").textContent = recording ? "Stop" : "Record";
+  button.title = recording ? "Stop recording" : `Record (starts ${rec.preroll} s back)`;
+  $("rec-timeline").hidden = rec.ranges.length === 0 && !rec.playing;
+  const now = Date.now();
+  const oldest = rec.ranges.length ? rec.ranges[0].start : now;
+  rec.to = Math.max(now, rec.ranges.length ? rec.ranges[rec.ranges.length - 1].end : now);
+  rec.from = Math.max(rec.to - WINDOW_MAX_MS, Math.min(oldest, rec.to - WINDOW_MIN_MS));
+  const span = rec.to - rec.from;
+  const pct = (t) => `${(100 * (Math.min(Math.max(t, rec.from), rec.to) - rec.from)) / span}%`;
+  const box = $("rec-ranges");
+  box.replaceChildren(...rec.ranges.filter((r) => r.end > rec.from).map((r) => {
+    const el = document.createElement("div");
+    el.style.left = pct(r.start);
+    el.style.width = `calc(${pct(r.end)} - ${pct(r.start)})`;
+    el.title = `${clock(r.start)} – ${clock(r.end)}`;
+    return el;
+  }));
+  const sel = $("rec-selection");
+  sel.hidden = !rec.selection;
+  if (rec.selection) {
+    sel.style.left = pct(rec.selection.start);
+    sel.style.width = `calc(${pct(rec.selection.end)} - ${pct(rec.selection.start)})`;
+  }
+  const head = $("rec-playhead");
+  head.hidden = !rec.playing;
+  if (rec.playing) head.style.left = pct(rec.playing.clipStart + video.currentTime * 1000);
+  $("rec-from").textContent = clock(rec.from);
+  $("rec-to").textContent = "now";
+  let info = "";
+  if (rec.playing) info = `▶ ${clock(rec.playing.clipStart + video.currentTime * 1000)}`;
+  else if (rec.state === "recording" || rec.state === "waiting") info = "● recording";
+  else if (rec.reason) info = `not recording: ${rec.reason}`;
+  $("rec-info").textContent = info;
+  $("rec-info").title = rec.reason;
+  $("btn-live").hidden = !rec.playing;
+  $("btn-download").hidden = !(rec.playing || rec.selection);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Playback in the page's <video>
+
+function takeVideo() {
+  const p = player();
+  const hls = window.ruseonHls;
+  if (hls) {
+    if (hls.hls) { hls.hls.destroy(); hls.hls = null; }
+    clearInterval(hls.statsTimer);
+    hls.mode = "playback"; // hls-fallback.js leaves the video alone while it is not "webrtc"
+  }
+  p.transport = "playback"; // device.js neither reconnects nor checks for stalls meanwhile
+  p.stopWebrtc();
+}
+
+async function play(at, seconds) {
+  const range = rec.ranges.find((r) => r.end > at);
+  if (!range) { toast("Nothing is recorded there"); return; }
+  const clipStart = Math.max(at, range.start);
+  const duration = seconds || Math.min(CLIP_WINDOW_S, (range.end - clipStart) / 1000);
+  if (duration <= 0.05) { toast("Nothing is recorded there"); return; }
+  const load = ++rec.loads;
+  if (rec.abort) rec.abort.abort();
+  const abort = new AbortController();
+  rec.abort = abort;
+  if (!rec.playing) takeVideo();
+  rec.error = null;
+  rec.playing = { start: clipStart, end: clipStart + duration * 1000, clipStart, rangeEnd: range.end, selected: !!seconds };
+  showPlayback("Loading the recording…");
+  render();
+  const ms = new MediaSource();
+  if (video.src && video.src.startsWith("blob:")) URL.revokeObjectURL(video.src);
+  video.srcObject = null;
+  video.src = URL.createObjectURL(ms);
+  try {
+    await new Promise((resolve) => ms.addEventListener("sourceopen", resolve, { once: true }));
+    const url = `/recordings/get?start=${encodeURIComponent(iso(clipStart))}&duration=${duration.toFixed(3)}&format=fmp4`;
+    const response = await fetch(url, { headers: headers(), signal: abort.signal });
+    if (!response.ok) {
+      let detail = `HTTP ${response.status}`;
+      try { detail = (await response.json()).detail || detail; } catch { /* not JSON */ }
+      throw new Error(detail);
+    }
+    const start = Date.parse(response.headers.get("X-Clip-Start") || "") || clipStart;
+    rec.playing.clipStart = start;
+    const type = `video/mp4; codecs="${rec.codec}"`;
+    const sb = ms.addSourceBuffer(MediaSource.isTypeSupported(type) ? type : 'video/mp4; codecs="avc1.42e01f"');
+    const append = (bytes) => new Promise((resolve, reject) => {
+      sb.addEventListener("updateend", resolve, { once: true });
+      sb.addEventListener("error", () => reject(new Error("the browser could not decode the recording")), { once: true });
+      sb.appendBuffer(bytes);
+    });
+    const reader = response.body.getReader();
+    let pending = [];
+    let size = 0;
+    let started = false;
+    for (;;) {
+      const { done, value } = await reader.read();
+      if (load !== rec.loads) return;
+      if (value) { pending.push(value); size += value.byteLength; }
+      if (size >= APPEND_BYTES || (done && size)) {
+        const chunk = new Uint8Array(size);
+        let offset = 0;
+        for (const part of pending) { chunk.set(part, offset); offset += part.byteLength; }
+        pending = [];
+        size = 0;
+        await append(chunk);
+        if (!started) {
+          started = true;
+          video.play().catch(() => {});
+        }
+      }
+      if (done) break;
+    }
+    if (load === rec.loads && ms.readyState === "open") ms.endOfStream();
+  } catch (error) {
+    if (load !== rec.loads || error.name === "AbortError") return;
+    rec.error = error.message;
+    showPlayback(`The recording could not be played: ${error.message}`);
+    toast(`Cannot play: ${error.message}`);
+  }
+  render();
+}
+
+video.addEventListener("playing", () => { if (rec.playing) showPlayback(); });
+video.addEventListener("error", () => {
+  if (rec.playing) rec.error = video.error ? video.error.message || `media error ${video.error.code}` : "media error";
+});
+video.addEventListener("ended", () => {
+  // A click plays a window of the range; carry on with the next one until the range ends.
+  const p = rec.playing;
+  if (p && !p.selected && p.end < p.rangeEnd - 500) play(p.end);
+});
+video.addEventListener("timeupdate", () => { if (rec.playing) render(); });
+
+function backToLive() {
+  if (!rec.playing) return;
+  rec.loads++;
+  if (rec.abort) rec.abort.abort();
+  rec.abort = null;
+  rec.playing = null;
+  rec.selection = null;
+  if (video.src && video.src.startsWith("blob:")) URL.revokeObjectURL(video.src);
+  video.removeAttribute("src");
+  video.load();
+  const hls = window.ruseonHls;
+  if (hls) { hls.mode = "webrtc"; hls.notLiveSince = performance.now(); }
+  player().startWebrtc();
+  render();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The timeline: click to play a moment, drag to select a range (then it plays and downloads)
+
+function timeAt(clientX) {
+  const box = track.getBoundingClientRect();
+  const x = Math.min(Math.max(clientX - box.left, 0), box.width);
+  return rec.from + (x / box.width) * (rec.to - rec.from);
+}
+
+let drag = null;
+track.addEventListener("pointerdown", (event) => {
+  drag = { x: event.clientX, start: timeAt(event.clientX) };
+  track.setPointerCapture(event.pointerId);
+});
+track.addEventListener("pointermove", (event) => {
+  if (!drag || Math.abs(event.clientX - drag.x) < 6) return;
+  const t = timeAt(event.clientX);
+  rec.selection = { start: Math.min(drag.start, t), end: Math.max(drag.start, t) };
+  render();
+});
+track.addEventListener("pointerup", (event) => {
+  if (!drag) return;
+  const moved = Math.abs(event.clientX - drag.x) >= 6;
+  const at = drag.start;
+  drag = null;
+  if (moved && rec.selection) {
+    play(rec.selection.start, Math.max(1, (rec.selection.end - rec.selection.start) / 1000));
+  } else {
+    rec.selection = null;
+    play(at);
+  }
+});
+track.addEventListener("pointercancel", () => { drag = null; });
+track.addEventListener("keydown", (event) => {
+  // Keyboard: Enter plays the last minute recorded.
+  if (event.key === "Enter" && rec.ranges.length) {
+    const last = rec.ranges[rec.ranges.length - 1];
+    play(Math.max(last.start, last.end - 60000));
+  }
+});
+
+$("btn-live").addEventListener("click", backToLive);
+
+$("btn-record").addEventListener("click", async () => {
+  const recording = rec.state !== "stopped";
+  try {
+    const response = await fetch(`/api/recording/${recording ? "stop" : "start"}`, { method: "POST", headers: headers() });
+    if (!response.ok) throw new Error(`HTTP ${response.status}`);
+    const doc = await response.json();
+    rec.state = doc.state;
+    rec.reason = doc.reason || "";
+    toast(recording ? "Recording stopped" : `Recording (from ${doc.preroll_s} s ago)`);
+  } catch (error) {
+    toast(`Recording could not be ${recording ? "stopped" : "started"}: ${error.message}`);
+  }
+  refresh();
+});
+
+$("btn-download").addEventListener("click", async () => {
+  const span = rec.selection || (rec.playing ? { start: rec.playing.clipStart, end: rec.playing.end } : null);
+  if (!span) return;
+  const seconds = Math.max(1, (span.end - span.start) / 1000);
+  const url = `/recordings/get?start=${encodeURIComponent(iso(span.start))}&duration=${seconds.toFixed(3)}`;
+  const name = `ruseon-${iso(span.start).replace(/[:.]/g, "-").slice(0, 19)}.mp4`;
+  const auth = headers();
+  const a = document.createElement("a");
+  a.download = name;
+  if (!auth.Authorization) {
+    a.href = url; // streamed straight to disk by the browser
+  } else {
+    // A link cannot carry the token: fetch it, then save the result.
+    try {
+      const response = await fetch(url, { headers: auth });
+      if (!response.ok) throw new Error(`HTTP ${response.status}`);
+      a.href = URL.createObjectURL(await response.blob());
+      setTimeout(() => URL.revokeObjectURL(a.href), 10000);
+    } catch (error) {
+      toast(`Download failed: ${error.message}`);
+      return;
+    }
+  }
+  document.body.appendChild(a);
+  a.click();
+  a.remove();
+  toast("Downloading the recording");
+});
+
+function start() {
+  if (!player() || !player().stopWebrtc) { setTimeout(start, 50); return; }
+  refresh();
+  setInterval(refresh, LIST_MS);
+}
+start();
