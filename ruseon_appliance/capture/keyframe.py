@@ -83,6 +83,12 @@ class KeyframeCoalescer:
         self._fire(now)
         return True
 
+    def cancel(self) -> None:
+        """Forget what is awaited (the source stopped): scheduled checks then do nothing."""
+        self._awaiting = False
+        self._attempt = 0
+        self._generation += 1
+
     def keyframe_arrived(self) -> None:
         """A keyframe reached the ring: whatever was asked for is served."""
         self._awaiting = False

@@ -89,6 +89,7 @@ class CapturePipeline:
         if not self._running:
             return
         self._running = False
+        self._coalescer.cancel()
         await self._source.stop()
 
     def _deliver(self, au: AccessUnit) -> None:

@@ -7,7 +7,8 @@ emulated version does not have fails like boost's parser (``ERROR: *** unrecogni
 as upstream does; on a BCM2712 board ``--codec h264`` goes through libav, which without
 ``--libav-format`` cannot open ``-o -`` and exits with upstream's message. Then it writes one
 access unit per frame at the requested frame rate, each in a single write as ``--flush`` does,
-looping the recording.
+looping the recording. On a BCM2712 board it encodes with libx264 set up as upstream's libav
+encoder does (B-frames unless ``--low-latency``, options from ``--libav-video-codec-opts``).
 
 Environment: ``FAKE_RPICAM_STREAM`` (the .h264 to replay), ``FAKE_RPICAM_LOG`` (append argv,
 one line per start), ``FAKE_RPICAM_EXIT_AFTER`` (die with status 1 after N frames, mid-frame),
@@ -22,6 +23,8 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Iterator
+from fractions import Fraction
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -128,24 +131,67 @@ def main() -> int:
                 ("tcp://", "udp://")):
             return fail("libav: cannot allocate output context, try setting with --libav-format")
     fps = int(given.get("--framerate", "30"))
-    units = AccessUnitSplitter().split_all(Path(os.environ["FAKE_RPICAM_STREAM"]).read_bytes())
+    if os.environ.get("FAKE_RPICAM_SOC") == "bcm2712":
+        frames = libav_frames(given, fps)
+    else:
+        units = AccessUnitSplitter().split_all(
+            Path(os.environ["FAKE_RPICAM_STREAM"]).read_bytes())
+        frames = (data for _ in iter(int, 1) for data, _ in units)  # the recording, looped
     exit_after = int(os.environ.get("FAKE_RPICAM_EXIT_AFTER", "0"))
     out = sys.stdout.buffer
     start = time.monotonic()
-    n = 0
-    while True:
-        for data, _ in units:
-            delay = start + n / fps - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-            if exit_after and n == exit_after:
-                out.write(data[: len(data) // 2])  # die mid-frame, like a crash would
-                out.flush()
-                print("fake rpicam-vid: simulated failure", file=sys.stderr, flush=True)
-                return 1
-            out.write(data)
+    for n, data in enumerate(frames):
+        delay = start + n / fps - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        if exit_after and n == exit_after:
+            out.write(data[: len(data) // 2])  # die mid-frame, like a crash would
             out.flush()
-            n += 1
+            print("fake rpicam-vid: simulated failure", file=sys.stderr, flush=True)
+            return 1
+        out.write(data)
+        out.flush()
+    return 0
+
+
+def libav_frames(given: dict[str, str], fps: int) -> Iterator[bytes]:
+    """libx264 set up as rpicam-apps' libav encoder does (``encoderOptionsLibx264``, then
+    ``encoderOptionsGeneral``), encoding a moving picture; one packet per write, as the raw h264
+    muxer writes it."""
+    import av
+    import numpy as np
+
+    width, height = int(given.get("--width", "640")), int(given.get("--height", "480"))
+    ctx = av.CodecContext.create("libx264", "w")
+    ctx.width, ctx.height, ctx.pix_fmt = width, height, "yuv420p"
+    ctx.time_base = Fraction(1, 1_000_000)
+    ctx.framerate = Fraction(fps, 1)
+    options = {"weightp": "none", "weightb": "0", "motion-est": "dia", "sc_threshold": "0",
+               "rc-lookahead": "0", "mixed_ref": "0"}
+    if "--low-latency" in given:
+        options |= {"preset": "ultrafast", "tune": "zerolatency"}
+    else:
+        ctx.max_b_frames = 1
+        options |= {"preset": "superfast", "partitions": "i8x8,i4x4"}
+    if profile := given.get("--profile"):
+        ctx.profile = next(p for p in ctx.profiles if p.lower().startswith(profile.lower()))
+    ctx.gop_size = int(given.get("--intra", "0")) or fps
+    if bitrate := int(given.get("--bitrate", "0")):
+        ctx.bit_rate = bitrate
+    # --libav-video-codec-opts "k=v;k=v": av_opt_set(codec, k, v, AV_OPT_SEARCH_CHILDREN) after
+    # the codec-specific settings above, so these win.
+    for opt in filter(None, given.get("--libav-video-codec-opts", "").split(";")):
+        key, _, value = opt.partition("=")
+        options[key] = value
+    ctx.options = options
+    y = np.tile(np.arange(width, dtype=np.uint8), (height, 1))
+    uv = np.full((height // 2, width), 128, dtype=np.uint8)
+    for n in iter(int, 1):
+        frame = av.VideoFrame.from_ndarray(np.concatenate([np.roll(y, 3 * n, axis=1), uv]),
+                                           format="yuv420p")
+        frame.pts = n * 1_000_000 // fps
+        for packet in ctx.encode(frame):
+            yield bytes(packet)
 
 
 if __name__ == "__main__":

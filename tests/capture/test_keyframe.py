@@ -75,3 +75,14 @@ def test_retries_stop_after_max_retries() -> None:
         schedule.run_all()
     assert forced == [0.0, 0.5, 1.0]  # the request and two retries, then the periodic IDR
     assert coalescer.retries == 2 and coalescer.lost == 3 and not schedule.pending
+
+
+def test_cancel_stops_pending_retries() -> None:
+    forced: list[int] = []
+    schedule = ManualSchedule()
+    coalescer = KeyframeCoalescer(0.5, lambda: forced.append(1), clock=lambda: 0.0,
+                                  schedule=schedule)
+    coalescer.request()
+    coalescer.cancel()  # the pipeline stopped: no retry may reach the stopped source
+    schedule.run_all()
+    assert forced == [1] and coalescer.retries == 0

@@ -13,7 +13,7 @@ from pathlib import Path
 import av
 import pytest
 
-from ruseon_appliance.capture.h264 import START_CODE_4
+from ruseon_appliance.capture.h264 import START_CODE_4, AccessUnitSplitter
 from ruseon_appliance.capture.pipeline import CapturePipeline
 from ruseon_appliance.capture.ring import FrameView
 from ruseon_appliance.capture.sources.auto import choose_source, create_source
@@ -217,10 +217,39 @@ def test_soc_detection_reads_the_device_tree(tmp_path: Path) -> None:
     assert not is_bcm2712(tmp_path / "absent")
 
 
+def picture_types(frames: list[bytes]) -> str:
+    """The decoded pictures' types in output order, e.g. "IPPBP"."""
+    decoder = av.CodecContext.create("h264", "r")
+    pictures = [f for data in frames for f in decoder.decode(av.Packet(data))]
+    pictures += decoder.decode(None)
+    return "".join(av.video.frame.PictureType(f.pict_type).name for f in pictures)
+
+
 def run_fake(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, str(FAKE_RPICAM), *args], capture_output=True,
                           text=True, timeout=60, check=False,
                           env={**os.environ, "FAKE_RPICAM_STREAM": str(CAM_STREAM), **env})
+
+
+def run_fake_stdout(args: list[str], frames: int = 40, **env: str) -> bytes:
+    """The first ``frames`` frames' worth of what the stand-in writes to stdout."""
+    proc = subprocess.Popen([sys.executable, str(FAKE_RPICAM), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, env={**os.environ, **env})
+    assert proc.stdout is not None
+    data = b""
+    try:
+        while data.count(b"\x00\x00\x01") < frames * 1.2:  # slices, plus SPS/PPS/SEI
+            chunk = proc.stdout.read1(65536)
+            assert chunk, "the stand-in stopped writing"
+            data += chunk
+    finally:
+        proc.kill()
+        proc.wait()
+    return data
+
+
+def split_units(data: bytes) -> list[bytes]:
+    return [unit for unit, _ in AccessUnitSplitter().split_all(data)]
 
 
 def test_fake_rpicam_vid_fails_like_upstream() -> None:
@@ -239,6 +268,13 @@ def test_fake_rpicam_vid_fails_like_upstream() -> None:
     assert "unrecognised option '--libav-format'" in result.stderr
     result = run_fake(*base, "--awb", "sunny")
     assert result.returncode == 255 and "Invalid AWB mode: sunny" in result.stderr
+    # libx264 as rpicam-apps' libav encoder sets it up: B-frames, unless --low-latency or bf=0.
+    libav = [*base[:-2], "--profile", "main", "--width", "160", "--height", "120",
+             "--libav-format", "h264", "-o", "-"]
+    for extra, has_b in (([], True), (["--low-latency"], False),
+                         (["--libav-video-codec-opts", "bf=0"], False)):
+        out = run_fake_stdout([*libav, *extra], FAKE_RPICAM_SOC="bcm2712")
+        assert ("B" in picture_types(split_units(out))) is has_b, extra
     assert parse_help(run_fake("--help", FAKE_RPICAM_VERSION="1.5.0").stdout) == RpicamFeatures(
         low_latency=False, libav_format=True, libav_codec_opts=True)
 
@@ -264,13 +300,17 @@ async def test_rpicam_source_starts_on_each_board(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compatible: bytes, env: dict[str, str],
     expect: list[str], absent: list[str],
 ) -> None:
-    camera = fake_rpicam_camera(tmp_path, monkeypatch, **env)
+    # Main profile: libx264 on BCM2712 makes B-frames unless told not to (baseline never has).
+    camera = dataclasses.replace(fake_rpicam_camera(tmp_path, monkeypatch, **env),
+                                 profile="main")
     source = RpicamSource(camera, compatible_path=write_compatible(tmp_path, compatible),
                           backoff_s=(0.05, 0.2))
     pipeline = CapturePipeline(camera, source=source)
     await pipeline.start()
     try:
-        assert_decodable_sequence(await read_frames(pipeline, 10))
+        frames = await read_frames(pipeline, 20)
+        assert_decodable_sequence(frames)
+        assert "B" not in picture_types(frames)
         assert source.crashes == 0 and source.starts == 1
         logged = (tmp_path / "starts.log").read_text()
         for part in expect:
