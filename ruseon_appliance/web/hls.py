@@ -162,16 +162,22 @@ class HlsResource:
             raise Problem(400, "_HLS_part needs _HLS_msn", headers=_NO_STORE)
         stream, window = self.stream, self.stream.window
         hold = stream.hold_timeout_s
-        if window.empty and not await self._wait(stream.wait_for_first_part(hold)):
-            raise Problem(503, "no video has been segmented yet",
-                          headers={"Retry-After": "1", **_NO_STORE})
+        # Refuse what is malformed or too far ahead at once, before holding anything.
+        msn = part = None
         if msn_text is not None:
             msn = _number("_HLS_msn", msn_text)
             part = None if part_text is None else _number("_HLS_part", part_text)
             self._refuse_far_ahead(msn, part)
-            if not await self._wait(stream.wait_for_playlist(msn, part, hold)):
-                raise Problem(503, f"segment {msn} part {part} did not arrive within "
-                              f"{hold:.0f} s", headers={"Retry-After": "1", **_NO_STORE})
+        # Right after start-up the window holds only parts: players that ignore them (ffmpeg,
+        # older ones) would see an empty live playlist and give up, so wait for one segment.
+        if not window.satisfies(window.first_msn, None) and not await self._wait(
+            stream.wait_for_playlist(window.first_msn, None, hold)
+        ):
+            raise Problem(503, "no video has been segmented yet",
+                          headers={"Retry-After": "1", **_NO_STORE})
+        if msn is not None and not await self._wait(stream.wait_for_playlist(msn, part, hold)):
+            raise Problem(503, f"segment {msn} part {part} did not arrive within {hold:.0f} s",
+                          headers={"Retry-After": "1", **_NO_STORE})
         body = render(window, query=self._query_suffix(request))
         # A blocking answer is keyed by its query and stays right; a plain one changes with
         # every part, so caches may reuse it only briefly (one second is max-age's finest).

@@ -46,7 +46,7 @@ async def hls_device(config: Config, tmp_path: Path, *, max_waiting: int = 1000
         client: TestClient[Any, Any] = TestClient(TestServer(app, host="127.0.0.1"))
         await client.start_server()
         try:
-            assert await stream.wait_for_first_part(20)
+            assert await stream.wait_for_playlist(0, None, 20)  # one complete segment
             yield stream, client
         finally:
             await client.close()
