@@ -85,6 +85,7 @@ class ClientStats:
 
     requests: int = 0
     errors: int = 0
+    error_kinds: dict[str, int] = field(default_factory=dict)
     bytes: int = 0
     latencies_s: list[float] = field(default_factory=list)
 
@@ -105,14 +106,18 @@ class LlHlsClient:
             async with self.session.get(url, headers=self.headers) as response:
                 body = await response.read()
                 if response.status != 200:
-                    self.stats.errors += 1
+                    self._error(f"{response.status} {url.rsplit('/', 1)[-1][:40]}")
                     return None
                 self.stats.bytes += len(body)
                 return body
-        except (TimeoutError, aiohttp.ClientError):
-            self.stats.errors += 1
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            self._error(type(exc).__name__)
             await asyncio.sleep(0.2)
             return None
+
+    def _error(self, kind: str) -> None:
+        self.stats.errors += 1
+        self.stats.error_kinds[kind] = self.stats.error_kinds.get(kind, 0) + 1
 
     async def run(self, seconds: float) -> ClientStats:
         """Play for ``seconds``."""
