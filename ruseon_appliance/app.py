@@ -23,11 +23,15 @@ from .capture.sources.base import SourceUnavailable
 from .config import Config
 from .engine.engine import Engine, default_advertise
 from .engine.fanout import Fanout
+from .events import EventBus, RecordingWatcher, StallWatcher, session_listener
 from .hls import HlsStream
+from .mqtt import HomeAssistantMqtt, load_device_id
 from .recording import Recorder, RecorderSettings
 from .relay import RtpRelay
 from .systemd_integration import SystemdNotifier, frames_flowing
-from .web.app import make_app
+from .web.app import DEVICE_API, make_app
+from .web.snapshot import KeyframeSnapshot
+from .webhooks import WebhookSender
 
 log = logging.getLogger("ruseon")
 
@@ -59,6 +63,15 @@ class Appliance:
         self._runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.started = time.time()
+        # Events (viewer joined/left, camera stalled/recovered, recording) for MQTT and webhooks.
+        self.events = EventBus()
+        self.stall_watcher = StallWatcher(
+            self.events, lambda: self.capture.last_frame_monotonic,
+            framerate=config.camera.framerate, source=self.capture.source_kind)
+        self.recording_watcher = RecordingWatcher(
+            self.events, lambda: self.recorder.active, lambda: self.recorder.state)
+        self.webhooks = [WebhookSender(hook) for hook in config.webhook]
+        self.mqtt: HomeAssistantMqtt | None = None
 
     async def start(self) -> None:
         """Start everything; returns once the appliance serves video."""
@@ -90,8 +103,12 @@ class Appliance:
             )
             await self.hls.start()
 
+        self.engine.add_listener(session_listener(self.events, lambda: len(self.engine.sessions)
+                                                  if self.engine else 0))
+
         app = make_app(config, self.engine, self.capture, started=self.started,
                        relays=self.relays, hls=self.hls, recorder=self.recorder)
+        app[DEVICE_API].status_sections["integrations"] = self._integrations_status
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
         await self._runner.setup()
         tls = self._tls_context()
@@ -103,6 +120,7 @@ class Appliance:
                 self._runner, config.http.listen.host, config.http.listen.port, ssl_context=tls
             )
         await site.start()
+        await self._start_integrations()
 
         if not await self.capture.wait_first_frame(FIRST_FRAME_TIMEOUT_S):
             raise RuntimeError(
@@ -140,6 +158,63 @@ class Appliance:
                              keyframe_interval_frames=camera.keyframe_interval)
             await relay.start()
             self.relays.append(relay)
+
+    async def _start_integrations(self) -> None:
+        """The stall watcher, webhooks and MQTT: all event-bus consumers that never block the
+        stream (bounded queues, background tasks)."""
+        self.stall_watcher.start()
+        self.recording_watcher.start()
+        for sender in self.webhooks:
+            self.events.subscribe(sender.offer)
+            await sender.start()
+        if not self.config.mqtt.url:
+            return
+        snapshot = KeyframeSnapshot(self.capture)
+
+        async def latest_jpeg() -> tuple[int, bytes] | None:
+            shot = await snapshot.latest()
+            return None if shot is None else (shot.keyframe_seq, shot.jpeg)
+
+        self.mqtt = HomeAssistantMqtt(
+            self.config.mqtt,
+            device_id=load_device_id(Path(self.config.state.dir), self.config.mqtt.device_id),
+            name=socket.gethostname(),
+            state=self._sensor_state,
+            snapshot=latest_jpeg,
+            configuration_url=self.urls()[0],
+            record=self._toggle_recording,
+        )
+        self.events.subscribe(self.mqtt.on_event)
+        await self.mqtt.start()
+
+    def _sensor_state(self) -> dict[str, object]:
+        """What the Home Assistant sensors show."""
+        stats = self.capture.stats()
+        return {
+            "viewers": len(self.engine.sessions) if self.engine else 0,
+            "fps": stats.get("fps"),
+            "bitrate": stats.get("bitrate"),
+            "keyframe_age_s": stats.get("keyframe_age_s"),
+            "stalled": self.stall_watcher.stalled,
+            "recording": self.recorder.active,
+            "recording_state": self.recorder.state,
+        }
+
+    async def _toggle_recording(self) -> None:
+        """The Home Assistant record button: start an on-demand recording, or stop it."""
+        if self.recorder.active:
+            await self.recorder.end()
+        else:
+            self.recorder.begin()
+
+    def _integrations_status(self) -> dict[str, object]:
+        """The events, webhooks and MQTT part of ``/api/status``."""
+        return {
+            "events": self.events.stats(),
+            "camera_stalled": self.stall_watcher.stalled,
+            "webhooks": [w.stats() for w in self.webhooks],
+            "mqtt": self.mqtt.stats() if self.mqtt else None,
+        }
 
     def _tls_context(self) -> ssl.SSLContext | None:
         http = self.config.http
@@ -181,6 +256,12 @@ class Appliance:
             task.cancel()
         if self.hls is not None:
             await self.hls.stop()  # wakes held HLS requests before the server waits for them
+        if self.mqtt is not None:
+            await self.mqtt.stop()
+        for sender in self.webhooks:
+            await sender.stop()
+        await self.stall_watcher.stop()
+        await self.recording_watcher.stop()
         if self._runner is not None:
             await self._runner.cleanup()
         for relay in self.relays:

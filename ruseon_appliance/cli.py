@@ -48,6 +48,8 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--record-dir", metavar="DIR",
                         help="record continuously into DIR (recording.dir + recording.continuous)")
+    parser.add_argument("--mqtt", metavar="URL",
+                        help="MQTT broker for Home Assistant (mqtt://HOST[:PORT] or mqtts://)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,6 +84,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
     put("auth", "token", args.token)
     put("webrtc", "max_viewers", args.max_viewers)
     put("log", "level", args.log_level)
+    put("mqtt", "url", args.mqtt)
     if args.relay is not None:
         flags["relay"] = {"url": args.relay}
     if args.record_dir is not None:

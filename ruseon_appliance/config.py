@@ -15,6 +15,7 @@ import ipaddress
 import os
 import tomllib
 import typing
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -197,6 +198,69 @@ class RelayConfig:
         return base64.b64decode(self.srtp_key, validate=True) if self.srtp_key else None
 
 
+MQTT_SCHEMES = ("mqtt", "mqtts")
+# What a [[webhook]] may subscribe to (the event bus's names, ruseon_appliance/events).
+WEBHOOK_EVENTS = ("viewer_joined", "viewer_left", "camera_stalled", "camera_recovered",
+                  "recording_started", "recording_stopped", "controls_changed")
+
+
+@dataclass(frozen=True, slots=True)
+class MqttConfig:
+    """``[mqtt]``: Home Assistant discovery and state over MQTT; off while ``url`` is empty."""
+
+    # mqtt://HOST[:PORT] (1883) or mqtts://HOST[:PORT] (8883, TLS with the system's CAs).
+    url: str = ""
+    username: str = ""
+    password: str = ""
+    # Or read the password from this file (keep it 0600).
+    password_file: str = ""
+    # State, availability and commands live under <topic_prefix>/<device id>/...
+    topic_prefix: str = "ruseon"
+    discovery_prefix: str = "homeassistant"
+    # Empty: a random id kept in the state dir, so Home Assistant's unique_ids survive restarts.
+    device_id: str = ""
+    # Shortest time between two state messages (throttle), and the snapshot image's period.
+    state_interval_s: float = 5.0
+    snapshot_interval_s: float = 30.0
+
+    def endpoint(self) -> tuple[str, int, bool]:
+        """``(host, port, tls)`` of :attr:`url`; ``ValueError`` when it is not a broker URL."""
+        parts = urllib.parse.urlsplit(self.url)
+        port = parts.port  # raises ValueError when out of range or not a number
+        if parts.scheme not in MQTT_SCHEMES or not parts.hostname or parts.path not in ("", "/"):
+            raise ValueError(self.url)
+        tls = parts.scheme == "mqtts"
+        return parts.hostname, port or (8883 if tls else 1883), tls
+
+    def resolve_password(self) -> str:
+        """The configured password, reading ``password_file`` if set (stripped)."""
+        if self.password or not self.password_file:
+            return self.password
+        try:
+            return Path(self.password_file).read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise ConfigError(
+                f"mqtt.password_file = {self.password_file!r} cannot be read: {exc.strerror}"
+            ) from exc
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookConfig:
+    """One ``[[webhook]]`` table: JSON POSTs of appliance events to a URL."""
+
+    url: str = ""
+    # Event names to send; empty = all of WEBHOOK_EVENTS.
+    events: tuple[str, ...] = ()
+    # HMAC-SHA256 key; when set every POST carries X-Ruseon-Signature: sha256=<hex of the body>.
+    secret: str = ""
+    timeout_s: float = 5.0
+    # Attempts after the first one, with doubling back-off from retry_delay_s.
+    retries: int = 3
+    retry_delay_s: float = 1.0
+    # Events waiting to be sent; when full the oldest is dropped (and counted).
+    queue_size: int = 100
+
+
 @dataclass(frozen=True, slots=True)
 class RecordingConfig:
     """``[recording]``: the fMP4 archive on the board and its playback API."""
@@ -232,6 +296,9 @@ class Config:
     # ``[[relay]]`` tables (an array, not a section).
     relay: tuple[RelayConfig, ...] = ()
     recording: RecordingConfig = field(default_factory=RecordingConfig)
+    mqtt: MqttConfig = field(default_factory=MqttConfig)
+    # ``[[webhook]]`` tables (an array, not a section).
+    webhook: tuple[WebhookConfig, ...] = ()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -331,11 +398,32 @@ def _apply_relays(config: Config, values: Any, origin: str, from_text: bool) -> 
     return dataclasses.replace(config, relay=relays)
 
 
+def _apply_webhooks(config: Config, values: Any, origin: str, from_text: bool) -> Config:
+    """``[[webhook]]`` tables (a file's replace any before)."""
+    if isinstance(values, Mapping):
+        values = [values]
+    if not isinstance(values, list | tuple) or not all(isinstance(v, Mapping) for v in values):
+        raise ConfigError(f"webhook in {origin} must be [[webhook]] tables, got {values!r}")
+    hints = _section_types(WebhookConfig)
+    hooks: list[WebhookConfig] = []
+    for index, table in enumerate(values):
+        changes: dict[str, Any] = {}
+        for key, value in table.items():
+            if key not in hints:
+                raise ConfigError(f"webhook.{key} in {origin} is not a known key: [[webhook]] "
+                                  f"allows {', '.join(hints)}")
+            changes[key] = _coerce(f"webhook[{index}].{key}", hints[key], value, from_text)
+        hooks.append(WebhookConfig(**changes))
+    return dataclasses.replace(config, webhook=tuple(hooks))
+
+
 def _apply(
     config: Config, section: str, values: Mapping[str, Any], origin: str, from_text: bool
 ) -> Config:
     if section == "relay":
         return _apply_relays(config, values, origin, from_text)
+    if section == "webhook":
+        return _apply_webhooks(config, values, origin, from_text)
     section_field = {f.name: f for f in dataclasses.fields(Config)}.get(section)
     if section_field is None:
         known = ", ".join(f.name for f in dataclasses.fields(Config))
@@ -368,7 +456,7 @@ def load_toml(path: Path) -> dict[str, Any]:
 
 def _env_overrides(env: Mapping[str, str]) -> dict[str, dict[str, str]]:
     """Collect ``RUSEON_<SECTION>_<KEY>`` variables into ``{section: {key: text}}``."""
-    sections = {f.name for f in dataclasses.fields(Config)} - {"relay"}
+    sections = {f.name for f in dataclasses.fields(Config)} - {"relay", "webhook"}
     out: dict[str, dict[str, str]] = {}
     for name, value in env.items():
         if not name.startswith("RUSEON_") or name == "RUSEON_CONFIG":
@@ -408,6 +496,9 @@ def load_config(
         for section, values in data.items():
             if section == "relay":
                 config = _apply_relays(config, values, str(path), from_text=False)
+                continue
+            if section == "webhook":
+                config = _apply_webhooks(config, values, str(path), from_text=False)
                 continue
             if not isinstance(values, dict):
                 raise ConfigError(f"{section} in {path} must be a [section] table, got {values!r}")
@@ -549,6 +640,49 @@ def validate(config: Config) -> None:
     _check(rec.max_age_hours >= 0, "recording.max_age_hours", rec.max_age_hours,
            "0 (no limit) or more hours")
     validate_relays(config.relay)
+    validate_mqtt(config.mqtt)
+    validate_webhooks(config.webhook)
+
+
+def validate_mqtt(mqtt: MqttConfig) -> None:
+    """``[mqtt]``: a mqtt:// or mqtts:// URL with a host (and a valid port), sane intervals."""
+    if mqtt.url:
+        try:
+            mqtt.endpoint()
+        except ValueError:
+            raise ConfigError(f"mqtt.url = {mqtt.url!r} is not valid: expected mqtt://HOST[:PORT] "
+                              "or mqtts://HOST[:PORT]") from None
+    topic_chars = RELAY_NAME_CHARS | frozenset("/")
+    for key in ("topic_prefix", "discovery_prefix"):
+        value = getattr(mqtt, key)
+        _check(bool(value) and set(value) <= topic_chars and not value.startswith("/")
+               and not value.endswith("/"), f"mqtt.{key}", value,
+               "letters, digits, -, _ and inner /, no MQTT wildcards")
+    _check(not mqtt.device_id or set(mqtt.device_id) <= RELAY_NAME_CHARS, "mqtt.device_id",
+           mqtt.device_id, "letters, digits, - or _ (empty: generated and kept in the state dir)")
+    _check(0.5 <= mqtt.state_interval_s <= 3600, "mqtt.state_interval_s", mqtt.state_interval_s,
+           "0.5 to 3600 seconds")
+    _check(1 <= mqtt.snapshot_interval_s <= 86400, "mqtt.snapshot_interval_s",
+           mqtt.snapshot_interval_s, "1 to 86400 seconds")
+
+
+def validate_webhooks(hooks: tuple[WebhookConfig, ...]) -> None:
+    """``[[webhook]]``: http(s) URLs, known event names, sane retry and queue bounds."""
+    for index, hook in enumerate(hooks):
+        key = f"webhook[{index}]"
+        scheme, sep, rest = hook.url.partition("://")
+        _check(scheme in ("http", "https") and bool(sep) and bool(rest.split("/")[0]),
+               f"{key}.url", hook.url, "expected http://HOST[:PORT]/PATH or https://...")
+        for event in hook.events:
+            _check(event in WEBHOOK_EVENTS, f"{key}.events", event,
+                   "allowed are " + ", ".join(WEBHOOK_EVENTS))
+        _check(0 < hook.timeout_s <= 300, f"{key}.timeout_s", hook.timeout_s,
+               "more than 0, at most 300 seconds")
+        _check(0 <= hook.retries <= 20, f"{key}.retries", hook.retries, "0 to 20")
+        _check(0 < hook.retry_delay_s <= 600, f"{key}.retry_delay_s", hook.retry_delay_s,
+               "more than 0, at most 600 seconds")
+        _check(1 <= hook.queue_size <= 10_000, f"{key}.queue_size", hook.queue_size,
+               "1 to 10000 events")
 
 
 def validate_relays(relays: tuple[RelayConfig, ...]) -> None:
@@ -601,7 +735,7 @@ def to_toml(config: Config) -> str:
 
     lines: list[str] = []
     for section in dataclasses.fields(config):
-        if section.name == "relay":
+        if section.name in ("relay", "webhook"):
             continue
         lines.append(f"[{section.name}]")
         values = getattr(config, section.name)
@@ -612,5 +746,10 @@ def to_toml(config: Config) -> str:
         lines.append("[[relay]]")
         for f in dataclasses.fields(relay):
             lines.append(f"{f.name} = {render(getattr(relay, f.name))}")
+        lines.append("")
+    for hook in config.webhook:
+        lines.append("[[webhook]]")
+        for f in dataclasses.fields(hook):
+            lines.append(f"{f.name} = {render(getattr(hook, f.name))}")
         lines.append("")
     return "\n".join(lines)

@@ -1,0 +1,154 @@
+"""Where events come from: the engine's sessions, the capture pipeline's frame flow, the
+recorder. Each producer is a small adapter that ``app.py`` connects to the bus."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .bus import EventBus
+
+log = logging.getLogger(__name__)
+
+# Frames count as stalled after this many frame intervals without one, and never sooner than
+# STALL_MIN_S (the same rule as /healthz).
+STALL_FRAME_INTERVALS = 10
+STALL_MIN_S = 2.0
+# How often the watcher looks at the pipeline's newest frame time.
+STALL_POLL_S = 0.5
+
+
+def session_listener(bus: EventBus, viewers: Callable[[], int]) -> Callable[[str, Any], None]:
+    """An engine listener (``Engine.add_listener``) that publishes ``viewer_joined`` and
+    ``viewer_left``. Only an 8-character prefix of the session id goes out: the full id is the
+    session's capability URL."""
+
+    def listener(event: str, session: Any) -> None:
+        short = str(session.id)[:8]
+        if event == "session-started":
+            bus.publish("viewer_joined", session=short, viewers=viewers())
+        elif event == "session-ended":
+            bus.publish("viewer_left", session=short, viewers=viewers(),
+                        reason=getattr(session, "end_reason", "") or "unknown")
+
+    return listener
+
+
+def recording_listener(bus: EventBus) -> Callable[[str, Mapping[str, Any]], None]:
+    """The seam for the recorder: call the returned function with ``("started", info)`` or
+    ``("stopped", info)`` and it publishes ``recording_started`` / ``recording_stopped`` with
+    ``info`` (file name, reason...) as data."""
+
+    def listener(state: str, info: Mapping[str, Any]) -> None:
+        if state in ("started", "stopped"):
+            bus.publish(f"recording_{state}", **dict(info))
+
+    return listener
+
+
+class RecordingWatcher:
+    """Publishes ``recording_started`` / ``recording_stopped`` when ``active()`` (the recorder's
+    ``active``) changes, whoever started it: the API, the MQTT button, continuous mode. It polls,
+    so the recorder needs no hook for it."""
+
+    def __init__(self, bus: EventBus, active: Callable[[], bool], state: Callable[[], str],
+                 *, poll_s: float = STALL_POLL_S) -> None:
+        self._listener = recording_listener(bus)
+        self._active = active
+        self._state = state
+        self._poll_s = poll_s
+        self.recording = False
+        self._task: asyncio.Task[None] | None = None
+
+    def check(self) -> None:
+        """Look once; publish on a change."""
+        active = bool(self._active())
+        if active != self.recording:
+            self.recording = active
+            self._listener("started" if active else "stopped", {"state": self._state()})
+
+    def start(self) -> None:
+        """Begin watching on the running loop."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="recording-watcher")
+
+    async def stop(self) -> None:
+        """Stop watching."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _run(self) -> None:
+        while True:
+            self.check()
+            await asyncio.sleep(self._poll_s)
+
+
+class StallWatcher:
+    """Publishes ``camera_stalled`` when frames stop and ``camera_recovered`` when they flow
+    again, from ``last_frame`` (the pipeline's ``last_frame_monotonic``)."""
+
+    def __init__(
+        self,
+        bus: EventBus,
+        last_frame: Callable[[], float | None],
+        *,
+        framerate: int,
+        source: str,
+        clock: Callable[[], float] = time.monotonic,
+        poll_s: float = STALL_POLL_S,
+    ) -> None:
+        self._bus = bus
+        self._last_frame = last_frame
+        self.limit_s = max(STALL_MIN_S, STALL_FRAME_INTERVALS / max(1, framerate))
+        self._source = source
+        self._clock = clock
+        self._poll_s = poll_s
+        self.stalled = False
+        self._stalled_since = 0.0
+        self.stalls = 0
+        self._task: asyncio.Task[None] | None = None
+
+    def check(self) -> None:
+        """Look once; publish on a change of state (called by the loop, and by tests)."""
+        last = self._last_frame()
+        if last is None:
+            return  # not started yet: start-up has its own timeout
+        age = self._clock() - last
+        if not self.stalled and age > self.limit_s:
+            self.stalled = True
+            self.stalls += 1
+            self._stalled_since = last
+            log.warning("camera stalled: no frame from the %s source for %.1f s", self._source,
+                        age)
+            self._bus.publish("camera_stalled", source=self._source, frame_age_s=round(age, 3))
+        elif self.stalled and age <= self.limit_s:
+            self.stalled = False
+            gap = last - self._stalled_since
+            log.info("camera recovered after %.1f s", gap)
+            self._bus.publish("camera_recovered", source=self._source,
+                              stalled_for_s=round(gap, 3))
+
+    def start(self) -> None:
+        """Begin watching on the running loop."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="stall-watcher")
+
+    async def stop(self) -> None:
+        """Stop watching."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self._poll_s)
+            self.check()

@@ -1,0 +1,152 @@
+"""Home Assistant MQTT discovery documents for one appliance.
+
+One retained config per entity at ``<discovery_prefix>/<component>/<device_id>/<object>/config``,
+all sharing one ``device`` block (so HA shows one device with its entities) and one availability
+topic that the Last Will turns ``offline``. Sensors read one JSON state topic through
+``value_template``s, so a state update is one message however many sensors there are.
+See https://www.home-assistant.io/integrations/mqtt/#mqtt-discovery
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import __version__
+
+ONLINE = "online"
+OFFLINE = "offline"
+PRESS = "PRESS"
+
+
+@dataclass(frozen=True, slots=True)
+class Topics:
+    """Where this appliance publishes and listens: ``<prefix>/<device_id>/...``."""
+
+    prefix: str
+    device_id: str
+
+    @property
+    def base(self) -> str:
+        """The appliance's own subtree."""
+        return f"{self.prefix}/{self.device_id}"
+
+    @property
+    def availability(self) -> str:
+        """``online`` (retained) while connected; the Last Will sets ``offline``."""
+        return f"{self.base}/availability"
+
+    @property
+    def state(self) -> str:
+        """One JSON document with every sensor's value."""
+        return f"{self.base}/state"
+
+    @property
+    def snapshot(self) -> str:
+        """The camera entity's JPEG."""
+        return f"{self.base}/snapshot"
+
+    def command(self, name: str) -> str:
+        """A button's command topic."""
+        return f"{self.base}/command/{name}"
+
+    @property
+    def commands(self) -> str:
+        """The wildcard the appliance subscribes to."""
+        return f"{self.base}/command/+"
+
+
+@dataclass(frozen=True, slots=True)
+class Entity:
+    """One HA entity: its component (``sensor``, ``camera``...), object id and config keys."""
+
+    component: str
+    object_id: str
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+def _sensor(key: str, name: str, **extra: Any) -> Entity:
+    return Entity("sensor", key, {"name": name, "value_template": f"{{{{ value_json.{key} }}}}",
+                                  **extra})
+
+
+def _binary(key: str, name: str, device_class: str) -> Entity:
+    return Entity("binary_sensor", key, {
+        "name": name, "device_class": device_class, "payload_on": "ON", "payload_off": "OFF",
+        "value_template": f"{{{{ 'ON' if value_json.{key} else 'OFF' }}}}",
+    })
+
+
+class Discovery:
+    """The discovery documents; ``recording`` adds the recording entities."""
+
+    def __init__(self, discovery_prefix: str, topics: Topics, *, name: str,
+                 configuration_url: str = "", recording: bool = False) -> None:
+        self.discovery_prefix = discovery_prefix
+        self.topics = topics
+        self.name = name
+        self.configuration_url = configuration_url
+        self.recording = recording
+
+    def device(self) -> dict[str, Any]:
+        """The shared ``device`` block (``identifiers`` ties every entity to one device)."""
+        block: dict[str, Any] = {
+            "identifiers": [self.topics.device_id],
+            "name": self.name,
+            "manufacturer": "RUSEON",
+            "model": "RUSEON Appliance",
+            "sw_version": __version__,
+        }
+        if self.configuration_url:
+            block["configuration_url"] = self.configuration_url
+        return block
+
+    def entities(self) -> list[Entity]:
+        """Every entity, before the shared keys are added."""
+        topics = self.topics
+        entities = [
+            Entity("camera", "camera", {"name": "Camera", "topic": topics.snapshot}),
+            _sensor("viewers", "Viewers", state_class="measurement", icon="mdi:eye"),
+            _sensor("fps", "Frame rate", unit_of_measurement="fps", state_class="measurement",
+                    suggested_display_precision=1),
+            _sensor("bitrate", "Bitrate", unit_of_measurement="bit/s", device_class="data_rate",
+                    state_class="measurement"),
+            _sensor("keyframe_age_s", "Keyframe age", unit_of_measurement="s",
+                    device_class="duration", state_class="measurement",
+                    entity_category="diagnostic"),
+            _binary("stalled", "Camera stalled", "problem"),
+            Entity("button", "snapshot", {"name": "Snapshot", "icon": "mdi:camera",
+                                          "command_topic": topics.command("snapshot"),
+                                          "payload_press": PRESS}),
+        ]
+        if self.recording:
+            entities += [
+                _sensor("recording_state", "Recording state", icon="mdi:record-rec"),
+                _binary("recording", "Recording", "running"),
+                Entity("button", "record", {"name": "Record", "icon": "mdi:record",
+                                            "command_topic": topics.command("record"),
+                                            "payload_press": PRESS}),
+            ]
+        return entities
+
+    def configs(self) -> dict[str, str]:
+        """``{discovery topic: JSON config}`` for every entity."""
+        out: dict[str, str] = {}
+        device = self.device()
+        for entity in self.entities():
+            config = dict(entity.config)
+            if entity.component in ("sensor", "binary_sensor"):
+                config["state_topic"] = self.topics.state
+            config.update({
+                "unique_id": f"{self.topics.device_id}_{entity.object_id}",
+                "object_id": f"{self.topics.device_id}_{entity.object_id}",
+                "availability_topic": self.topics.availability,
+                "payload_available": ONLINE,
+                "payload_not_available": OFFLINE,
+                "device": device,
+            })
+            topic = (f"{self.discovery_prefix}/{entity.component}/{self.topics.device_id}/"
+                     f"{entity.object_id}/config")
+            out[topic] = json.dumps(config, sort_keys=True)
+        return out

@@ -1,0 +1,61 @@
+"""``[mqtt]``, ``[[webhook]]`` and ``--mqtt``: validated once, one-line errors, exit status 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ruseon_appliance.config import ConfigError, load_config, to_toml
+
+
+def load(tmp_path: Path, text: str) -> object:
+    path = tmp_path / "ruseon.toml"
+    path.write_text(text)
+    return load_config(path, env={})
+
+
+def test_mqtt_and_webhooks_from_a_file(tmp_path: Path) -> None:
+    config = load(tmp_path, '[mqtt]\nurl = "mqtts://broker.lan"\nusername = "cam"\n'
+                  '[[webhook]]\nurl = "http://127.0.0.1:9/hook"\nevents = ["viewer_joined"]\n'
+                  'secret = "s"\n[[webhook]]\nurl = "https://example.invalid/x"\n')
+    assert config.mqtt.endpoint() == ("broker.lan", 8883, True)  # type: ignore[attr-defined]
+    hooks = config.webhook  # type: ignore[attr-defined]
+    assert [h.events for h in hooks] == [("viewer_joined",), ()]
+    again = load(tmp_path, to_toml(config))  # type: ignore[arg-type]
+    assert again == config
+
+
+@pytest.mark.parametrize(("text", "names"), [
+    ('[mqtt]\nurl = "http://broker"\n', "mqtt.url"),
+    ('[mqtt]\nurl = "mqtt://broker:99999"\n', "mqtt.url"),
+    ('[mqtt]\nurl = "mqtt://"\n', "mqtt.url"),
+    ('[mqtt]\ntopic_prefix = "a/#"\n', "mqtt.topic_prefix"),
+    ('[mqtt]\nstate_interval_s = 0\n', "mqtt.state_interval_s"),
+    ('[mqtt]\nbroker = "x"\n', "mqtt.broker"),
+    ('[[webhook]]\nurl = "ftp://x"\n', "webhook[0].url"),
+    ('[[webhook]]\nurl = "http://x/"\nevents = ["nope"]\n', "webhook[0].events"),
+    ('[[webhook]]\nurl = "http://x/"\nqueue_size = 0\n', "webhook[0].queue_size"),
+    ('[[webhook]]\nurl = "http://x/"\nretries = "3"\n', "webhook[0].retries"),
+    ('[[webhook]]\nurl = "http://x/"\nsecrte = "3"\n', "webhook.secrte"),
+])
+def test_bad_values_name_the_key(tmp_path: Path, text: str, names: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        load(tmp_path, text)
+    message = str(error.value)
+    assert names in message and "\n" not in message
+
+
+def test_bad_mqtt_flag_exits_2_with_one_line() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "ruseon_appliance", "config", "--config", "/dev/null",
+         "--mqtt", "tcp://broker"], capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "mqtt.url" in result.stderr, result.stderr
+    ok = subprocess.run(
+        [sys.executable, "-m", "ruseon_appliance", "config", "--config", "/dev/null",
+         "--mqtt", "mqtt://127.0.0.1:1884"], capture_output=True, text=True, timeout=60,
+        check=False)
+    assert ok.returncode == 0 and 'url = "mqtt://127.0.0.1:1884"' in ok.stdout
