@@ -1,0 +1,180 @@
+"""Webhooks from the real appliance (the composition root in-process: synthetic camera, engine,
+HTTP) to a local aiohttp receiver: events arrive from the real producers, the HMAC signature
+verifies, failures are retried, a dead receiver neither slows the stream nor grows a queue."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import hashlib
+import hmac
+import json
+import socket
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import aioice.ice
+import pytest
+from aiohttp import web
+
+from ruseon_appliance.app import Appliance
+from ruseon_appliance.config import (
+    CameraConfig,
+    Config,
+    HostPort,
+    HttpConfig,
+    StateConfig,
+    WebhookConfig,
+    WebRtcConfig,
+)
+from ruseon_appliance.webhooks import SIGNATURE_HEADER
+from tests.tooling import free_port
+from tests.web.conftest import Viewer
+
+SECRET = "s3cret"
+
+
+class Receiver:
+    """A webhook receiver that fails the first ``fail_first`` attempts of each delivery."""
+
+    def __init__(self, fail_first: int = 1) -> None:
+        self.fail_first = fail_first
+        self.attempts: dict[str, int] = {}
+        self.accepted: list[tuple[dict[str, Any], bool]] = []
+        self.changed = asyncio.Event()
+
+    async def handle(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        delivery = request.headers["X-Ruseon-Delivery"]
+        self.attempts[delivery] = self.attempts.get(delivery, 0) + 1
+        if self.attempts[delivery] <= self.fail_first:
+            return web.Response(status=503)
+        expected = "sha256=" + hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
+        signed = hmac.compare_digest(request.headers.get(SIGNATURE_HEADER, ""), expected)
+        self.accepted.append((json.loads(body), signed))
+        self.changed.set()
+        return web.Response(status=204)
+
+    def names(self) -> list[str]:
+        return [event["event"] for event, _ in self.accepted]
+
+    async def wait_for(self, condition: Callable[[], bool], what: str, timeout: float = 60) -> None:
+        async def loop() -> None:
+            while not condition():
+                self.changed.clear()
+                await self.changed.wait()
+        try:
+            await asyncio.wait_for(loop(), timeout)
+        except TimeoutError:
+            raise AssertionError(f"no {what}; received {self.names()}") from None
+
+
+@contextlib.asynccontextmanager
+async def serve(handler: Any) -> AsyncIterator[str]:
+    app = web.Application()
+    app.router.add_post("/hook", handler)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield f"http://127.0.0.1:{port}/hook"
+    finally:
+        await runner.cleanup()
+
+
+def appliance_config(tmp_path: Path, *hooks: WebhookConfig) -> Config:
+    return dataclasses.replace(
+        Config(),
+        camera=CameraConfig(source="synthetic", width=320, height=240, keyframe_interval=30),
+        http=HttpConfig(listen=HostPort("127.0.0.1", free_port())),
+        webrtc=WebRtcConfig(listen=HostPort("127.0.0.1", 0), advertise=("127.0.0.1",)),
+        state=StateConfig(dir=str(tmp_path / "state")),
+        webhook=hooks,
+    )
+
+
+@contextlib.asynccontextmanager
+async def running(config: Config) -> AsyncIterator[Appliance]:
+    appliance = Appliance(config)
+    try:
+        await appliance.start()
+        yield appliance
+    finally:
+        await appliance.stop()
+
+
+async def test_events_arrive_signed_after_retries(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(aioice.ice, "get_host_addresses", lambda use_ipv4, use_ipv6: ["127.0.0.1"])
+    receiver = Receiver(fail_first=1)
+    async with serve(receiver.handle) as url:
+        hook = WebhookConfig(url=url, secret=SECRET, retries=3, retry_delay_s=0.05)
+        config = appliance_config(tmp_path, hook)
+        async with running(config) as appliance, aiohttp.ClientSession() as http:
+            base = f"http://127.0.0.1:{config.http.listen.port}"
+            # A real WHEP viewer joins and leaves.
+            viewer = Viewer()
+            try:
+                async with http.post(f"{base}/whep", data=await viewer.offer(),
+                                     headers={"Content-Type": "application/sdp"}) as resp:
+                    assert resp.status == 201, await resp.text()
+                    location = resp.headers["Location"]
+                    await viewer.accept(await resp.text())
+                await receiver.wait_for(lambda: "viewer_joined" in receiver.names(), "join")
+                async with http.delete(base + location) as resp:
+                    assert resp.status == 200
+                await receiver.wait_for(lambda: "viewer_left" in receiver.names(), "leave")
+            finally:
+                await viewer.close()
+            # The camera stops and comes back.
+            await appliance.capture.stop()
+            await receiver.wait_for(lambda: "camera_stalled" in receiver.names(), "stall")
+            await appliance.capture.start()
+            await receiver.wait_for(lambda: "camera_recovered" in receiver.names(), "recovery")
+            # A recording starts (as the API or the MQTT button would start it).
+            appliance.recorder.begin()
+            await receiver.wait_for(lambda: "recording_started" in receiver.names(), "record")
+
+            by_name = {event["event"]: event for event, _ in receiver.accepted}
+            assert by_name["viewer_joined"]["viewers"] == 1
+            assert by_name["viewer_left"]["viewers"] == 0
+            assert by_name["viewer_left"]["reason"] == "delete"
+            assert len(by_name["viewer_joined"]["session"]) == 8  # never the full session id
+            assert by_name["camera_stalled"]["source"] == "synthetic"
+            assert all(signed for _, signed in receiver.accepted)
+            # Every delivery failed once and was retried once.
+            assert all(n == 2 for n in receiver.attempts.values()), receiver.attempts
+            stats = appliance.webhooks[0].stats()
+            assert stats["retries"] >= len(receiver.accepted) and stats["dropped"] == 0
+            assert stats["sent"] == len(receiver.accepted)
+
+
+async def test_dead_receiver_neither_slows_the_stream_nor_grows_the_queue(
+        tmp_path: Path) -> None:
+    # A receiver that accepts TCP connections (the kernel's backlog) and never answers.
+    with socket.socket() as dead:
+        dead.bind(("127.0.0.1", 0))
+        dead.listen(128)
+        url = f"http://127.0.0.1:{dead.getsockname()[1]}/hook"
+        hook = WebhookConfig(url=url, queue_size=10, timeout_s=30, retries=5)
+        async with running(appliance_config(tmp_path, hook)) as appliance:
+            reader = appliance.capture.ring.reader("next")
+            sender = appliance.webhooks[0]
+            published = 5000
+            for i in range(published):
+                appliance.events.publish("viewer_joined", session=f"{i:08d}", viewers=1)
+            # The stream goes on: consecutive frames, none skipped, reader never lapped.
+            views = [await asyncio.wait_for(reader.next(), 10) for _ in range(30)]
+            seqs = [v.seq for v in views]
+            assert seqs == list(range(seqs[0], seqs[0] + 30)) and reader.overruns == 0
+            stats = sender.stats()
+            # The queue held ten at the end of the burst, everything older was dropped and
+            # counted; since then the worker took one and is stuck on it.
+            assert stats["dropped"] == published - 10
+            assert stats["queued"] == 9
+            assert stats["sent"] == 0
+            reader.close()
