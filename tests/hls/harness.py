@@ -18,6 +18,7 @@ import contextlib
 import datetime as dt
 import os
 import re
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -107,6 +108,7 @@ class LlHlsClient:
                 body = await response.read()
                 if response.status != 200:
                     self._error(f"{response.status} {url.rsplit('/', 1)[-1][:40]}")
+                    await asyncio.sleep(0.2)  # a player backs off before retrying
                     return None
                 self.stats.bytes += len(body)
                 return body
@@ -208,6 +210,8 @@ def nginx_config(board_port: int, listen_port: int, prefix: Path, token: str) ->
     recipe = recipe.replace("/var/cache/nginx/ruseon", str(prefix / "cache"))
     if token:
         recipe = recipe.replace("CHANGE-ME", token)
+    else:  # no token on the board: the recipe's auth check goes, as its comment says
+        recipe = re.sub(r"\n\s*if \(\$ruseon_denied\) \{.*?\n\s*\}", "", recipe, flags=re.S)
     return f"""worker_processes 1;
 daemon off;
 pid {prefix}/nginx.pid;
@@ -225,6 +229,17 @@ http {{
 """
 
 
+def _wait_listening(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 30) -> None:
+    """Return once something accepts connections on 127.0.0.1:``port`` (nginx is up)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+            return
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"nginx did not start listening on {port}")
+        time.sleep(0.05)
+
+
 @contextlib.contextmanager
 def running_nginx(nginx: str, board_port: int, listen_port: int, prefix: Path,
                   token: str = "") -> Iterator[Nginx]:
@@ -239,6 +254,7 @@ def running_nginx(nginx: str, board_port: int, listen_port: int, prefix: Path,
     proc = subprocess.Popen([nginx, "-p", str(prefix), "-c", str(conf)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
+        _wait_listening(listen_port, proc)
         yield Nginx(listen_port, proc, prefix)
     finally:
         proc.terminate()
