@@ -63,6 +63,8 @@ RESUME_AFTER_S = 0.3
 # Queued frames (seconds' worth) beyond which the relay skips to the next keyframe.
 MAX_BACKLOG_S = 0.5
 SEND_BUFFER_BYTES = 1 << 20
+# How often a target name that did not resolve is tried again.
+RESOLVE_RETRY_S = 5.0
 
 IP_RECVERR = getattr(socket, "IP_RECVERR", 11)
 IPV6_RECVERR = getattr(socket, "IPV6_RECVERR", 25)
@@ -97,6 +99,7 @@ class RtpRelay:
         self.cursor: ViewerCursor[PacketizedFrame] | None = None
         self._sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._resolver: asyncio.Task[None] | None = None
         self.target: tuple[str, int] = (config.target.host, config.target.port)
         self.rtcp_target: tuple[str, int] | None = None
         self.ssrc = random.randrange(1, 1 << 32)
@@ -116,7 +119,8 @@ class RtpRelay:
         self._last_ts = 0
         self._last_send_monotonic = 0.0
         self._next_sr = 0.0
-        # Reachability: "starting", "sending", "unreachable", "stopped".
+        # "starting", "unresolved" (name not resolving yet), "sending", "unreachable" (ICMP
+        # errors: media paused, probing), "stopped".
         self.state = "starting"
         self._refused_at = 0.0
         self._probe_at = 0.0
@@ -145,15 +149,51 @@ class RtpRelay:
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Resolve the target, open and bind the socket, join the fan-out."""
-        loop = asyncio.get_running_loop()
-        self._loop = loop
+        """Resolve the target, open and bind the socket, join the fan-out.
+
+        A target name that does not resolve yet (DNS not up at boot) does not stop the
+        appliance: the relay says so once and tries again every :data:`RESOLVE_RETRY_S`.
+        A local address that cannot be bound is a configuration error and raises ``OSError``.
+        """
+        self._loop = asyncio.get_running_loop()
+        try:
+            family, address = await self._resolve()
+        except OSError as exc:
+            self.state = "unresolved"
+            logger.warning("relay %s: cannot resolve %s (%s); retrying every %.0f s",
+                           self.name, self.target[0], exc, RESOLVE_RETRY_S)
+            self._resolver = self._loop.create_task(self._resolve_later())
+            return
+        self._open(family, address)
+
+    async def _resolve(self) -> tuple[int, tuple[str, int]]:
+        assert self._loop is not None
         host, port = self.target
-        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
+        infos = await self._loop.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
         if not infos:
-            raise OSError(f"relay {self.name}: cannot resolve {host}")
+            raise OSError(f"no address for {host}")
         family, _, _, _, address = infos[0]
-        self.target = (str(address[0]), int(address[1]))
+        return family, (str(address[0]), int(address[1]))
+
+    async def _resolve_later(self) -> None:
+        while self.state == "unresolved":
+            await asyncio.sleep(RESOLVE_RETRY_S)
+            try:
+                family, address = await self._resolve()
+            except OSError:
+                continue
+            if self.state != "unresolved":
+                return
+            try:
+                self._open(family, address)
+            except OSError as exc:
+                self.errors["send"] += 1
+                logger.error("relay %s: cannot open its socket: %s", self.name, exc)
+                return
+
+    def _open(self, family: int, address: tuple[str, int]) -> None:
+        assert self._loop is not None
+        self.target = address
         if self.config.rtcp_port:
             self.rtcp_target = (self.target[0], self.config.rtcp_port)
         sock = socket.socket(family, socket.SOCK_DGRAM)
@@ -175,7 +215,7 @@ class RtpRelay:
             sock.close()
             raise
         self._sock = sock
-        loop.add_reader(sock.fileno(), self._on_readable)
+        self._loop.add_reader(sock.fileno(), self._on_readable)
         catch_up, gop = self._cursor_settings
         self.cursor = ViewerCursor(self._feed, self._fanout.take,
                                    frame_interval=self._frame_interval,
@@ -192,6 +232,9 @@ class RtpRelay:
         if self.state == "stopped":
             return
         self.state = "stopped"
+        if self._resolver is not None:
+            self._resolver.cancel()
+            self._resolver = None
         self._fanout.remove_consumer(self)
         if self.cursor is not None:
             self.cursor.close()

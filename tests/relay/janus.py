@@ -32,6 +32,7 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from ruseon_appliance.capture.stamp import read_stamp
+from ruseon_appliance.engine import aiortc_internals
 from tests.e2e.browser_netns import NETNS_ENV, VETH
 from tests.tooling import free_port, require_root, require_tool
 
@@ -238,6 +239,9 @@ class JanusViewer:
         RTCConfiguration(iceServers=[])))
     stamps: list[tuple[int, int]] = field(default_factory=list)
     decoded: int = 0
+    # False: count the RTP packets and drop them (benchmarks: cheap viewers, no decoding).
+    decode: bool = True
+    packets: int = 0
     session: int = 0
     _task: asyncio.Task[None] | None = None
     _keepalive: asyncio.Task[None] | None = None
@@ -257,11 +261,14 @@ class JanusViewer:
                                                                  type="offer"))
         answer = await self.pc.createAnswer()
         await self.pc.setLocalDescription(answer)
+        if not self.decode:
+            aiortc_internals.discard_received_rtp(self.pc, self._count)
         await asyncio.to_thread(janus.post, f"/{self.session}/{handle}", {
             "janus": "message", "body": {"request": "start"},
             "jsep": {"type": "answer", "sdp": self.pc.localDescription.sdp}})
         track = await asyncio.wait_for(tracks.get(), 10)
-        self._task = asyncio.create_task(self._decode(track))
+        if self.decode:
+            self._task = asyncio.create_task(self._decode(track))
         self._keepalive = asyncio.create_task(self._keep_alive())
 
     async def _wait_for_jsep(self) -> dict[str, Any]:
@@ -271,6 +278,9 @@ class JanusViewer:
                     jsep: dict[str, Any] = event["jsep"]
                     return jsep
         raise AssertionError("janus sent no offer")
+
+    def _count(self, size: int) -> None:
+        self.packets += 1
 
     async def _keep_alive(self) -> None:
         with contextlib.suppress(Exception):

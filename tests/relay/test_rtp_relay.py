@@ -273,3 +273,31 @@ async def test_appliance_serves_the_relay_sdp_status_and_metrics(tmp_path: Path)
             assert 'ruseon_relay_errors_total{relay="lan",kind="unreachable"}' in metrics
     finally:
         await appliance.stop()
+
+
+async def test_a_target_name_that_does_not_resolve_yet_is_retried(
+        live_camera: tuple[CapturePipeline, Fanout], monkeypatch: pytest.MonkeyPatch) -> None:
+    """DNS not up at boot: the relay waits (state unresolved) instead of stopping start-up."""
+    capture, fanout = live_camera
+    receiver = RtpReceiver()
+    receiver.start()
+    relay = make_relay(relay_config(receiver.port), capture, fanout)
+    real_resolve = relay._resolve
+    failures = iter([OSError("Temporary failure in name resolution")] * 2)
+
+    async def flaky_resolve() -> tuple[int, tuple[str, int]]:
+        failure = next(failures, None)
+        if failure is not None:
+            raise failure
+        return await real_resolve()
+
+    monkeypatch.setattr(relay, "_resolve", flaky_resolve)
+    monkeypatch.setattr("ruseon_appliance.relay.rtp_relay.RESOLVE_RETRY_S", 0.1)
+    await relay.start()
+    try:
+        assert relay.stats()["state"] == "unresolved" and relay.local_port == 0
+        await wait_for(lambda: receiver.decoded >= 5, what="decoding once resolved")
+        assert relay.state == "sending"
+    finally:
+        relay.stop()
+        receiver.close()
