@@ -18,6 +18,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from .capture.controls import CameraControls
 from .capture.pipeline import CapturePipeline
 from .capture.sources.base import SourceUnavailable
 from .config import Config
@@ -30,6 +31,7 @@ from .recording import Recorder, RecorderSettings
 from .relay import RtpRelay
 from .systemd_integration import SystemdNotifier, frames_flowing
 from .web.app import DEVICE_API, make_app
+from .web.controls import ControlsResource
 from .web.snapshot import KeyframeSnapshot
 from .webhooks import WebhookSender
 
@@ -72,6 +74,11 @@ class Appliance:
             self.events, lambda: self.recorder.active, lambda: self.recorder.state)
         self.webhooks = [WebhookSender(hook) for hook in config.webhook]
         self.mqtt: HomeAssistantMqtt | None = None
+        # Live camera controls; the config's [camera] values are the defaults.
+        self.controls = CameraControls(self.capture.source, config.camera,
+                                       Path(config.state.dir))
+        self.controls.on_change = lambda changed, restarted: self.events.publish(
+            "controls_changed", controls=changed, restarted=restarted)
 
     async def start(self) -> None:
         """Start everything; returns once the appliance serves video."""
@@ -80,6 +87,7 @@ class Appliance:
         state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         passed = self.notifier.passed_sockets()
 
+        await self.controls.restore()
         await self.capture.start()
         self.engine = Engine(
             config.webrtc,
@@ -109,6 +117,7 @@ class Appliance:
         app = make_app(config, self.engine, self.capture, started=self.started,
                        relays=self.relays, hls=self.hls, recorder=self.recorder)
         app[DEVICE_API].status_sections["integrations"] = self._integrations_status
+        ControlsResource(self.controls).add_routes(app)
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
         await self._runner.setup()
         tls = self._tls_context()

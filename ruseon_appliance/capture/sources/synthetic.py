@@ -10,6 +10,7 @@ can be measured end to end. Encoding runs on a worker thread; frames go to the l
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 import time
@@ -22,6 +23,7 @@ from av.video.frame import PictureType
 
 from ...config import CameraConfig
 from ..access_unit import VIDEO_CLOCK_RATE, AccessUnit
+from ..controls import camera_with
 from ..stamp import draw_stamp
 from .base import Deliver
 
@@ -30,6 +32,22 @@ log = logging.getLogger(__name__)
 # x264's profile is only a ceiling: ultrafast turns CABAC and 8x8 transforms off, which makes
 # every stream Constrained Baseline. Switch on the tools that make each profile what it says.
 X264_PROFILE_TOOLS = {"baseline": "", "main": "cabac=1:", "high": "cabac=1:8x8dct=1:"}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PictureControls:
+    """What the synthetic "ISP" does to the picture (picamera2's ranges and neutral values)."""
+
+    brightness: float = 0.0
+    contrast: float = 1.0
+    saturation: float = 1.0
+    hflip: bool = False
+    vflip: bool = False
+
+    @property
+    def neutral_tone(self) -> bool:
+        """Brightness and contrast leave the scene as drawn."""
+        return self.brightness == 0.0 and self.contrast == 1.0
 
 
 class MovingPicture:
@@ -46,8 +64,14 @@ class MovingPicture:
         self._buffer: np.ndarray[Any, Any] = np.empty((height * 3 // 2, width), dtype=np.uint8)
         self._buffer[height:] = 128  # neutral chroma
 
-    def render(self, frame_number: int, capture_time_us: int) -> av.VideoFrame:
-        """Return a yuv420p frame for ``frame_number`` stamped with ``capture_time_us``."""
+    def render(self, frame_number: int, capture_time_us: int,
+               controls: PictureControls = PictureControls()) -> av.VideoFrame:
+        """Return a yuv420p frame for ``frame_number`` stamped with ``capture_time_us``.
+
+        Brightness, contrast and saturation change the scene but not the stamp (an overlay
+        burned in after the ISP, so latency stays measurable whatever the tuning); the flips
+        turn the whole picture, stamp included, as a sensor's readout order would.
+        """
         w, h = self.width, self.height
         tex_w = self._texture.shape[1] // 2
         shift = (frame_number * 2) % tex_w
@@ -55,9 +79,19 @@ class MovingPicture:
         luma[:] = self._texture[:h, shift : shift + w]
         bar = (frame_number * 4) % w
         luma[:, bar : bar + max(2, w // 40)] = 235
-        # Chroma drifts slowly so colour changes are visible too.
-        self._buffer[h : h + h // 4] = 128 + int(40 * np.sin(frame_number / 50))
+        if not controls.neutral_tone:
+            scene = (luma.astype(np.float32) - 128.0) * controls.contrast
+            scene += 128.0 + controls.brightness * 110.0
+            luma[:] = np.clip(scene, 16, 235).astype(np.uint8)
+        # Chroma drifts slowly so colour changes are visible too; it is uniform, so the flips
+        # below need not touch it.
+        chroma = 40 * np.sin(frame_number / 50) * controls.saturation
+        self._buffer[h : h + h // 4] = int(np.clip(128 + chroma, 16, 240))
         draw_stamp(luma, capture_time_us, frame_number)
+        if controls.hflip:
+            luma[:] = luma[:, ::-1]
+        if controls.vflip:
+            luma[:] = luma[::-1]
         return av.VideoFrame.from_ndarray(self._buffer, format="yuv420p")
 
 
@@ -65,9 +99,19 @@ class SyntheticSource:
     """Test camera: PyAV + libx264, ``tune=zerolatency``, paced at the configured frame rate."""
 
     kind = "synthetic"
+    # Live camera controls (capture/controls.py): True applies at the next frame, False
+    # restarts the encoder (the ring, and so every viewer, carries on; the new stream starts
+    # with an IDR and its timestamps continue where the old one stopped).
+    controls = {"brightness": True, "contrast": True, "saturation": True, "hflip": True,
+                "vflip": True, "bitrate": False, "framerate": False, "resolution": False}
 
     def __init__(self, camera: CameraConfig, *, threads: int = 1) -> None:
         self._camera = camera
+        self._configured = camera
+        self._picture = PictureControls(hflip=camera.hflip, vflip=camera.vflip)
+        self._deliver: Deliver | None = None
+        self._pts_offset = 0
+        self._pts_next = 0
         self._threads = threads
         self._stop = threading.Event()
         self._force_idr = False
@@ -110,6 +154,8 @@ class SyntheticSource:
             return
         loop = asyncio.get_running_loop()
         encoder = await asyncio.to_thread(self._encoder)
+        self._deliver = deliver
+        self._pts_offset = self._pts_next
         self._stop.clear()
         self._thread = threading.Thread(
             target=self._run, args=(loop, deliver, encoder), name="synthetic-camera", daemon=True
@@ -123,6 +169,28 @@ class SyntheticSource:
             return
         self._stop.set()
         await asyncio.to_thread(thread.join)
+
+    async def apply_controls(self, values: Any) -> bool:
+        """Picture controls at the next frame; bitrate, frame rate and size restart the encoder
+        (True) when running."""
+        self._picture = PictureControls(
+            brightness=float(values.get("brightness", 0.0)),
+            contrast=float(values.get("contrast", 1.0)),
+            saturation=float(values.get("saturation", 1.0)),
+            hflip=bool(values.get("hflip", self._configured.hflip)),
+            vflip=bool(values.get("vflip", self._configured.vflip)),
+        )
+        camera = camera_with(self._configured, {k: v for k, v in values.items()
+                                                 if k in ("bitrate", "framerate", "resolution")})
+        if camera == self._camera:
+            return False
+        self._camera = camera
+        deliver = self._deliver
+        if self._thread is None or deliver is None:
+            return False
+        await self.stop()
+        await self.start(deliver)
+        return True
 
     def request_keyframe(self) -> None:
         """Make the next encoded picture an IDR."""
@@ -155,19 +223,16 @@ class SyntheticSource:
                     self.frames_late += missed
                     index += missed
                 capture_us = time.time_ns() // 1000
-                frame = pattern.render(index, capture_us)
+                frame = pattern.render(index, capture_us, self._picture)
                 frame.pts = index
                 if self._force_idr:
                     self._force_idr = False
                     frame.pict_type = PictureType.I
                     self.keyframes_forced += 1
                 for packet in encoder.encode(frame):
-                    au = AccessUnit(
-                        bytes(packet),
-                        packet.pts * VIDEO_CLOCK_RATE // cam.framerate,
-                        bool(packet.is_keyframe),
-                        capture_us,
-                    )
+                    pts = self._pts_offset + packet.pts * VIDEO_CLOCK_RATE // cam.framerate
+                    self._pts_next = pts + VIDEO_CLOCK_RATE // cam.framerate
+                    au = AccessUnit(bytes(packet), pts, bool(packet.is_keyframe), capture_us)
                     self.frames_encoded += 1
                     try:
                         loop.call_soon_threadsafe(deliver, au)

@@ -1,0 +1,60 @@
+"""``GET`` / ``PATCH /api/camera/controls``: the camera's live controls over HTTP.
+
+``GET`` answers each control's value, type, range, default and whether it applies live or
+restarts the source; ``PATCH`` takes a JSON object of ``{control: value}`` (``null`` = back to
+the config's value) and answers the new state. Every change is checked before any is applied:
+an unknown control, one the source lacks or a value out of range is a 422 naming the control and
+what is allowed, and nothing changes. Both need the Bearer token when auth is on (like all of
+``/api``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from aiohttp import web
+
+from ruseon_appliance.capture.controls import CameraControls, ControlError
+from ruseon_appliance.web.problem import Problem
+
+PATH = "/api/camera/controls"
+
+
+class ControlsResource:
+    """The HTTP face of :class:`CameraControls`."""
+
+    def __init__(self, controls: CameraControls) -> None:
+        self.controls = controls
+        # One change at a time: a restart-requiring change takes a moment.
+        self._lock = asyncio.Lock()
+
+    def add_routes(self, app: web.Application) -> None:
+        """Register GET (and HEAD) and PATCH."""
+        app.router.add_get(PATH, self.get)
+        app.router.add_patch(PATH, self.patch)
+
+    async def get(self, request: web.Request) -> web.Response:
+        """Current values, ranges, and live / restart per control."""
+        return web.json_response(self.controls.describe(),
+                                 headers={"Cache-Control": "no-store"})
+
+    async def patch(self, request: web.Request) -> web.Response:
+        """Apply ``{control: value}``; answers the new state and ``restarted``."""
+        if request.content_type not in ("application/json", "application/merge-patch+json"):
+            raise Problem(415, "PATCH takes application/json: an object of {control: value}")
+        try:
+            changes: Any = json.loads(await request.read())
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise Problem(400, f"the body is not valid JSON: {exc}") from None
+        if not isinstance(changes, dict) or not changes:
+            raise Problem(422, 'expected a non-empty JSON object of {control: value}, e.g. '
+                               '{"brightness": 0.2}')
+        async with self._lock:
+            try:
+                restarted = await self.controls.update(changes)
+            except ControlError as exc:
+                raise Problem(422, str(exc)) from None
+        return web.json_response({**self.controls.describe(), "restarted": restarted},
+                                 headers={"Cache-Control": "no-store"})

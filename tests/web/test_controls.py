@@ -1,0 +1,219 @@
+"""Live camera controls on the real appliance (composition root in-process, synthetic camera):
+the decoded picture changes as asked, bad input is a 422 naming the control and its range, the
+token is required, a restart-requiring control keeps a real aiortc viewer playing, and the values
+survive a restart while the config stays the default."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import av
+import numpy as np
+import pytest
+
+from ruseon_appliance.app import Appliance
+from ruseon_appliance.capture.controls import CONTROLS_FILE
+from ruseon_appliance.capture.stamp import read_stamp
+from ruseon_appliance.config import (
+    AuthConfig,
+    CameraConfig,
+    Config,
+    HostPort,
+    HttpConfig,
+    StateConfig,
+    WebRtcConfig,
+)
+from tests.tooling import free_port
+from tests.web.conftest import Viewer
+
+TOKEN = "controls-test-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+ORIENTATIONS = {
+    "upright": lambda y: y,
+    "hflip": lambda y: y[:, ::-1],
+    "vflip": lambda y: y[::-1],
+    "both": lambda y: y[::-1, ::-1],
+}
+
+
+def config_for(tmp_path: Path) -> Config:
+    return dataclasses.replace(
+        Config(),
+        camera=CameraConfig(source="synthetic", width=320, height=240, keyframe_interval=30),
+        http=HttpConfig(listen=HostPort("127.0.0.1", free_port())),
+        webrtc=WebRtcConfig(listen=HostPort("127.0.0.1", 0), advertise=("127.0.0.1",)),
+        auth=AuthConfig(token=TOKEN),
+        state=StateConfig(dir=str(tmp_path / "state")),
+    )
+
+
+@contextlib.asynccontextmanager
+async def appliance_at(config: Config) -> AsyncIterator[tuple[Appliance, aiohttp.ClientSession,
+                                                              str]]:
+    appliance = Appliance(config)
+    try:
+        await appliance.start()
+        async with aiohttp.ClientSession() as http:
+            yield appliance, http, f"http://127.0.0.1:{config.http.listen.port}/api/camera/controls"
+    finally:
+        await appliance.stop()
+
+
+async def patch(http: aiohttp.ClientSession, url: str, body: Any, *,
+                status: int = 200) -> dict[str, Any]:
+    async with http.patch(url, json=body, headers=AUTH) as resp:
+        data: dict[str, Any] = await resp.json(content_type=None)
+        assert resp.status == status, data
+        return data
+
+
+def orientation(luma: np.ndarray[Any, Any]) -> tuple[str, int] | None:
+    """Which way the stamp reads, and its capture time."""
+    for name, turn in ORIENTATIONS.items():
+        stamp = read_stamp(np.ascontiguousarray(turn(luma)))
+        if stamp is not None:
+            return name, stamp[0]
+    return None
+
+
+async def pictures_after(appliance: Appliance, since_us: int, count: int = 5
+                         ) -> list[tuple[str, float]]:
+    """Decode the ring from a keyframe; ``(stamp orientation, mean luma)`` of ``count`` pictures
+    captured after ``since_us``."""
+    appliance.capture.request_keyframe("test")
+    reader = appliance.capture.ring.reader("keyframe")
+    decoder = av.CodecContext.create("h264", "r")
+    out: list[tuple[str, float]] = []
+    try:
+        while len(out) < count:
+            view = await reader.next()
+            for frame in decoder.decode(av.Packet(bytes(view.data))):
+                luma = frame.to_ndarray(format="gray")
+                found = orientation(luma)
+                assert found is not None, "no stamp in any orientation"
+                if found[1] > since_us:
+                    out.append((found[0], float(luma.mean())))
+    finally:
+        reader.close()
+    return out
+
+
+def now_us() -> int:
+    return time.time_ns() // 1000
+
+
+async def test_picture_follows_the_controls_and_survives_a_restart(tmp_path: Path) -> None:
+    config = config_for(tmp_path)
+    async with appliance_at(config) as (appliance, http, url):
+        # The token is required for both methods.
+        async with http.get(url) as resp:
+            assert resp.status == 401
+        async with http.patch(url, json={"brightness": 0.5}) as resp:
+            assert resp.status == 401
+        async with http.get(url, headers=AUTH) as resp:
+            described = await resp.json()
+        controls = described["controls"]
+        assert controls["brightness"] == {"value": 0.0, "live": True, "type": "float",
+                                          "default": 0.0, "min": -1.0, "max": 1.0}
+        assert controls["framerate"]["live"] is False
+        assert "sharpness" in described["unsupported"]
+
+        baseline = await pictures_after(appliance, now_us())
+        assert {o for o, _ in baseline} == {"upright"}
+        base_luma = np.mean([m for _, m in baseline])
+
+        await patch(http, url, {"brightness": 0.5})
+        brighter = np.mean([m for _, m in await pictures_after(appliance, now_us())])
+        await patch(http, url, {"brightness": -0.5, "contrast": 0.8})
+        darker = np.mean([m for _, m in await pictures_after(appliance, now_us())])
+        assert brighter > base_luma + 20 and darker < base_luma - 20, (base_luma, brighter,
+                                                                       darker)
+
+        await patch(http, url, {"hflip": True})
+        assert {o for o, _ in await pictures_after(appliance, now_us())} == {"hflip"}
+        await patch(http, url, {"vflip": True})
+        assert {o for o, _ in await pictures_after(appliance, now_us())} == {"both"}
+        await patch(http, url, {"hflip": None})  # back to the config's value
+        assert {o for o, _ in await pictures_after(appliance, now_us())} == {"vflip"}
+
+    saved = Path(config.state.dir) / CONTROLS_FILE
+    assert saved.stat().st_mode & 0o777 == 0o600
+    async with appliance_at(config) as (appliance, http, url):
+        async with http.get(url, headers=AUTH) as resp:
+            controls = (await resp.json())["controls"]
+        assert controls["brightness"]["value"] == -0.5
+        assert controls["brightness"]["default"] == 0.0  # the config stays the default
+        assert controls["vflip"]["value"] is True and controls["hflip"]["value"] is False
+        assert {o for o, _ in await pictures_after(appliance, now_us())} == {"vflip"}
+
+
+@pytest.mark.parametrize(("body", "status", "words"), [
+    ({"brightness": 3}, 422, ["brightness", "-1 to 1"]),
+    ({"framerate": 0}, 422, ["framerate", "1 to 120 fps"]),
+    ({"framerate": 2.5}, 422, ["framerate", "1 to 120"]),
+    ({"hflip": "yes"}, 422, ["hflip", "true or false"]),
+    ({"awb": "sunny"}, 422, ["has no awb"]),
+    ({"sharpness": 2}, 422, ["synthetic source has no sharpness"]),
+    ({"zoom": 2}, 422, ["unknown control 'zoom'", "brightness"]),
+    ({"resolution": "999x1"}, 422, ["resolution", "1280x720"]),
+    ({"brightness": 0.2, "zoom": 1}, 422, ["zoom"]),
+    ({}, 422, ["non-empty JSON object"]),
+    ([1, 2], 422, ["JSON object"]),
+    ("not json", 400, ["not valid JSON"]),
+])
+async def test_bad_changes_are_422_and_change_nothing(tmp_path: Path, body: Any, status: int,
+                                                      words: list[str]) -> None:
+    async with appliance_at(config_for(tmp_path)) as (appliance, http, url):
+        if body == "not json":
+            async with http.patch(url, data=b"{nope", headers={
+                    **AUTH, "Content-Type": "application/json"}) as resp:
+                data = await resp.json(content_type=None)
+                assert resp.status == status
+        else:
+            data = await patch(http, url, body, status=status)
+        for word in words:
+            assert word in data["detail"], data
+        assert appliance.controls.values["brightness"] == 0.0
+        assert not (Path(appliance.config.state.dir) / CONTROLS_FILE).exists()
+
+
+async def test_restart_requiring_control_keeps_the_viewer_playing(tmp_path: Path) -> None:
+    async with appliance_at(config_for(tmp_path)) as (appliance, http, url):
+        assert appliance.engine is not None
+        viewer = Viewer()
+        try:
+            whep = url.replace("/api/camera/controls", "/whep")
+            async with http.post(whep, data=await viewer.offer(), headers={
+                    **AUTH, "Content-Type": "application/sdp"}) as resp:
+                assert resp.status == 201
+                await viewer.accept(await resp.text())
+            track = await viewer.track
+
+            async def stamped_frames_after(since_us: int, count: int) -> list[int]:
+                """Frame numbers of ``count`` decoded pictures captured after ``since_us``."""
+                numbers: list[int] = []
+                while len(numbers) < count:
+                    frame = await track.recv()
+                    stamp = read_stamp(frame)
+                    if stamp is not None and stamp[0] > since_us:
+                        numbers.append(stamp[1])
+                return numbers
+
+            before = await stamped_frames_after(0, 40)
+            session_ids = set(appliance.engine.sessions)
+            data = await patch(http, url, {"framerate": 15, "bitrate": 500_000})
+            assert data["restarted"] is True
+            # The same session goes on decoding pictures, and they come from the restarted
+            # encoder (its frame numbers start again from 0).
+            after = await stamped_frames_after(now_us(), 20)
+            assert after[0] < before[-1] and after == sorted(after), (before, after)
+            assert set(appliance.engine.sessions) == session_ids
+            assert viewer.pc.connectionState == "connected"
+        finally:
+            await viewer.close()
