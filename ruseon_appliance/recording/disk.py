@@ -114,6 +114,15 @@ def free_bytes(directory: Path) -> int | None:
     return st.f_bavail * st.f_frsize
 
 
+def disk_size(directory: Path) -> int:
+    """Total bytes of the file system of ``directory`` (0 if unknown)."""
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return 0
+    return st.f_blocks * st.f_frsize
+
+
 def writable(directory: Path, probe_bytes: int) -> bool:
     """Whether ``probe_bytes`` can be written in ``directory`` now (written, then removed)."""
     probe = directory / ".write-probe"

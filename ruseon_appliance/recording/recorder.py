@@ -24,7 +24,7 @@ from typing import Any
 from ..capture.ring import RingBuffer, RingReader
 from ..segmenter import Fmp4Segmenter, Fragment, run_segmenter
 from .archive import OPEN_SUFFIX, SEGMENT_SUFFIX, Archive, Segment, rfc3339, segment_name
-from .disk import SegmentFile, classify, free_bytes, unlink_all, writable
+from .disk import SegmentFile, classify, disk_size, free_bytes, unlink_all, writable
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +35,12 @@ FLUSH_INTERVAL_S = 2.0
 FRAGMENT_S = 1.0
 HOUSEKEEPING_INTERVAL_S = 1.0
 RETENTION_INTERVAL_S = 10.0
-# While stopped by a disk error: how often to try again, and what must fit before resuming.
+# While stopped by a disk error: how often to try again, and how much must be free before
+# resuming (5 % of the file system, at least 512 KiB, at most 64 MiB), so it does not flap.
 RESUME_CHECK_S = 3.0
-RESUME_FREE_BYTES = 2 * BATCH_BYTES
+RESUME_MIN_FREE = 512 * 1024
+RESUME_MAX_FREE = 64 * 1024 * 1024
+RESUME_PROBE_BYTES = 64 * 1024
 RATE_WINDOW_S = 10.0
 MAX_PREROLL_S = 60.0
 
@@ -270,11 +273,15 @@ class Recorder:
     def _written(self, cur: _OpenSegment, error: BaseException | None, size: int,
                  ticks: int) -> None:
         if error is not None:
-            if cur is self._current:
-                self._block(error)
-                self._current = None
-                cur.pending.clear()
-                self._close_segment(cur)
+            # Whether or not that segment is still the open one (a batch is often written as
+            # its segment closes), the disk refused data: stop until it takes data again.
+            self._block(error)
+            # Close the open segment (this one, or the next if this one was closing already)
+            # with what it has: it is then a valid, closed segment, not a .part left behind.
+            current, self._current = self._current, None
+            if current is not None:
+                current.pending.clear()
+                self._close_segment(current)
             return
         cur.written_bytes += size
         cur.written_ticks += ticks
@@ -345,9 +352,11 @@ class Recorder:
             if self._blocked is not None and now - self._last_resume_check >= RESUME_CHECK_S:
                 self._last_resume_check = now
                 ok = await loop.run_in_executor(self._disk, writable, self.settings.directory,
-                                                RESUME_FREE_BYTES)
+                                                RESUME_PROBE_BYTES)
                 free = self._disk_free or 0
-                if ok and free >= RESUME_FREE_BYTES and self._blocked is not None:
+                size = await loop.run_in_executor(self._disk, disk_size, self.settings.directory)
+                need = min(RESUME_MAX_FREE, max(RESUME_MIN_FREE, size // 20))
+                if ok and free >= need and self._blocked is not None:
                     log.warning("recording resumed: the disk takes data again",
                                 extra={"EVENT": "recording_resumed"})
                     self._blocked = None
