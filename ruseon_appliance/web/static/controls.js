@@ -1,0 +1,168 @@
+// Camera settings on the device page: a panel built from GET /api/camera/controls (whatever the
+// source has: exposure, gain, white balance, brightness..., flips, bitrate, frame rate, size).
+// A change is PATCHed at once (sliders when released); controls marked "restarts" restart the
+// camera source, which viewers ride through (the picture pauses for a moment). "Reset" sends null,
+// which returns a control to the config file's value. This module owns the Settings button and
+// the panel; index.html only loads it.
+
+const URL = "/api/camera/controls";
+const $ = (id) => document.getElementById(id);
+const settings = { controls: {}, unsupported: [], source: "", error: null, open: false };
+window.ruseonControls = settings; // for diagnostics and the end-to-end tests
+
+function headers(extra = {}) {
+  const p = window.ruseon;
+  const t = p && p.token ? p.token() : "";
+  return t ? { ...extra, Authorization: `Bearer ${t}` } : extra;
+}
+function toast(text) {
+  const el = $("toast");
+  if (!el) return;
+  el.textContent = text;
+  el.classList.add("show");
+  clearTimeout(toast.timer);
+  toast.timer = setTimeout(() => el.classList.remove("show"), 3000);
+}
+const LABELS = {
+  exposure_us: "Exposure", analogue_gain: "Gain", awb: "White balance", brightness: "Brightness",
+  contrast: "Contrast", saturation: "Saturation", sharpness: "Sharpness", hflip: "Mirror",
+  vflip: "Flip vertically", bitrate: "Bitrate", framerate: "Frame rate", resolution: "Resolution",
+};
+
+async function load() {
+  const resp = await fetch(URL, { headers: headers(), cache: "no-store" });
+  if (!resp.ok) throw new Error(resp.status === 401 ? "the access token is needed" : `HTTP ${resp.status}`);
+  const data = await resp.json();
+  settings.controls = data.controls;
+  settings.unsupported = data.unsupported;
+  settings.source = data.source;
+}
+
+async function change(name, value) {
+  const resp = await fetch(URL, {
+    method: "PATCH",
+    headers: headers({ "Content-Type": "application/json" }),
+    body: JSON.stringify({ [name]: value }),
+  });
+  const data = await resp.json().catch(() => ({}));
+  if (!resp.ok) {
+    settings.error = data.detail || `HTTP ${resp.status}`;
+    toast(settings.error);
+  } else {
+    settings.error = null;
+    settings.controls = data.controls;
+    if (data.restarted) toast("Camera restarted with the new setting");
+  }
+  render();
+}
+
+function field(name, spec) {
+  const row = document.createElement("div");
+  row.className = "ctl-row";
+  row.dataset.control = name;
+  const label = document.createElement("label");
+  label.htmlFor = `ctl-${name}`;
+  label.textContent = LABELS[name] || name;
+  if (!spec.live) {
+    const tag = document.createElement("span");
+    tag.className = "ctl-restart";
+    tag.textContent = "restarts";
+    tag.title = "Applying this restarts the camera source";
+    label.append(" ", tag);
+  }
+  let input;
+  if (spec.type === "bool") {
+    input = document.createElement("input");
+    input.type = "checkbox";
+    input.checked = spec.value;
+    input.addEventListener("change", () => change(name, input.checked));
+  } else if (spec.type === "enum") {
+    input = document.createElement("select");
+    for (const choice of spec.choices) input.add(new Option(choice, choice, false, choice === spec.value));
+    input.addEventListener("change", () => change(name, input.value));
+  } else {
+    input = document.createElement("input");
+    const wide = spec.max - spec.min > 1000;
+    input.type = wide ? "number" : "range";
+    input.min = spec.min;
+    input.max = spec.max;
+    input.step = spec.type === "int" ? 1 : (spec.max - spec.min) / 100;
+    input.value = spec.value;
+    const shown = document.createElement("output");
+    shown.textContent = `${spec.value}${spec.unit ? " " + spec.unit : ""}`;
+    input.addEventListener("input", () => { shown.textContent = input.value; });
+    input.addEventListener("change", () => {
+      const v = spec.type === "int" ? Math.round(Number(input.value)) : Number(input.value);
+      change(name, v);
+    });
+    row.append(label, input, shown);
+  }
+  input.id = `ctl-${name}`;
+  if (!row.contains(input)) row.append(label, input, document.createElement("span"));
+  const reset = document.createElement("button");
+  reset.type = "button";
+  reset.className = "ctl-reset";
+  reset.textContent = "Reset";
+  reset.title = `Back to the config's value (${spec.default})`;
+  reset.disabled = spec.value === spec.default;
+  reset.addEventListener("click", () => change(name, null));
+  row.append(reset);
+  return row;
+}
+
+function render() {
+  const body = $("ctl-body");
+  if (!body) return;
+  body.replaceChildren();
+  if (settings.error) {
+    const p = document.createElement("p");
+    p.className = "ctl-error";
+    p.textContent = settings.error;
+    body.append(p);
+  }
+  for (const [name, spec] of Object.entries(settings.controls)) body.append(field(name, spec));
+  if (!Object.keys(settings.controls).length) {
+    const p = document.createElement("p");
+    p.textContent = `The ${settings.source || "camera"} source has no adjustable controls.`;
+    body.append(p);
+  }
+}
+
+async function toggle() {
+  const panel = $("ctl-panel");
+  settings.open = panel.hidden;
+  panel.hidden = !settings.open;
+  $("btn-settings").setAttribute("aria-pressed", String(settings.open));
+  if (!settings.open) return;
+  try {
+    await load();
+    settings.error = null;
+  } catch (err) {
+    settings.error = `Settings unavailable: ${err.message}`;
+  }
+  render();
+}
+
+function install() {
+  const stage = $("stage");
+  const footer = document.querySelector(".bar-bottom");
+  if (!stage || !footer) return;
+  const button = document.createElement("button");
+  button.id = "btn-settings";
+  button.className = "icon-btn";
+  button.type = "button";
+  button.title = "Camera settings";
+  button.setAttribute("aria-pressed", "false");
+  button.innerHTML = '<svg viewBox="0 0 24 24" aria-hidden="true"><path d="M4 6h10M18 6h2M4 12h4M12 12h8M4 18h12M20 18h0"/><circle cx="16" cy="6" r="2"/><circle cx="10" cy="12" r="2"/><circle cx="18" cy="18" r="2"/></svg><span class="label">Settings</span>';
+  footer.insertBefore(button, $("btn-fullscreen"));
+  const panel = document.createElement("section");
+  panel.id = "ctl-panel";
+  panel.className = "ctl-panel";
+  panel.hidden = true;
+  panel.setAttribute("aria-label", "Camera settings");
+  panel.innerHTML = '<h2>Camera</h2><div id="ctl-body"></div>';
+  stage.append(panel);
+  button.addEventListener("click", toggle);
+}
+
+install();
