@@ -162,3 +162,38 @@ def test_page_falls_back_to_hls_when_udp_is_blocked_and_back_after(
         assert stats_rtc["codec"] == "video/H264"
         assert hls_stats(page)["label"] == "WebRTC"
         assert page_stats(page)["framesDecoded"] > 10
+
+
+def test_page_goes_to_hls_at_once_without_h264_for_webrtc_or_on_406(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """A browser whose WebRTC lists no H.264 (Firefox without OpenH264) and a /whep that answers
+    406 both switch to HLS without waiting for the WebRTC timeout."""
+    if not inside_browser_netns():
+        rerun_in_browser_netns(request.node.nodeid)
+        return
+    prepare_namespace()
+    with running_server(tmp_path) as server, chromium() as browser:
+        no_h264 = browser.new_page()
+        no_h264.add_init_script("""(() => {
+          const original = RTCRtpReceiver.getCapabilities.bind(RTCRtpReceiver);
+          RTCRtpReceiver.getCapabilities = (kind) => {
+            const caps = original(kind);
+            if (kind !== 'video' || !caps) return caps;
+            return {...caps, codecs: caps.codecs.filter(
+              (c) => c.mimeType.toLowerCase() !== 'video/h264')};
+          };
+        })();""")
+        no_h264.goto(server.url)
+        stats = assert_plays_hls(no_h264)
+        assert stats["reason"] == "this browser has no H.264 for WebRTC", stats
+        no_h264.close()
+
+        refused = browser.new_page()
+        refused.route("**/whep", lambda route: route.fulfill(
+            status=406, content_type="application/problem+json",
+            body='{"status": 406, "detail": "no common codec"}'))
+        refused.goto(server.url)
+        stats = assert_plays_hls(refused)
+        assert stats["reason"].startswith("the camera refused WebRTC"), stats
+        assert server.status()["viewers"]["count"] == 0

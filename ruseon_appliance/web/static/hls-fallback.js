@@ -113,6 +113,10 @@ function onHlsError(Hls, hls, data) {
     return;
   }
   if (!data.fatal) return;
+  if (status === 404 && data.details === Hls.ErrorDetails.MANIFEST_LOAD_ERROR) {
+    player().setState("error", "This camera does not serve HLS ([hls] enable = false).");
+    return;
+  }
   if (data.type === Hls.ErrorTypes.MEDIA_ERROR) {
     hls.recoverMediaError();
   } else {
@@ -169,6 +173,8 @@ function hlsTick() {
 function watch() {
   const p = player();
   if (!p || state.mode !== "webrtc") return;
+  // Another module (recordings.js) may hand the video back to WebRTC by setting the mode.
+  if ($("transport") && $("transport").dataset.transport !== "webrtc") label("WebRTC");
   if (p.state === "live" || p.state === "auth") {
     state.notLiveSince = performance.now();
     return;
