@@ -175,6 +175,8 @@ async def serve(send_path: str, port: int, max_viewers: int) -> None:
             "rss_kib": rss_kib(),
             "keyframe_skips": sum(s.get("keyframe_skips", 0) for s in sessions),
             "gc_full_collections": gc.get_stats()[2]["collections"],
+            "offers_accepted": engine.offers_accepted,
+            "sessions_ended": dict(engine.sessions_ended),
         })
 
     async def cleanup() -> None:

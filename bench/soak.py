@@ -50,6 +50,8 @@ def checkpoint(server: Server, cycles: int, started: float) -> dict[str, Any]:
            "rss_kib": stats["rss_kib"], "malloc_in_use_kib": stats["malloc_in_use_kib"],
            "python_blocks": stats["python_blocks"], "tasks": stats.get("tasks"),
            "sessions": stats["sessions"], "mux": stats.get("mux"),
+           "offers_accepted": stats.get("offers_accepted"),
+           "sessions_ended": stats.get("sessions_ended"),
            "engine_objects_alive": alive, **process_counts(server.proc.pid)}
     return row
 
@@ -77,7 +79,8 @@ def main() -> None:
             print(f"cycles={done:<6} {r['elapsed_s']:7.0f} s  RSS {r['rss_kib'] / 1024:6.1f} MiB  "
                   f"malloc {r['malloc_in_use_kib'] / 1024:5.1f} MiB  blocks "
                   f"{r['python_blocks']:>8}  fds {r['fds']:>3}  threads {r['threads']:>2}  "
-                  f"tasks {r['tasks']}  sessions {r['sessions']}  mux {r['mux']}  "
+                  f"tasks {r['tasks']}  sessions {r['sessions']}  answered "
+                  f"{r['offers_accepted']}  ended {r['sessions_ended']}  mux {r['mux']}  "
                   f"engine objects alive {r['engine_objects_alive'] or 'none'}", flush=True)
             print(json.dumps(r), flush=True)
     finally:
@@ -94,7 +97,9 @@ def main() -> None:
                    "fds": [warm["fds"], last["fds"]], "threads": [warm["threads"], last["threads"]],
                    "tasks": [warm["tasks"], last["tasks"]],
                    "engine_objects_alive": last["engine_objects_alive"],
-                   "sessions_left": last["sessions"]}
+                   "sessions_left": last["sessions"],
+                   "offers_accepted": last["offers_accepted"],
+                   "sessions_ended": last["sessions_ended"]}
         print(f"soak: {summary['cycles']} cycles in {summary['seconds']:.0f} s; after warm-up "
               f"({warm['cycles']} cycles) RSS {summary['rss_growth_after_warm_mib']:+.2f} MiB, "
               f"malloc {summary['malloc_growth_after_warm_mib']:+.2f} MiB, Python blocks "

@@ -79,7 +79,7 @@ class RigOptions:
     churn_rss_margin_mb: float = 24.0
     recover_timeout_s: float = 90.0
     ssh_service: str = "ruseon"
-    # Most sessions the whep check opens to reach the device's max_viewers for the 503 case.
+    # Most sessions the whep check opens to reach the device's max_viewers (lock-out case).
     whep_fill_limit: int = 32
     # Seconds after the last viewer's planned start before the device's viewer count is compared
     # with the harness's (and only once the workers report every viewer live).

@@ -35,6 +35,8 @@ from ruseon_appliance.capture.stamp import GlassStampReader, read_stamp
 
 # How long a viewer waits for each milestone before it gives up.
 CONNECT_TIMEOUT_S = 20.0
+# POSTs of one offer when the device answers 429 (its pending cap for this address).
+POST_ATTEMPTS = 4
 FIRST_FRAME_TIMEOUT_S = 20.0
 
 
@@ -118,15 +120,24 @@ async def watch(
             headers["Authorization"] = f"Bearer {plan.token}"
         result["post_wall_us"] = time.time_ns() // 1000
         t_post = time.monotonic()
-        async with http.post(
-            plan.device.rstrip("/") + "/whep", data=pc.localDescription.sdp, headers=headers
-        ) as resp:
-            answer = await resp.text()
-            t_answer = time.monotonic()
-            result["post_status"] = resp.status
-            location = resp.headers.get("Location")
-            if resp.status != 201:
-                raise ViewerError(f"POST /whep answered {resp.status}: {answer[:160]}")
+        for attempt in range(POST_ATTEMPTS):
+            async with http.post(
+                plan.device.rstrip("/") + "/whep", data=pc.localDescription.sdp, headers=headers
+            ) as resp:
+                answer = await resp.text()
+                t_answer = time.monotonic()
+                result["post_status"] = resp.status
+                location = resp.headers.get("Location")
+                retry_after = resp.headers.get("Retry-After", "")
+            # 429: this client address already has offers pending (the device caps them per
+            # address); like the device page, come back when Retry-After says.
+            if resp.status == 429 and attempt + 1 < POST_ATTEMPTS:
+                result["post_retries"] = attempt + 1
+                await asyncio.sleep(float(retry_after) if retry_after.isdigit() else 2.0)
+                continue
+            break
+        if result["post_status"] != 201:
+            raise ViewerError(f"POST /whep answered {result['post_status']}: {answer[:160]}")
         result["answer_s"] = t_answer - t_post
         result["fingerprint"] = _fingerprint(answer)
         set_answer(answer)

@@ -113,8 +113,11 @@ class WebRtcConfig:
     # STUN/TURN URLs; none by default, so nothing is contacted unless configured.
     ice_servers: tuple[str, ...] = ()
     max_viewers: int = 50
-    # Seconds a session may take to connect before it is reaped.
-    connect_timeout_s: float = 30.0
+    # Seconds a session may stay pending (answered, not connected) before it is reaped; a
+    # browser on a LAN connects in well under one.
+    connect_timeout_s: float = 10.0
+    # Pending sessions one source address (an IPv6 /64) may hold at once.
+    pending_per_address: int = 2
     # fanout: packetize once, send per viewer; aiortc: stock RTCRtpSender (comparison/fallback).
     send_path: str = "fanout"
 
@@ -612,6 +615,12 @@ def validate(config: Config) -> None:
         "webrtc.connect_timeout_s",
         config.webrtc.connect_timeout_s,
         "more than 0 seconds",
+    )
+    _check(
+        1 <= config.webrtc.pending_per_address <= 10_000,
+        "webrtc.pending_per_address",
+        config.webrtc.pending_per_address,
+        "1 to 10000",
     )
     _check(
         config.webrtc.send_path in ("fanout", "aiortc"),

@@ -37,6 +37,7 @@ from ruseon_appliance.engine.codec_registry import CodecRegistry
 from ruseon_appliance.engine.errors import (
     MalformedOffer,
     OfferError,
+    TooManyPending,
     TooManyViewers,
     UnknownSession,
     UnsupportedOffer,
@@ -52,6 +53,8 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_OFFER_BYTES = 64 * 1024
 # How long an offer may wait for the camera's first SPS before being told to retry.
 STREAM_READY_TIMEOUT_S = 3.0
+# Retry-After for an address at its pending cap.
+PENDING_RETRY_AFTER_S = 2
 # At most one log line per this many seconds for datagrams that raised inside aiortc.
 RECEIVE_ERROR_LOG_INTERVAL_S = 10.0
 
@@ -97,7 +100,9 @@ class Engine:
         self._mux = UdpMux(webrtc.listen, sockets=[udp_socket] if udp_socket else [])
         self._fanout: Fanout | None = None
         self._sessions: dict[str, WhepSession] = {}
+        # Offers being answered (not sessions yet), in all and by source address key.
         self._pending = 0
+        self._answering: Counter[str] = Counter()
         self._listeners: list[SessionListener] = []
         self._advertise: list[str] = []
         self._rtc_configuration = RTCConfiguration(iceServers=[])
@@ -107,6 +112,9 @@ class Engine:
         self.offers_rejected: Counter[str] = Counter()
         self.sessions_ended: Counter[str] = Counter()
         self.keyframe_requests: Counter[str] = Counter()
+        # Why offers found no place, and why pending sessions were closed to make one.
+        self.places_refused: Counter[str] = Counter()
+        self.places_reclaimed: Counter[str] = Counter()
         # Exceptions a received datagram raised inside aiortc, swallowed by the guard.
         self.receive_errors: Counter[str] = Counter()
         self._receive_error_logged = -math.inf
@@ -197,13 +205,17 @@ class Engine:
         """Call ``listener(event, session)`` on ``session-started`` and ``session-ended``."""
         self._listeners.append(listener)
 
-    async def offer(self, sdp: str) -> tuple[WhepSession, str]:
+    async def offer(self, sdp: str, *, remote: str | None = None) -> tuple[WhepSession, str]:
         """Answer a viewer's offer: returns the new session and the answer SDP.
 
+        ``remote`` is the address the offer came from (the HTTP client's), if known: it may
+        hold at most ``pending_per_address`` pending sessions (answered, not yet connected).
+        When every place is taken and some are only pending, the oldest pending session is
+        closed to make room; connected viewers are never displaced.
         Raises an :class:`~.errors.OfferError` subclass for every refusal.
         """
         try:
-            return await self._offer(sdp)
+            return await self._offer(sdp, address_key(remote))
         except OfferError as exc:
             self.offers_rejected[type(exc).__name__] += 1
             logger.info("offer refused (%s): %s", type(exc).__name__, exc.reason)
@@ -227,10 +239,18 @@ class Engine:
     def stats(self) -> dict[str, Any]:
         """Engine-wide counters: sessions, offers, ends by reason, the mux."""
         states = Counter(s.state for s in self._sessions.values())
+        pending = self._pending_sessions()
         return {
             "sessions": len(self._sessions),
             "sessions_connected": states.get("connected", 0),
             "sessions_connecting": states.get("connecting", 0),
+            # Places held without a connection: pending sessions and offers being answered.
+            "sessions_pending": len(pending) + self._pending,
+            "pending_addresses": len({s.remote_key for s in pending} | set(self._answering)),
+            "pending_per_address": self.config.pending_per_address,
+            "pending_timeout_s": self.config.connect_timeout_s,
+            "places_refused": dict(self.places_refused),
+            "places_reclaimed": dict(self.places_reclaimed),
             "max_viewers": self.config.max_viewers,
             "send_path": self.config.send_path,
             "udp_port": self._mux.port,
@@ -247,14 +267,48 @@ class Engine:
 
     # -- offer handling --------------------------------------------------------------------------
 
-    async def _offer(self, sdp: str) -> tuple[WhepSession, str]:
-        if not self._started or self._stopping:
-            raise StreamNotReady("the engine is not running", retry_after=5)
-        if len(self._sessions) + self._pending >= self.config.max_viewers:
+    def _pending_sessions(self) -> list[WhepSession]:
+        """Sessions answered but not connected (and not closing), oldest first."""
+        return sorted((s for s in self._sessions.values()
+                       if s.state == "connecting" and not s.closing),
+                      key=lambda s: s.created_monotonic)
+
+    def _take_place(self, key: str | None) -> None:
+        """Find the offer a place, closing the oldest pending session if that is the only
+        way, or raise (and count why not)."""
+        pending = self._pending_sessions()
+        if key is not None:
+            mine = sum(s.remote_key == key for s in pending) + self._answering[key]
+            if mine >= self.config.pending_per_address:
+                self.places_refused["pending-per-address"] += 1
+                raise TooManyPending(
+                    f"this address already has {mine} viewer sessions that have not connected; "
+                    "connect one of them or wait for them to time out",
+                    # Its pending sessions connect within a second or so, or time out.
+                    retry_after=PENDING_RETRY_AFTER_S)
+        taken = sum(not s.closing for s in self._sessions.values()) + self._pending
+        if taken < self.config.max_viewers:
+            return
+        if not pending:
+            self.places_refused["all-connected"] += 1
             raise TooManyViewers(
                 f"all {self.config.max_viewers} viewer places are taken; try again later",
                 retry_after=10)
+        # Connected viewers keep their places; a pending one may be a client that never
+        # starts ICE (or an attacker holding places): the oldest gives way to the newcomer.
+        oldest = pending[0]
+        self.places_reclaimed["oldest-pending"] += 1
+        logger.info("session %s closed to make room: pending for %.1f s", oldest.id[:8],
+                    time.monotonic() - oldest.created_monotonic)
+        oldest.close_soon("reclaimed")
+
+    async def _offer(self, sdp: str, key: str | None) -> tuple[WhepSession, str]:
+        if not self._started or self._stopping:
+            raise StreamNotReady("the engine is not running", retry_after=5)
+        self._take_place(key)
         self._pending += 1
+        if key is not None:
+            self._answering[key] += 1
         try:
             info = self._feed.stream_info
             if info is None:
@@ -264,9 +318,15 @@ class Engine:
                 raise StreamNotReady("the camera has not produced video yet", retry_after=2)
             checked = check_offer(sdp, max_bytes=self._max_offer_bytes,
                                   stream_profile_level_id=info.profile_level_id)
-            return await self._build_session(checked, info.profile_level_id)
+            session, answer = await self._build_session(checked, info.profile_level_id)
+            session.remote_key = key
+            return session, answer
         finally:
             self._pending -= 1
+            if key is not None:
+                self._answering[key] -= 1
+                if not self._answering[key]:
+                    del self._answering[key]
 
     def _ice_servers(self) -> list[RTCIceServer]:
         return [RTCIceServer(urls=url) for url in self.config.ice_servers]
@@ -403,6 +463,22 @@ class Engine:
                 listener(event, session)
             except Exception:
                 logger.exception("session listener failed on %s", event)
+
+
+def address_key(remote: str | None) -> str | None:
+    """What the pending cap counts by: the IPv4 address, or the IPv6 /64 (one host commonly
+    has a whole /64 to pick addresses from); None when unknown or not an IP address."""
+    if not remote:
+        return None
+    try:
+        ip = ipaddress.ip_address(remote.split("%", 1)[0])
+    except ValueError:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if isinstance(ip, ipaddress.IPv6Address):
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
 
 
 def is_loopback(address: str) -> bool:

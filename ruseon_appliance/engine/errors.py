@@ -30,6 +30,11 @@ class TooManyViewers(OfferError):
         self.retry_after = retry_after
 
 
+class TooManyPending(TooManyViewers):
+    """The offer's source address already has as many not-yet-connected sessions as it may
+    (web: 429 with ``Retry-After``)."""
+
+
 class OfferTooLarge(OfferError):
     """The offer exceeds the configured maximum size (web: 413)."""
 

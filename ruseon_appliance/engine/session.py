@@ -24,7 +24,8 @@ CLOSE_TIMEOUT_S = 5.0
 class WhepSession:
     """A viewer's session. ``state`` is one of ``new``, ``connecting``, ``connected``,
     ``closed``; ``end_reason`` says why it closed (``delete``, ``ice-failed``,
-    ``consent-expired``, ``peer-closed``, ``connect-timeout``, ``shutdown``...)."""
+    ``consent-expired``, ``peer-closed``, ``connect-timeout``, ``reclaimed`` (a pending session
+    closed to make room for a new offer), ``shutdown``...)."""
 
     def __init__(
         self,
@@ -48,7 +49,9 @@ class WhepSession:
         self.keyframes_requested = 0
         self.keyframes_forced = 0
         self.nacks = 0
-        self._created_monotonic = time.monotonic()
+        self.created_monotonic = time.monotonic()
+        # The offer's source (engine.address_key), for the per-address pending cap.
+        self.remote_key: str | None = None
         self._release = release
         self._closing: asyncio.Task[None] | None = None
         self._reaper: asyncio.TimerHandle | None = None
@@ -79,7 +82,7 @@ class WhepSession:
                 self.remote_addresses = [r for _, r in aiortc_internals.nominated_addresses(conn)]
             logger.info("session %s connected from %s in %.0f ms", self.id[:8],
                         ",".join(f"{h}:{p}" for h, p in self.remote_addresses),
-                        (time.monotonic() - self._created_monotonic) * 1000)
+                        (time.monotonic() - self.created_monotonic) * 1000)
         elif state in ("failed", "closed") and self.state != "closed":
             self.close_soon(self._why_ended(state))
 
@@ -100,6 +103,11 @@ class WhepSession:
             self.close_soon("connect-timeout")
 
     # -- ending ----------------------------------------------------------------------------------
+
+    @property
+    def closing(self) -> bool:
+        """Whether the session is closed or on its way (its place is free)."""
+        return self._closing is not None or self.state == "closed"
 
     def close_soon(self, reason: str) -> None:
         """Start closing (from a callback); the task is kept so it is not garbage-collected."""

@@ -25,6 +25,7 @@ from ruseon_appliance.engine.errors import (
     MalformedOffer,
     OfferError,
     OfferTooLarge,
+    TooManyPending,
     TooManyViewers,
     UnknownSession,
     UnsupportedOffer,
@@ -137,7 +138,7 @@ class WhepResource:
         self._forget_ended_sessions()
         began = time.perf_counter()
         try:
-            session, answer = await self.engine.offer(sdp)
+            session, answer = await self.engine.offer(sdp, remote=request.remote)
         except OfferError as exc:
             self.metrics.offers_refused[type(exc).__name__] += 1
             raise self._offer_problem(exc) from None
@@ -165,6 +166,10 @@ class WhepResource:
         if isinstance(exc, UnsupportedOffer):
             # 422: the offer is well-formed SDP, but nothing in it is something we can send.
             return Problem(422, exc.reason)
+        if isinstance(exc, TooManyPending):
+            return Problem(
+                429, exc.reason, headers={"Retry-After": retry_after_seconds(exc.retry_after)}
+            )
         if isinstance(exc, TooManyViewers):
             return Problem(
                 503, exc.reason, headers={"Retry-After": retry_after_seconds(exc.retry_after)}

@@ -39,6 +39,8 @@ CHROMIUM_ARGS = [
 NETNS_ENV = "RUSEON_BROWSER_NETNS"
 VETH, VETH_PEER = "rbr0", "rbr1"
 TEST_ADDRESS, TEST_GATEWAY = "198.18.0.1/24", "198.18.0.2"
+# For the IPv6 test: a unique local address (RFC 4193) and a default route, as for IPv4.
+TEST_ADDRESS6, TEST_GATEWAY6 = "fd00:7275:7365::1/64", "fd00:7275:7365::2"
 # The synthetic source's size in browser tests: small enough for three decoders on two cores.
 SOURCE_WIDTH, SOURCE_HEIGHT = 640, 360
 READY_TIMEOUT_S = 90
@@ -81,8 +83,9 @@ def _assert_private_namespace() -> set[str]:
     return present
 
 
-def prepare_namespace() -> None:
-    """Bring up ``lo`` and a veth pair with a default route, in *this* (private) namespace."""
+def prepare_namespace(*, ipv6: bool = False) -> None:
+    """Bring up ``lo`` and a veth pair with a default route, in *this* (private) namespace;
+    with ``ipv6``, an IPv6 address and default route on it too (Chromium then gathers IPv6)."""
     present = _assert_private_namespace()
     commands = [["ip", "link", "set", "lo", "up"]]
     if VETH not in present:
@@ -93,6 +96,12 @@ def prepare_namespace() -> None:
             ["ip", "link", "set", VETH_PEER, "up"],
             ["ip", "route", "add", "default", "via", TEST_GATEWAY, "dev", VETH],
         ]
+        if ipv6:
+            commands += [
+                # nodad: usable at once, not "tentative" for a second or two.
+                ["ip", "-6", "addr", "add", TEST_ADDRESS6, "dev", VETH, "nodad"],
+                ["ip", "-6", "route", "add", "default", "via", TEST_GATEWAY6, "dev", VETH],
+            ]
     for command in commands:
         subprocess.run(command, check=True, capture_output=True)
 
@@ -101,10 +110,12 @@ class Server:
     """A real ``python -m ruseon_appliance serve`` with the synthetic source on loopback."""
 
     def __init__(self, state_dir: Path, *, token: str = "",
-                 extra_args: Sequence[str] = ()) -> None:
+                 extra_args: Sequence[str] = (), host: str = "127.0.0.1") -> None:
         self.state_dir = state_dir
         self.token = token
         self.extra_args = list(extra_args)
+        # HTTP, the WebRTC port and the advertised candidate: 127.0.0.1, or ::1 for IPv6.
+        self.host = host
         self.http_port = free_port()
         self.rtc_port = free_port(kind=socket.SOCK_DGRAM)
         self.proc: subprocess.Popen[str] | None = None
@@ -113,14 +124,15 @@ class Server:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.http_port}/"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.http_port}/"
 
     def start(self) -> None:
         """Start and wait for the ready line (the first frame is then in the ring)."""
         command = [
             sys.executable, "-m", "ruseon_appliance", "serve", "--config", "/dev/null",
-            "--source", "synthetic", "--http", f"127.0.0.1:{self.http_port}",
-            "--rtc", f"127.0.0.1:{self.rtc_port}", "--advertise", "127.0.0.1",
+            "--source", "synthetic", "--http", self._listen(self.http_port),
+            "--rtc", self._listen(self.rtc_port), "--advertise", self.host,
             "--state-dir", str(self.state_dir),
         ]
         if self.token:
@@ -138,6 +150,9 @@ class Server:
         if not self._ready.wait(READY_TIMEOUT_S) or self.proc.poll() is not None:
             self.stop()
             raise AssertionError("ruseon serve did not get ready:\n" + "".join(self.output))
+
+    def _listen(self, port: int) -> str:
+        return f"[{self.host}]:{port}" if ":" in self.host else f"{self.host}:{port}"
 
     def _pump(self, proc: subprocess.Popen[str]) -> None:
         assert proc.stdout is not None
@@ -172,9 +187,9 @@ class Server:
 
 @contextlib.contextmanager
 def running_server(state_dir: Path, *, token: str = "",
-                   extra_args: Sequence[str] = ()) -> Iterator[Server]:
+                   extra_args: Sequence[str] = (), host: str = "127.0.0.1") -> Iterator[Server]:
     """A started :class:`Server` (``extra_args`` appended to ``serve``), stopped on exit."""
-    server = Server(state_dir, token=token, extra_args=extra_args)
+    server = Server(state_dir, token=token, extra_args=extra_args, host=host)
     server.start()
     try:
         yield server

@@ -101,6 +101,24 @@ def test_device_page_plays_the_stream(request: pytest.FixtureRequest, tmp_path: 
         )
 
 
+def test_device_page_plays_over_ipv6(request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """Chromium over IPv6 only: the page from http://[::1], the one UDP port on ::1 with ::1
+    as the only candidate, Chromium's checks from the veth's ULA address."""
+    if not inside_browser_netns():
+        rerun_in_browser_netns(request.node.nodeid)
+        return
+    prepare_namespace(ipv6=True)
+    with running_server(tmp_path, host="::1") as server, chromium() as browser:
+        page = browser.new_page()
+        page.goto(server.url)
+        assert_plays_the_source(page, server.status())
+        (session,) = server.status()["viewers"]["sessions"]
+        remotes = session["stats"]["remote_addresses"]
+        # "host:port" with an IPv6 host: the media flows over IPv6.
+        assert remotes and all(":" in r.rpartition(":")[0] for r in remotes), remotes
+        page.close()
+
+
 # How long the browser plays while we watch its receive statistics.
 WATCH_S = 4
 LOSS_WATCH_S = 8

@@ -85,6 +85,8 @@ async def test_max_viewers(feed: CapturePipeline, tmp_path: Path) -> None:
     await engine.start()
     try:
         v = await connect_viewer(engine)
+        # Only connected viewers hold a place for sure (a pending one gives way to a newcomer).
+        await wait_for(lambda: engine.sessions[v.session_id].state == "connected")
         with pytest.raises(TooManyViewers) as info:
             await engine.offer(await offer_text())
         assert info.value.retry_after > 0

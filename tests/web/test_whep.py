@@ -65,6 +65,7 @@ async def test_offer_is_answered_and_the_viewer_receives_the_source_video(
     assert viewer.pc.connectionState == "connected"
 
 
+@pytest.mark.parametrize("device", [{"webrtc": {"pending_per_address": 3}}], indirect=True)
 async def test_session_ids_are_unguessable_and_distinct(
     device: Device, viewers: list[Viewer]
 ) -> None:
@@ -141,13 +142,51 @@ async def test_viewer_limit_is_503_with_retry_after(
     device: Device, viewers: list[Viewer]
 ) -> None:
     _, engine, client = device
-    _, first = await new_offer(viewers)
-    await create_session(client, first)
+    viewer, first = await new_offer(viewers)
+    _, response = await create_session(client, first)
+    await viewer.accept(await response.text())
+    await asyncio.wait_for(viewer.track, 20)
+    for _ in range(200):  # every place connected: only then is a newcomer refused
+        if all(s.state == "connected" for s in engine.sessions.values()):
+            break
+        await asyncio.sleep(0.05)
     _, second = await new_offer(viewers)
     response = await client.post("/whep", data=second, headers=SDP)
     await assert_problem(response, 503)
     assert int(response.headers["Retry-After"]) >= 1
     assert len(engine.sessions) == 1
+
+
+@pytest.mark.parametrize("device", [{"webrtc": {"max_viewers": 1}}], indirect=True)
+async def test_a_pending_place_goes_to_the_newcomer(
+    device: Device, viewers: list[Viewer]
+) -> None:
+    _, engine, client = device
+    _, first = await new_offer(viewers)
+    first_location, _ = await create_session(client, first)  # never connects
+    _, second = await new_offer(viewers)
+    second_location, _ = await create_session(client, second)
+    for _ in range(200):
+        if len(engine.sessions) == 1:
+            break
+        await asyncio.sleep(0.05)
+    assert (await client.delete(first_location)).status == 404
+    assert list(engine.sessions) == [SESSION_URL.match(second_location).group(1)]  # type: ignore[union-attr]
+    assert engine.stats()["places_reclaimed"] == {"oldest-pending": 1}
+
+
+@pytest.mark.parametrize("device", [{"webrtc": {"pending_per_address": 1}}], indirect=True)
+async def test_pending_cap_per_address_is_429_with_retry_after(
+    device: Device, viewers: list[Viewer]
+) -> None:
+    _, engine, client = device
+    _, first = await new_offer(viewers)
+    await create_session(client, first)
+    _, second = await new_offer(viewers)
+    response = await client.post("/whep", data=second, headers=SDP)
+    await assert_problem(response, 429)
+    assert int(response.headers["Retry-After"]) >= 1
+    assert engine.stats()["places_refused"] == {"pending-per-address": 1}
 
 
 @pytest.mark.parametrize(

@@ -108,7 +108,7 @@ function handleConnectError(error) {
       askForToken(token() ? "That token was not accepted. Try again." : null);
       return;
     }
-    if (error.status === 503) {
+    if (error.status === 503 || error.status === 429) {  // full, or this address has offers pending
       const wait = Math.max(1, error.retryAfter || 5) * 1000;
       setState("busy", `${error.message}. Retrying…`);
       retryIn(wait);
