@@ -34,7 +34,8 @@ from ruseon_appliance.capture.h264 import AccessUnitSplitter
 # Options taking a value, and flags (boost bool options with an implicit value).
 VALUE_OPTIONS = {"-t", "--timeout", "--codec", "--intra", "-g", "--profile", "--level", "--width",
                  "--height", "--framerate", "--bitrate", "-b", "--shutter", "--gain",
-                 "--analoggain", "--awb", "-o", "--output"}
+                 "--analoggain", "--awb", "-o", "--output", "--brightness", "--contrast",
+                 "--saturation", "--sharpness"}
 FLAGS = {"-n", "--nopreview", "--inline", "--flush", "--hflip", "--vflip", "--list-cameras",
          "--help", "-h", "--version"}
 LIBAV_VALUE_OPTIONS = {"--libav-format", "--libav-video-codec"}

@@ -31,7 +31,7 @@ from ruseon_appliance.capture.sources.picamera import Picamera2Api
 
 # Controls this camera advertises (libcamera rejects others: "Control X is not advertised").
 ADVERTISED_CONTROLS = {"FrameRate", "ExposureTime", "AnalogueGain", "AeEnable", "AwbMode",
-                       "AwbEnable"}
+                       "AwbEnable", "Brightness", "Contrast", "Saturation", "Sharpness"}
 
 
 class Platform(Enum):
@@ -286,6 +286,7 @@ class Picamera2:
         self.config: dict[str, Any] = {}
         self.closed = False
         self.encoder: Any = None
+        self.set_controls_calls: list[dict[str, Any]] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         Picamera2.instances.append(self)
@@ -298,6 +299,14 @@ class Picamera2:
                                    controls: dict[str, Any] | None = None,
                                    transform: Any = None) -> dict[str, Any]:
         return {"main": main or {}, "controls": controls or {}, "transform": transform}
+
+    def set_controls(self, controls: dict[str, Any]) -> None:
+        """Live controls while running (refuses what libcamera would not advertise)."""
+        for name in controls:
+            if name not in ADVERTISED_CONTROLS:
+                raise RuntimeError(f"Control {name} is not advertised by libcamera")
+        self.config["controls"] = {**self.config["controls"], **controls}
+        self.set_controls_calls.append(dict(controls))
 
     def configure(self, config: dict[str, Any]) -> None:
         for name in config["controls"]:

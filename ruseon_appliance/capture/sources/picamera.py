@@ -21,14 +21,20 @@ import contextlib
 import importlib
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ...config import CameraConfig
 from ..access_unit import VIDEO_CLOCK_RATE, AccessUnit
+from ..controls import camera_with
 from .base import Deliver, SourceUnavailable
 
 log = logging.getLogger(__name__)
+
+# Our tone controls -> libcamera's names and neutral values (picamera2's documented ranges).
+TONE = {"brightness": ("Brightness", 0.0), "contrast": ("Contrast", 1.0),
+        "saturation": ("Saturation", 1.0), "sharpness": ("Sharpness", 1.0)}
 
 INSTALL_HINT = ("install python3-picamera2 from Raspberry Pi OS's apt and create the venv with "
                 "--system-site-packages")
@@ -178,10 +184,19 @@ class PicameraSource:
     """Camera via picamera2, hardware-encoded (or libx264 on a Pi 5)."""
 
     kind = "picamera"
+    # Live camera controls (capture/controls.py): True goes through set_controls at the next
+    # frame; False needs the camera reconfigured (transform, encoder, size), i.e. a restart.
+    controls = {"exposure_us": True, "analogue_gain": True, "awb": True, "brightness": True,
+                "contrast": True, "saturation": True, "sharpness": True, "framerate": True,
+                "hflip": False, "vflip": False, "bitrate": False, "resolution": False}
 
     def __init__(self, camera: CameraConfig, *, api: Picamera2Api | None = None,
                  libav: bool | None = None) -> None:
         self._camera = camera
+        self._configured = camera
+        # Brightness, Contrast, Saturation, Sharpness when set away from libcamera's defaults.
+        self._tone: dict[str, float] = {}
+        self._deliver: Deliver | None = None
         self._api = api
         self._libav = libav  # None: ask picamera2 (uses_libav)
         self._picam2: Any = None
@@ -242,7 +257,52 @@ class PicameraSource:
                 log.warning("camera.awb = %r is not known to libcamera; keeping auto", cam.awb)
             else:
                 controls["AwbMode"] = enum
+        controls.update(self._tone)
         return controls
+
+    async def apply_controls(self, values: Mapping[str, Any]) -> bool:
+        """Exposure, gain, white balance, tone and frame rate through ``set_controls`` (live);
+        flips, bitrate and size reconfigure the camera (a restart: True)."""
+        camera = camera_with(self._configured, values)
+        tone = {libcamera: float(values[name]) for name, (libcamera, neutral) in TONE.items()
+                if name in values and float(values[name]) != neutral}
+        reconfigure = (camera.hflip, camera.vflip, camera.bitrate, camera.width,
+                       camera.height) != (self._camera.hflip, self._camera.vflip,
+                                          self._camera.bitrate, self._camera.width,
+                                          self._camera.height)
+        previous_tone = self._tone
+        self._camera, self._tone = camera, tone
+        picam2, deliver = self._picam2, self._deliver
+        if picam2 is None or deliver is None:
+            return False  # before start(): _open() configures it all
+        if reconfigure:
+            await self.stop()
+            await self.start(deliver)
+            return True
+        api = self._api if self._api is not None else load_picamera2()
+        live = self._controls(api)
+        # Back to automatic: picamera2 makes a control manual when it is given, so an automatic
+        # one is handed back to the AGC through its mode control (libcamera >= 0.5:
+        # ExposureTimeMode / AnalogueGainMode, 0 = Auto) or, on older libcamera, AeEnable.
+        # Not checked on a camera here (the stand-in records what is sent).
+        advertised = getattr(picam2, "camera_controls", None) or {}
+        for value, mode in ((camera.exposure_us, "ExposureTimeMode"),
+                            (camera.gain, "AnalogueGainMode")):
+            if not value:
+                if mode in advertised:
+                    live[mode] = 0
+                elif not camera.exposure_us and not camera.gain:
+                    live["AeEnable"] = True
+        # A tone control set back to neutral must be sent as its neutral value.
+        for libcamera, neutral in TONE.values():
+            if libcamera in previous_tone and libcamera not in tone:
+                live[libcamera] = neutral
+        if camera.awb == "auto":
+            enum = getattr(getattr(api.controls, "AwbModeEnum", None), "Auto", None)
+            if enum is not None:
+                live["AwbMode"] = enum
+        await asyncio.to_thread(picam2.set_controls, live)
+        return False
 
     def _open(self, loop: asyncio.AbstractEventLoop, deliver: Deliver) -> None:
         api = self._api if self._api is not None else load_picamera2()
@@ -276,6 +336,7 @@ class PicameraSource:
         """Open the camera and start recording (off the loop: libcamera calls block)."""
         if self._picam2 is not None:
             return
+        self._deliver = deliver
         await asyncio.to_thread(self._open, asyncio.get_running_loop(), deliver)
 
     async def stop(self) -> None:

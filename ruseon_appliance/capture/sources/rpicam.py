@@ -27,13 +27,14 @@ import re
 import shlex
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ...config import CameraConfig
 from ..access_unit import VIDEO_CLOCK_RATE, AccessUnit
+from ..controls import camera_with
 from ..h264 import AccessUnitSplitter
 from .base import Deliver
 from .soc import DEVICE_TREE_COMPATIBLE, is_bcm2712
@@ -147,6 +148,12 @@ class RpicamSource:
     """
 
     kind = "rpicam"
+    # Live camera controls (capture/controls.py): rpicam-vid takes everything on its command
+    # line, so every change restarts the child (the ring, and so every viewer, carries on; the
+    # new child starts with an IDR, timestamps stay increasing).
+    controls = {name: False for name in (
+        "exposure_us", "analogue_gain", "awb", "brightness", "contrast", "saturation",
+        "sharpness", "hflip", "vflip", "bitrate", "framerate", "resolution")}
 
     def __init__(
         self,
@@ -158,6 +165,10 @@ class RpicamSource:
         keyframe_restart_interval_s: float = 10.0,
     ) -> None:
         self._camera = camera
+        self._configured = camera
+        # --brightness/--contrast/--saturation/--sharpness away from neutral (live controls).
+        self._tone: list[str] = []
+        self.control_restarts = 0
         # Built in start() (it needs the SoC and, on BCM2712, a --help probe), unless given.
         self.argv: list[str] = list(argv) if argv is not None else []
         self._argv_given = argv is not None
@@ -222,9 +233,37 @@ class RpicamSource:
                     if features is not None and features.libav_codec_opts else
                     ": libx264 on this BCM2712 board may emit B-frames (upgrade rpicam-apps)")
         self.bcm2712, self.features = bcm2712, features
-        self.argv = rpicam_command(self._camera, bcm2712=bcm2712, features=features)
+        self.argv = self._with_tone(rpicam_command(self._camera, bcm2712=bcm2712,
+                                                   features=features))
         log.info("rpicam-vid on %s: %s", "BCM2712 (libx264 via libav)" if bcm2712 else
                  "a board with the hardware encoder", shlex.join(self.argv))
+
+    def _with_tone(self, argv: list[str]) -> list[str]:
+        """``argv`` with the tone options before its final ``-o -``."""
+        return [*argv[:-2], *self._tone, *argv[-2:]] if self._tone else argv
+
+    async def apply_controls(self, values: Mapping[str, Any]) -> bool:
+        """New arguments for rpicam-vid; restart the running child if they changed (True)."""
+        self._camera = camera_with(self._configured, values)
+        self._tone = []
+        for name, neutral in (("brightness", 0.0), ("contrast", 1.0), ("saturation", 1.0),
+                              ("sharpness", 1.0)):
+            if name in values and float(values[name]) != neutral:
+                self._tone += [f"--{name}", f"{float(values[name]):g}"]
+        if self._argv_given or self.bcm2712 is None:
+            return False  # fixed argv (tests), or not started: start() builds it
+        argv = self._with_tone(rpicam_command(self._camera, bcm2712=self.bcm2712,
+                                              features=self.features))
+        if argv == self.argv:
+            return False
+        self.argv = argv
+        if self._proc is None:
+            return False
+        self.control_restarts += 1
+        self._restart_for_keyframe = True  # a planned restart, not a crash
+        log.info("restarting rpicam-vid for new camera controls: %s", shlex.join(argv))
+        await self._terminate()
+        return True
 
     def request_keyframe(self) -> None:
         """Restart the child for an immediate IDR, at most once per the restart interval."""
@@ -246,6 +285,7 @@ class RpicamSource:
             "starts": self.starts,
             "crashes": self.crashes,
             "keyframe_restarts": self.keyframe_restarts,
+            "control_restarts": self.control_restarts,
             "keyframe_requests_ignored": self.keyframe_requests_ignored,
             "frames": self.frames,
             "discarded_bytes": self.discarded_bytes,
