@@ -221,6 +221,9 @@ def running_janus(directory: Path, *, streaming: str = "") -> Iterator[Janus]:
     janus.start()
     try:
         yield janus
+    except BaseException as exc:
+        exc.add_note("janus log (tail):\n" + janus.tail(3000))
+        raise
     finally:
         janus.stop()
 

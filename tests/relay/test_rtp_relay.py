@@ -220,21 +220,27 @@ async def test_srtp(live_camera: tuple[CapturePipeline, Fanout], right_key: bool
         receiver.close()
 
 
-async def test_appliance_serves_the_relay_sdp_status_and_metrics(tmp_path: Path) -> None:
-    """The composition root builds the relay from [[relay]]; FFmpeg, a generic receiver, decodes
-    the stream from nothing but ``GET /relay/<name>.sdp``."""
+@pytest.mark.parametrize("send_path", ["fanout", "aiortc"])
+async def test_appliance_serves_the_relay_sdp_status_and_metrics(tmp_path: Path,
+                                                                  send_path: str) -> None:
+    """The composition root builds the relay from [[relay]] (on the engine's fan-out, or on one
+    of its own on the aiortc send path); FFmpeg, a generic receiver, decodes the stream from
+    nothing but ``GET /relay/<name>.sdp``."""
     ffmpeg = require_tool("ffmpeg", "apt-get install ffmpeg")
     rtp_port = free_port(kind=socket.SOCK_DGRAM)
     http_port = free_port()
     config = Config(
         camera=camera(),
         http=HttpConfig(listen=HostPort("127.0.0.1", http_port)),
-        webrtc=WebRtcConfig(listen=HostPort("127.0.0.1", 0), advertise=("127.0.0.1",)),
+        webrtc=WebRtcConfig(listen=HostPort("127.0.0.1", 0), advertise=("127.0.0.1",),
+                            send_path=send_path),
         state=StateConfig(dir=str(tmp_path / "state")),
         relay=(relay_config(rtp_port, name="lan", rtcp_port=rtp_port + 1),),
     )
     appliance = Appliance(config)
     await appliance.start()
+    assert appliance.engine is not None
+    assert (appliance.engine.fanout is None) == (send_path == "aiortc")
     base = f"http://127.0.0.1:{http_port}"
     try:
         async with aiohttp.ClientSession() as http:
