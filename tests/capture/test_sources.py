@@ -16,7 +16,7 @@ import pytest
 from ruseon_appliance.capture.h264 import START_CODE_4, AccessUnitSplitter
 from ruseon_appliance.capture.pipeline import CapturePipeline
 from ruseon_appliance.capture.ring import FrameView
-from ruseon_appliance.capture.sources.auto import choose_source, create_source
+from ruseon_appliance.capture.sources.auto import AutoSource, choose_source, create_source
 from ruseon_appliance.capture.sources.base import SourceUnavailable
 from ruseon_appliance.capture.sources.file import FileSource
 from ruseon_appliance.capture.sources.picamera import KeyframeStream
@@ -382,6 +382,28 @@ async def test_auto_probes_for_the_camera_without_blocking_the_loop(
         assert_decodable_sequence(await read_frames(pipeline, 5))
     finally:
         await pipeline.stop()
+
+
+async def test_auto_stopped_while_probing_starts_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    release = tmp_path / "release"
+    camera = dataclasses.replace(
+        fake_rpicam_camera(tmp_path, monkeypatch, FAKE_RPICAM_LIST_WAIT_FOR=str(release)),
+        source="auto")
+    source = create_source(camera)
+    assert isinstance(source, AutoSource) and source.kind == "auto"
+    starting = asyncio.create_task(source.start(lambda au: None))
+    await asyncio.sleep(0)  # the probe is under way
+    await source.stop()  # e.g. SIGTERM during start-up
+    release.touch()
+    await asyncio.wait_for(starting, 30)
+    try:
+        assert isinstance(source.chosen, RpicamSource) and source.kind == "rpicam"
+        assert source.chosen.argv == []  # built by RpicamSource.start(), which never ran
+    finally:
+        if source.chosen is not None:
+            await source.chosen.stop()
 
 
 def test_explicit_rpicam_without_binary_is_a_clear_error() -> None:

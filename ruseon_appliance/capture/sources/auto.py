@@ -76,6 +76,7 @@ class AutoSource:
     def __init__(self, camera: CameraConfig) -> None:
         self._camera = camera
         self.chosen: Source | None = None
+        self._stopped = False
 
     @property
     def kind(self) -> str:
@@ -84,12 +85,17 @@ class AutoSource:
 
     async def start(self, deliver: Deliver) -> None:
         """Probe (off the loop) on the first start, then start the chosen source."""
+        self._stopped = False
         if self.chosen is None:
-            self.chosen = await choose_source(self._camera)
+            chosen = await choose_source(self._camera)
+            self.chosen = chosen
+            if self._stopped:  # stop() came while the camera was being looked for
+                return
         await self.chosen.start(deliver)
 
     async def stop(self) -> None:
-        """Stop the chosen source, if any."""
+        """Stop the chosen source, if any (or keep a probe under way from starting it)."""
+        self._stopped = True
         if self.chosen is not None:
             await self.chosen.stop()
 
