@@ -220,12 +220,13 @@ async def test_srtp(live_camera: tuple[CapturePipeline, Fanout], right_key: bool
         receiver.close()
 
 
-@pytest.mark.parametrize("send_path", ["fanout", "aiortc"])
+@pytest.mark.parametrize(("send_path", "srtp"), [("fanout", False), ("aiortc", True)])
 async def test_appliance_serves_the_relay_sdp_status_and_metrics(tmp_path: Path,
-                                                                  send_path: str) -> None:
+                                                                  send_path: str,
+                                                                  srtp: bool) -> None:
     """The composition root builds the relay from [[relay]] (on the engine's fan-out, or on one
-    of its own on the aiortc send path); FFmpeg, a generic receiver, decodes the stream from
-    nothing but ``GET /relay/<name>.sdp``."""
+    of its own on the aiortc send path); FFmpeg, a generic receiver, decodes the stream (RTP, or
+    SRTP keyed by the SDP's a=crypto) from nothing but ``GET /relay/<name>.sdp``."""
     ffmpeg = require_tool("ffmpeg", "apt-get install ffmpeg")
     rtp_port = free_port(kind=socket.SOCK_DGRAM)
     http_port = free_port()
@@ -235,7 +236,8 @@ async def test_appliance_serves_the_relay_sdp_status_and_metrics(tmp_path: Path,
         webrtc=WebRtcConfig(listen=HostPort("127.0.0.1", 0), advertise=("127.0.0.1",),
                             send_path=send_path),
         state=StateConfig(dir=str(tmp_path / "state")),
-        relay=(relay_config(rtp_port, name="lan", rtcp_port=rtp_port + 1),),
+        relay=(relay_config(rtp_port, name="lan", rtcp_port=rtp_port + 1,
+                            srtp_key=base64.b64encode(KEY).decode() if srtp else ""),),
     )
     appliance = Appliance(config)
     await appliance.start()
@@ -253,11 +255,12 @@ async def test_appliance_serves_the_relay_sdp_status_and_metrics(tmp_path: Path,
             info = appliance.capture.stream_info
             assert info is not None
             assert f"profile-level-id={info.profile_level_id}" in sdp
-            assert f"m=video {rtp_port} RTP/AVP 96" in sdp
+            assert f"m=video {rtp_port} RTP/{'SAVP' if srtp else 'AVP'} 96" in sdp
+            assert ("a=crypto:1 AES_CM_128_HMAC_SHA1_80 inline:" in sdp) == srtp
             sdp_file = tmp_path / "lan.sdp"
             sdp_file.write_text(sdp)
             proc = await asyncio.create_subprocess_exec(
-                ffmpeg, "-nostdin", "-v", "error", "-protocol_whitelist", "file,udp,rtp",
+                ffmpeg, "-nostdin", "-v", "error", "-protocol_whitelist", "file,udp,rtp,srtp",
                 "-i", str(sdp_file), "-frames:v", "15", "-f", "framemd5", "-",
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             try:
