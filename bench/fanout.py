@@ -129,7 +129,7 @@ def live_objects() -> dict[str, int]:
 # --- server ----------------------------------------------------------------------------------
 
 
-async def serve(send_path: str, port: int, max_viewers: int) -> None:
+async def serve(send_path: str, port: int, max_viewers: int, record_dir: str = "") -> None:
     camera = CameraConfig(source=f"file:{recorded_stream()}", width=WIDTH, height=HEIGHT,
                           framerate=FPS, bitrate=BITRATE, keyframe_interval=GOP)
     feed = CapturePipeline(camera)
@@ -139,6 +139,13 @@ async def serve(send_path: str, port: int, max_viewers: int) -> None:
                                  max_viewers=max_viewers, send_path=send_path),
                     Path(tempfile.mkdtemp()), feed)
     await engine.start()
+    recorder = None
+    if record_dir:  # bench/recording.py: the fan-out with a recorder reading the same ring
+        from ruseon_appliance.recording import Recorder, RecorderSettings
+
+        recorder = Recorder(RecorderSettings(directory=Path(record_dir), continuous=True),
+                            feed.ring)
+        await recorder.start()
 
     async def post(request: web.Request) -> web.Response:
         try:
@@ -180,6 +187,8 @@ async def serve(send_path: str, port: int, max_viewers: int) -> None:
         })
 
     async def cleanup() -> None:
+        if recorder is not None:
+            await recorder.stop()
         await engine.stop()
         await feed.stop()
 
@@ -260,12 +269,14 @@ async def worker(url: str, count: int, cycles: int, batch: int) -> None:
 class Server:
     """A server subprocess with its stats endpoint."""
 
-    def __init__(self, send_path: str, *, max_viewers: int = 200, loop: str = "asyncio") -> None:
+    def __init__(self, send_path: str, *, max_viewers: int = 200, loop: str = "asyncio",
+                 record_dir: str = "") -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
             [sys.executable, __file__, "serve", "--send-path", send_path, "--port",
-             str(self.port), "--max-viewers", str(max_viewers), "--loop", loop],
+             str(self.port), "--max-viewers", str(max_viewers), "--loop", loop,
+             "--record-dir", record_dir],
             stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
         if self.proc.stdout.readline().strip() != "ready":
@@ -324,8 +335,9 @@ def churn(url: str, cycles: int, batch: int, workers: int = 2) -> None:
             raise RuntimeError("a churn worker failed")
 
 
-def measure(send_path: str, viewers: int, window: float, loop: str) -> dict[str, Any]:
-    server = Server(send_path, loop=loop)
+def measure(send_path: str, viewers: int, window: float, loop: str,
+            record_dir: str = "") -> dict[str, Any]:
+    server = Server(send_path, loop=loop, record_dir=record_dir)
     try:
         time.sleep(1.0)
         a = server.stats()
@@ -371,14 +383,15 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="N = 1, 10, 30 (default)")
     parser.add_argument("--window", type=float, default=5.0)
     parser.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio")
+    parser.add_argument("--record-dir", default="", help="serve: also record into this dir")
     args = parser.parse_args()
     if args.role == "serve":
         if args.loop == "uvloop":
             import uvloop  # type: ignore[import-not-found,unused-ignore]
 
-            uvloop.run(serve(args.send_path, args.port, args.max_viewers))
+            uvloop.run(serve(args.send_path, args.port, args.max_viewers, args.record_dir))
         else:
-            asyncio.run(serve(args.send_path, args.port, args.max_viewers))
+            asyncio.run(serve(args.send_path, args.port, args.max_viewers, args.record_dir))
         return
     if args.role == "worker":
         asyncio.run(worker(args.url, args.count, args.cycles, args.batch))

@@ -97,6 +97,7 @@ class Recorder:
         self._disk_free: int | None = None
         self.started_at: float | None = None
         self.bytes_written = 0
+        self.writes = 0
         self.segments_closed = 0
         self.segments_repaired = 0
         self.segments_set_aside = 0
@@ -286,6 +287,7 @@ class Recorder:
         cur.written_bytes += size
         cur.written_ticks += ticks
         self.bytes_written += size
+        self.writes += 1
         self._rate.append((time.monotonic(), size))
 
     def _close_current(self) -> None:
@@ -447,6 +449,7 @@ class Recorder:
             "newest_unix_s": segments[-1].end_us / 1e6 if segments else 0,
             "write_bytes_per_s": round(self.write_rate(), 1),
             "bytes_written_total": self.bytes_written,
+            "writes_total": self.writes,
             "segments_closed_total": self.segments_closed,
             "segments_repaired_total": self.segments_repaired,
             "segments_set_aside_total": self.segments_set_aside,

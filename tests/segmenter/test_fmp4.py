@@ -96,9 +96,11 @@ def test_parameter_set_change_starts_a_new_init_generation(tmp_path: Path) -> No
     for u in small + large:
         for f in seg.push(u.data, u.pts, u.keyframe, u.capture_time_us):
             by_generation.setdefault(f.init_generation, []).append(f)
-            # The init segment a consumer sees with a fragment is the one it belongs to.
-            assert seg.init_segment is not None
-            inits.setdefault(f.init_generation, seg.init_segment)
+            # The fragment closed just before the change still belongs to the old init segment,
+            # which init_segment_for() keeps (init_segment is already the new one then).
+            init = seg.init_segment_for(f.init_generation)
+            assert init is not None
+            inits.setdefault(f.init_generation, init)
     for f in seg.flush():
         by_generation.setdefault(f.init_generation, []).append(f)
     assert seg.init_generation == 1 and sorted(by_generation) == [0, 1]
