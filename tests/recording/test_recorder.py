@@ -99,9 +99,12 @@ async def test_segments_cut_at_idr_index_rebuilt_and_clips_hit_the_right_moment(
         frames = probe_frames(clip)
         assert frames[0][0]
         times = stamps(clip)
+        # First frame: the IDR at or before `start` (within one GOP); last: within one frame
+        # interval of the end; frame count (so duration) within one GOP of the request.
         assert start - GOP * FRAME_US < times[0] <= start
-        assert end - 2 * FRAME_US < times[-1] < end
+        assert end - FRAME_US - 2 <= times[-1] < end
         assert len(frames) == len(times) == (times[-1] - times[0]) // FRAME_US + 1
+        assert 0 <= len(frames) - (end - start) / FRAME_US <= GOP + 1
     with pytest.raises(ClipError) as nothing:
         plan_clip(archive.overlapping(last + 10_000_000, last + 20_000_000),
                   last + 10_000_000, last + 20_000_000)
