@@ -89,6 +89,18 @@ async def close_all(viewers: list[JanusViewer]) -> None:
     await asyncio.gather(*(v.close() for v in viewers), return_exceptions=True)
 
 
+async def no_keyframe_requests_for(appliance: Appliance, relay: RtpRelay, frames: int) -> None:
+    """Wait until ``frames`` frames passed without a keyframe request reaching the relay (so the
+    next keyframe can only come from what happens next)."""
+    for _ in range(30):
+        requests, start = relay.keyframe_requests_received, frames_in(appliance)
+        until = start + frames
+        await wait_for(lambda: frames_in(appliance) >= until, what="frames")  # noqa: B023
+        if relay.keyframe_requests_received == requests:
+            return
+    raise AssertionError("keyframe requests never stopped")
+
+
 def assert_live(viewer: JanusViewer, since_frame: int) -> None:
     """Stamps read back from decoded pictures count up and are newer than ``since_frame``."""
     numbers = [n for _, n in viewer.stamps]
@@ -125,11 +137,15 @@ async def test_viewers_watch_through_janus_keyframes_on_join_and_janus_restart(
 
             # A viewer joining mid-GOP: Janus's PLI reaches the relay and the camera, and the
             # picture comes long before the next scheduled keyframe.
+            await no_keyframe_requests_for(appliance, relay, 2 * FPS)
             requests_before = relay.keyframe_requests_received
             joined_at = frames_in(appliance)
             (late,) = await watch(janus, 1, 1)
             await wait_for(lambda: len(late.stamps) >= 1, timeout=60, what="the late viewer")
-            assert relay.keyframe_requests_received > requests_before
+            # Janus sends at most one PLI a second (a later one waits): the join's PLI may land
+            # just after a keyframe the earlier viewers' requests brought.
+            await wait_for(lambda: relay.keyframe_requests_received > requests_before,
+                           timeout=30, what="Janus's PLI at the relay")
             first = late.stamps[0][1]
             assert first - joined_at < GOP // 2, (first, joined_at)
             viewers.append(late)
