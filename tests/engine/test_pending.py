@@ -12,6 +12,7 @@ another address gets in, connects and decodes.
 from __future__ import annotations
 
 import asyncio
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -173,6 +174,13 @@ async def test_never_connecting_offers_cannot_lock_a_real_viewer_out(tmp_path: P
             assert samples["ruseon_engine_sessions_pending"] >= 1
             assert samples['ruseon_engine_places_refused{key="pending-per-address"}'] >= 1
             assert samples['ruseon_engine_places_reclaimed{key="oldest-pending"}'] >= 1
+            # The mux's drop reasons are there as well (one of them: a zero-length datagram,
+            # which a plain socket, unlike asyncio, does send).
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+                udp.sendto(b"", ("127.0.0.1", engine.udp_port))
+            await wait_for(lambda: engine.mux.dropped["empty"] >= 1)
+            samples = parse_metrics(await (await client.get("/metrics")).text())
+            assert samples['ruseon_udp_packets_dropped_total{reason="empty"}'] >= 1
         finally:
             stop.set()
             await asyncio.gather(*flooding, return_exceptions=True)
