@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import logging
 
 import pytest
@@ -159,3 +160,31 @@ async def test_lost_forced_idr_is_retried() -> None:
         assert stats["keyframes_lost"] >= 1 and stats["keyframe_retries"] >= 1
     finally:
         await pipeline.stop()
+
+
+async def test_pts_keep_pace_across_a_camera_restart() -> None:
+    """picamera2 starts its timestamps at 0 on every start (a reconfigure restarts the camera):
+    the pts after a restart must keep counting frame intervals, not creep by one tick."""
+    source = PicameraSource(PICAMERA, api=stand_in.make_api())
+    units: list[AccessUnit] = []
+    enough = asyncio.Event()
+    target = [10]
+
+    def deliver(au: AccessUnit) -> None:
+        units.append(au)
+        if len(units) >= target[0]:
+            enough.set()
+
+    for round_ in range(2):
+        target[0], enough = 10 * (round_ + 1), asyncio.Event()
+        await source.start(deliver)
+        try:
+            await asyncio.wait_for(enough.wait(), 20)
+        finally:
+            await source.stop()
+    pts = [au.pts for au in units]
+    assert pts == sorted(set(pts))
+    frame_ticks = 90_000 // PICAMERA.framerate  # 3000
+    after = [b - a for a, b in itertools.pairwise(pts[10:])]
+    # The sensor's pace, from its timestamps (33333 µs -> 2999 or 3000 ticks).
+    assert frame_ticks - 2 <= min(after) and max(after) <= frame_ticks + 2, after

@@ -13,6 +13,7 @@ from pathlib import Path
 import av
 import pytest
 
+from ruseon_appliance.capture.access_unit import AccessUnit
 from ruseon_appliance.capture.h264 import START_CODE_4, AccessUnitSplitter
 from ruseon_appliance.capture.pipeline import CapturePipeline
 from ruseon_appliance.capture.ring import FrameView
@@ -409,3 +410,28 @@ async def test_auto_stopped_while_probing_starts_nothing(
 def test_explicit_rpicam_without_binary_is_a_clear_error() -> None:
     with pytest.raises(SourceUnavailable, match="rpicam-apps"):
         create_source(dataclasses.replace(CAMERA, source="rpicam", rpicam_command="nope-vid"))
+
+
+async def test_rpicam_pts_keep_pace_across_stop_and_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    camera = fake_rpicam_camera(tmp_path, monkeypatch)
+    source = RpicamSource(camera)
+    units: list[AccessUnit] = []
+    for round_ in range(2):
+        target, enough = 10 * (round_ + 1), asyncio.Event()
+
+        def deliver(au: AccessUnit, target: int = target, enough: asyncio.Event = enough) -> None:
+            units.append(au)
+            if len(units) >= target:
+                enough.set()
+
+        await source.start(deliver)
+        try:
+            await asyncio.wait_for(enough.wait(), 20)
+        finally:
+            await source.stop()
+    pts = [au.pts for au in units][:20]
+    assert pts == sorted(set(pts))
+    # Arrival times at 30 fps: about 3000 ticks a frame on average (not 1 tick: clamped).
+    assert (pts[-1] - pts[10]) / 9 > 500, pts

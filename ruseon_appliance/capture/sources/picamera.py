@@ -205,7 +205,11 @@ class PicameraSource:
         self._logged_no_force = False
         self.libav: bool | None = None
         self._last_pts = -1
+        self._last_monotonic = 0.0
+        # The encoder's timestamp of the first frame since the camera (re)started, and the pts
+        # it maps to: picamera2 counts from 0 again on every start.
         self._pts_origin: int | None = None
+        self._pts_base = 0
         self.frames = 0
         self.keyframe_requests = 0
         self.keyframe_requests_unsupported = 0
@@ -218,11 +222,16 @@ class PicameraSource:
         now_us = time.time_ns() // 1000
         if timestamp_us is None:
             timestamp_us = time.monotonic_ns() // 1000
+        now = time.monotonic()
         if self._pts_origin is None:
             self._pts_origin = timestamp_us
-        pts = (timestamp_us - self._pts_origin) * VIDEO_CLOCK_RATE // 1_000_000
+            # After a restart, carry on from the last pts plus the time the camera was away.
+            self._pts_base = 0 if self._last_pts < 0 else self._last_pts + max(
+                1, int((now - self._last_monotonic) * VIDEO_CLOCK_RATE))
+        pts = self._pts_base + (timestamp_us - self._pts_origin) * VIDEO_CLOCK_RATE // 1_000_000
         pts = max(pts, self._last_pts + 1)
         self._last_pts = pts
+        self._last_monotonic = now
         self.frames += 1
         return AccessUnit(data, pts, bool(keyframe), now_us)
 
@@ -337,6 +346,7 @@ class PicameraSource:
         if self._picam2 is not None:
             return
         self._deliver = deliver
+        self._pts_origin = None  # the new encoder's timestamps start at 0
         await asyncio.to_thread(self._open, asyncio.get_running_loop(), deliver)
 
     async def stop(self) -> None:

@@ -201,7 +201,8 @@ class RpicamSource:
             await self._build_argv()
         self._stopping = False
         self._wake = asyncio.Event()
-        self._t0 = time.monotonic()
+        if not self._t0:  # once: pts keep counting across stop()/start()
+            self._t0 = time.monotonic()
         self._task = asyncio.create_task(self._supervise(deliver), name="rpicam-supervisor")
 
     async def stop(self) -> None:
