@@ -104,9 +104,11 @@ def test_bcm2712_is_asked_of_picamera2() -> None:
     assert not uses_libav(dataclasses.replace(api, platform=None))
 
 
-async def test_bcm2712_board_takes_the_fixed_libav_path() -> None:
-    """On any BCM2712 board (Pi 5, CM5), picamera2's libav encoder gets the PyAV >= 14 fix."""
-    api = stand_in.make_api(platform=stand_in.Platform.PISP)
+@pytest.mark.parametrize("version", [(0, 3, 31), (0, 3, 32)], ids=["0.3.31", "0.3.32"])
+async def test_bcm2712_board_takes_the_fixed_libav_path(version: tuple[int, int, int]) -> None:
+    """On any BCM2712 board (Pi 5, CM5), picamera2's libav encoder gets the PyAV >= 14 fix
+    (which also gives 0.3.31's libav encoder the force_key_frame it lacks)."""
+    api = stand_in.make_api(platform=stand_in.Platform.PISP, version=version)
     source = PicameraSource(PICAMERA, api=api)
     pipeline = CapturePipeline(PICAMERA, source=source)
     await pipeline.start()
