@@ -56,7 +56,7 @@ def known_options() -> tuple[set[str], set[str]]:
     if libav_options:
         values |= LIBAV_VALUE_OPTIONS
         flags.add("--libav-audio")
-        if version() >= (1, 5, 0):  # c480fd9 "libav_encoder: Allow codec options"
+        if version() >= (1, 4, 1):  # c480fd9 "libav_encoder: Allow codec options"
             values.add("--libav-video-codec-opts")
     if version() >= (1, 6, 0):  # 6287bff "libav: Add a low latency encode option"
         flags.add("--low-latency")

@@ -278,6 +278,8 @@ def test_fake_rpicam_vid_fails_like_upstream() -> None:
         assert ("B" in picture_types(split_units(out))) is has_b, extra
     assert parse_help(run_fake("--help", FAKE_RPICAM_VERSION="1.5.0").stdout) == RpicamFeatures(
         low_latency=False, libav_format=True, libav_codec_opts=True)
+    assert parse_help(run_fake("--help", FAKE_RPICAM_VERSION="1.4.0").stdout) == RpicamFeatures(
+        low_latency=False, libav_format=True, libav_codec_opts=False)
 
 
 @pytest.mark.parametrize(

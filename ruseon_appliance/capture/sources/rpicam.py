@@ -15,7 +15,7 @@ Two encoder paths, as rpicam-apps chooses them (``encoder/encoder.cpp``, ``h264_
   libav reject the option). ``--inline``/``--flush`` do nothing on that path (libav writes the
   stream; libx264 without a global header repeats SPS/PPS itself). ``--low-latency`` (rpicam-apps
   1.6.0+) turns off libx264's B-frames; it is passed only when ``--help`` lists it, otherwise
-  ``--libav-video-codec-opts bf=0`` (1.5.0+) does the same.
+  ``--libav-video-codec-opts bf=0`` (1.4.1+) does the same.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class RpicamFeatures:
 
     low_latency: bool = False  # --low-latency: rpicam-apps 1.6.0+
     libav_format: bool = False  # --libav-format: libav builds; every build from 1.8.1
-    libav_codec_opts: bool = False  # --libav-video-codec-opts: libav builds from 1.5.0
+    libav_codec_opts: bool = False  # --libav-video-codec-opts: libav builds from 1.4.1
 
 
 def parse_help(text: str) -> RpicamFeatures:
