@@ -1,0 +1,72 @@
+"""``/metrics`` through prometheus-client: parses with the library's own parser, and carries every
+family the hand-written exposition had. ``metrics_families_before.txt`` was written by this test
+(``RUSEON_DUMP_FAMILIES=1``) on main just before the change, against the whole appliance with one
+connected viewer, a relay, HLS and recording on: the core families, the ones exported from the
+components' ``stats()`` dicts, and the other rooms' sections."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from ruseon_appliance.config import RelayConfig
+from tests.tooling import free_port
+from tests.web.conftest import Viewer
+from tests.web.test_controls import AUTH, appliance_at, config_for
+
+BEFORE = Path(__file__).with_name("metrics_families_before.txt")
+
+
+def families(text: str) -> dict[str, str]:
+    """``{family name: type}`` as prometheus_client's parser reads them."""
+    return {f.name: f.type for f in text_string_to_metric_families(text)}
+
+
+async def test_metrics_parse_and_keep_every_family(tmp_path: Path) -> None:
+    relay = RelayConfig(name="test", url=f"rtp://127.0.0.1:{free_port()}")
+    config = dataclasses.replace(config_for(tmp_path), relay=(relay,))
+    async with appliance_at(config) as (_, http, url):
+        base = url.removesuffix("/api/camera/controls")
+        viewer = Viewer()
+        try:
+            async with http.post(base + "/whep", data=await viewer.offer(), headers={
+                    **AUTH, "Content-Type": "application/sdp"}) as resp:
+                assert resp.status == 201
+                await viewer.accept(await resp.text())
+            await viewer.track
+            for _ in range(100):
+                async with http.get(base + "/api/status", headers=AUTH) as resp:
+                    if (await resp.json())["viewers"]["sessions"][0]["state"] == "connected":
+                        break
+                await asyncio.sleep(0.1)
+            async with http.get(base + "/metrics", headers=AUTH) as resp:
+                assert resp.status == 200
+                assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+                text = await resp.text()
+        finally:
+            await viewer.close()
+    found = families(text)
+    if os.environ.get("RUSEON_DUMP_FAMILIES"):
+        BEFORE.write_text("".join(f"{n} {t}\n" for n, t in sorted(found.items())))
+    before = dict(line.split() for line in BEFORE.read_text().splitlines() if line.strip())
+    missing = sorted(set(before) - set(found))
+    assert not missing, f"families lost: {missing}"
+    changed = {n: (before[n], found[n]) for n in before if before[n] != found[n]}
+    assert not changed, f"families whose type changed: {changed}"
+    # Histograms for offer -> answer and POST -> connected, with data.
+    samples = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if not s.labels}
+    assert found["ruseon_whep_answer_seconds"] == "histogram"
+    assert samples["ruseon_whep_answer_seconds_count"] == 1
+    assert samples["ruseon_handshake_seconds_count"] == 1
+    # Process metrics from the library's process collector.
+    assert {"process_resident_memory_bytes", "process_cpu_seconds", "process_open_fds",
+            "process_start_time_seconds"} <= set(found)
+    # stats() dicts still flow in: engine, capture, and this issue's integrations.
+    assert samples["ruseon_engine_offers_accepted"] == 1
+    assert samples["ruseon_capture_frames_in"] > 0
+    assert "ruseon_events_published" in found
