@@ -32,6 +32,7 @@ from .relay import RtpRelay
 from .systemd_integration import SystemdNotifier, frames_flowing
 from .web.app import DEVICE_API, make_app
 from .web.controls import ControlsResource
+from .web.metrics import Exposition
 from .web.snapshot import KeyframeSnapshot
 from .webhooks import WebhookSender
 
@@ -117,6 +118,7 @@ class Appliance:
         app = make_app(config, self.engine, self.capture, started=self.started,
                        relays=self.relays, hls=self.hls, recorder=self.recorder)
         app[DEVICE_API].status_sections["integrations"] = self._integrations_status
+        app[DEVICE_API].metrics_sections.append(self._integrations_metrics)
         ControlsResource(self.controls).add_routes(app)
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
         await self._runner.setup()
@@ -224,6 +226,30 @@ class Appliance:
             "webhooks": [w.stats() for w in self.webhooks],
             "mqtt": self.mqtt.stats() if self.mqtt else None,
         }
+
+    def _integrations_metrics(self) -> str:
+        """Events, webhooks, MQTT and camera controls as ``/metrics`` families."""
+        out = Exposition()
+        out.stats("ruseon_events", self.events.stats(), "Appliance events")
+        out.family("ruseon_camera_stalled", "gauge", "1 while no frame arrives from the camera.",
+                   [("", int(self.stall_watcher.stalled))])
+        hooks = [(f'{{webhook="{i}"}}', w.stats()) for i, w in enumerate(self.webhooks)]
+        for key, kind, help_text in (
+                ("sent", "counter", "Webhook events delivered (2xx)."),
+                ("failed", "counter", "Webhook events given up after their retries."),
+                ("retries", "counter", "Webhook delivery attempts after the first."),
+                ("dropped", "counter", "Webhook events dropped from a full queue."),
+                ("queued", "gauge", "Webhook events waiting.")):
+            name = f"ruseon_webhook_{key}" + ("_total" if kind == "counter" else "")
+            out.family(name, kind, help_text, [(labels, s[key]) for labels, s in hooks])
+        if self.mqtt is not None:
+            out.stats("ruseon_mqtt", self.mqtt.stats(), "MQTT")
+        out.family("ruseon_camera_control_changes_total", "counter",
+                   "Camera control changes applied.", [("", self.controls.changes)])
+        out.family("ruseon_camera_control_restarts_total", "counter",
+                   "Source restarts made by camera control changes.",
+                   [("", self.controls.restarts)])
+        return out.text()
 
     def _tls_context(self) -> ssl.SSLContext | None:
         http = self.config.http

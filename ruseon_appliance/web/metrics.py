@@ -1,22 +1,32 @@
-"""``/metrics`` in the Prometheus text exposition format (version 0.0.4), written by hand.
+"""``/metrics`` in the Prometheus text exposition format (version 0.0.4), through prometheus-client.
 
-The web layer counts what it sees itself (offers answered and refused, answer latency, session
-events from the engine, HTTP errors); the engine's and the capture pipeline's ``stats()`` are
-exported as they are, numbers as gauges, ``{name: {label: number}}`` as one labelled family, so a
-counter added there shows up here without a change in this file. Process RSS and CPU come from
-``/proc`` and ``getrusage``.
+The web layer counts what it sees itself (offers answered and refused, session events from the
+engine, HTTP errors) and times offer -> answer and POST -> connected in the library's
+histograms; the engine's and the capture pipeline's ``stats()`` are exported as they are,
+numbers as gauges, ``{name: {label: number}}`` as one labelled family, so a counter added there
+shows up here without a change in this file. Process metrics (memory, CPU, file descriptors,
+start time) come from the library's process collector. Every family is a prometheus-client
+``Metric`` and the text is the library's ``generate_latest``; :class:`Exposition` keeps the
+family-by-family interface the other rooms' sections (relay, HLS, recording) were written
+against.
 """
 
 from __future__ import annotations
 
-import bisect
-import math
-import os
 import re
-import resource
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+
+import prometheus_client
+from prometheus_client import (
+    CollectorRegistry,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
+from prometheus_client.core import Metric
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -24,46 +34,35 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 _INVALID_NAME_CHARS = re.compile(r"[^a-zA-Z0-9_]")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+_UNESCAPE = {"\\\\": "\\", "\\n": "\n", '\\"': '"'}
 
-
-class Histogram:
-    """A cumulative Prometheus histogram with fixed upper bounds (seconds)."""
-
-    def __init__(self, buckets: Sequence[float] = LATENCY_BUCKETS_S) -> None:
-        self.bounds = tuple(sorted(buckets))
-        self.counts = [0] * (len(self.bounds) + 1)  # the last one is +Inf
-        self.total = 0.0
-        self.count = 0
-
-    def observe(self, value: float) -> None:
-        """Record one observation."""
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1
-        self.total += value
-        self.count += 1
-
-    def lines(self, name: str) -> list[str]:
-        """The ``_bucket``, ``_sum`` and ``_count`` sample lines."""
-        out: list[str] = []
-        cumulative = 0
-        for bound, count in zip((*self.bounds, math.inf), self.counts, strict=True):
-            cumulative += count
-            le = "+Inf" if bound == math.inf else _number(bound)
-            out.append(f'{name}_bucket{{le="{le}"}} {cumulative}')
-        out.append(f"{name}_sum {_number(self.total)}")
-        out.append(f"{name}_count {self.count}")
-        return out
+# The library would add a "<name>_created" gauge beside every histogram and counter object: a
+# family nobody had before and no dashboard reads.
+prometheus_client.disable_created_metrics()
 
 
 class WebMetrics:
-    """What the web layer counts itself, partly from the engine's session events."""
+    """What the web layer counts itself, partly from the engine's session events.
+
+    ``registry`` holds the two latency histograms and the process collector; it is this app's
+    own (not the library's global one), so several apps in one process (tests) do not clash.
+    """
 
     def __init__(self) -> None:
+        self.registry = CollectorRegistry()
         self.offers_answered = 0
         self.offers_refused: Counter[str] = Counter()
         # POST received → answer sent.
-        self.answer_seconds = Histogram()
-        # Session created → ICE and DTLS connected.
-        self.handshake_seconds = Histogram()
+        self.answer_seconds = Histogram(
+            "ruseon_whep_answer_seconds", "Time from POST /whep to the SDP answer.",
+            buckets=LATENCY_BUCKETS_S, registry=self.registry)
+        # Session created (at the POST) → ICE and DTLS connected.
+        self.handshake_seconds = Histogram(
+            "ruseon_handshake_seconds", "Time from session creation to ICE and DTLS connected.",
+            buckets=LATENCY_BUCKETS_S, registry=self.registry)
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
         self.sessions_started = 0
         self.sessions_ended: Counter[str] = Counter()
         # Bytes and packets sent by sessions that have ended (live ones are added at render).
@@ -97,51 +96,60 @@ def metric_name(*parts: str) -> str:
     return name if not name[:1].isdigit() else "_" + name
 
 
-def _number(value: float) -> str:
-    if isinstance(value, bool):
-        return "1" if value else "0"
-    if isinstance(value, int):
-        return str(value)
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(float(value))
-
-
 def _label_value(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _parse_labels(text: str) -> dict[str, str]:
+    """``{a="x",b="y"}`` (as the callers of :meth:`Exposition.family` write it) as a dict."""
+    return {key: re.sub(r'\\[\\n"]', lambda m: _UNESCAPE[m.group(0)], value)
+            for key, value in _LABEL.findall(text)}
 
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, complex)
 
 
+class _Collected:
+    """Any iterable of metric families as a collector for ``generate_latest``."""
+
+    def __init__(self, *sources: Any) -> None:
+        self._sources = sources
+
+    def collect(self) -> Iterable[Metric]:
+        for source in self._sources:
+            yield from source.collect()
+
+
 class Exposition:
-    """Builds the text body family by family (each family's HELP/TYPE once)."""
+    """Builds the body family by family (each name once) as prometheus-client metrics."""
 
     def __init__(self) -> None:
-        self._lines: list[str] = []
+        self._metrics: list[Metric] = []
         self._seen: set[str] = set()
 
     def family(
         self, name: str, kind: str, help_text: str, samples: Iterable[tuple[str, float]]
     ) -> None:
-        """One metric family; ``samples`` are ``(label-set text or "", value)``."""
+        """One metric family; ``samples`` are ``(label-set text or "", value)``. A counter's
+        name ends in ``_total``; one that does not is exported as a gauge, so its sample name
+        stays what it was."""
         if name in self._seen:
             return
         self._seen.add(name)
-        self._lines.append(f"# HELP {name} {help_text}")
-        self._lines.append(f"# TYPE {name} {kind}")
+        if kind == "counter" and name.endswith("_total"):
+            metric = Metric(name.removesuffix("_total"), help_text, "counter")
+        else:
+            metric = Metric(name, help_text, "gauge" if kind == "counter" else kind)
         for labels, value in samples:
-            self._lines.append(f"{name}{labels} {_number(value)}")
+            if _is_number(value):
+                metric.add_sample(name, _parse_labels(labels), float(value))
+        self._metrics.append(metric)
 
     def histogram(self, name: str, help_text: str, histogram: Histogram) -> None:
-        """A histogram family."""
+        """A histogram family from a prometheus-client ``Histogram``."""
         self._seen.add(name)
-        self._lines.append(f"# HELP {name} {help_text}")
-        self._lines.append(f"# TYPE {name} histogram")
-        self._lines.extend(histogram.lines(name))
+        self._metrics.extend(histogram.collect())
 
     def stats(self, prefix: str, stats: Mapping[str, Any], help_text: str) -> None:
         """Export a component's ``stats()``: numbers as gauges, a dict of numbers as one family
@@ -160,21 +168,14 @@ class Exposition:
                 else:
                     self.stats(name, value, help_text)
 
-    def text(self) -> str:
-        """The finished body."""
-        return "\n".join(self._lines) + "\n"
+    def collect(self) -> list[Metric]:
+        """The families so far."""
+        return list(self._metrics)
 
-
-def process_samples() -> tuple[int, float]:
-    """(resident set size in bytes, CPU seconds user+system) of this process."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    cpu = usage.ru_utime + usage.ru_stime
-    try:
-        with open("/proc/self/statm", encoding="ascii") as fh:
-            rss = int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        rss = usage.ru_maxrss * 1024  # peak, not current: better than nothing off Linux
-    return rss, cpu
+    def text(self, *more: Any) -> str:
+        """The finished body (plus the families of any ``more`` collectors, first)."""
+        body: bytes = generate_latest(_Collected(*more, self))  # type: ignore[arg-type]
+        return body.decode()
 
 
 def _labelled(label: str, counts: Mapping[Any, Any]) -> list[tuple[str, float]]:
@@ -220,14 +221,6 @@ def render(
         "ruseon_whep_offers_refused_total", "counter", "Offers refused, by engine error.",
         _labelled("error", web.offers_refused),
     )
-    out.histogram(
-        "ruseon_whep_answer_seconds", "Time from POST /whep to the SDP answer.", web.answer_seconds
-    )
-    out.histogram(
-        "ruseon_handshake_seconds",
-        "Time from session creation to ICE and DTLS connected.",
-        web.handshake_seconds,
-    )
     out.family("ruseon_sent_bytes_total", "counter", "RTP bytes sent to viewers.",
                [("", bytes_sent)])
     out.family("ruseon_sent_packets_total", "counter", "RTP packets sent to viewers.",
@@ -256,9 +249,7 @@ def render(
         "ruseon_http_errors_total", "counter", "HTTP error answers, by status.",
         _labelled("status", http_errors),
     )
-    rss, cpu = process_samples()
-    out.family("process_resident_memory_bytes", "gauge", "Resident memory size.", [("", rss)])
-    out.family("process_cpu_seconds_total", "counter", "User and system CPU time.", [("", cpu)])
     out.stats("ruseon_engine", engine_stats, "WebRTC engine")
     out.stats("ruseon_capture", capture_stats, "Capture pipeline")
-    return out.text()
+    # The histograms and the process/platform collectors live in the app's registry.
+    return out.text(web.registry)

@@ -10,6 +10,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -178,7 +179,8 @@ def test_a_full_disk_stops_recording_clearly_live_continues_and_recording_resume
             assert "full" in full["reason"] and full["write_errors_total"] >= 1
             assert any("recording stopped: the disk is full" in line for line in serve.output)
             _, metrics = serve.get("/metrics")
-            assert b'ruseon_recording_states{key="disk_full"} 1' in metrics
+            # prometheus-client writes every value as a float ("1.0").
+            assert re.search(rb'\nruseon_recording_states\{key="disk_full"\} 1(\.0)?\n', metrics)
             status = serve.json("/api/status")
             assert status["recording"]["state"] == "disk_full"
             # The live view does not notice: a real WHEP viewer decodes frames now.

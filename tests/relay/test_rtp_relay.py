@@ -279,7 +279,8 @@ async def test_appliance_serves_the_relay_sdp_status_and_metrics(tmp_path: Path,
             async with http.get(f"{base}/metrics") as response:
                 metrics = await response.text()
             assert 'ruseon_relay_packets_sent_total{relay="lan"}' in metrics
-            assert 'ruseon_relay_errors_total{relay="lan",kind="unreachable"}' in metrics
+            # prometheus-client writes labels sorted by name.
+            assert 'ruseon_relay_errors_total{kind="unreachable",relay="lan"}' in metrics
     finally:
         await appliance.stop()
 
