@@ -2,10 +2,10 @@
 
 A hand-written box writer rather than PyAV's mov muxer: it decides exactly which access units go
 into which fragment (an LL-HLS part is a fragment of about 0.25 s; recording uses about 1 s), it
-starts a new init segment the moment SPS/PPS change, and it is cheaper: bench/recording.py
-measured about 14-27 µs per access unit at 720p30 2 Mbit/s and 60-130 µs at 1080p30 8 Mbit/s
-(mostly copying the bytes), against 48 and 180-200 µs for PyAV's muxer fed the same units, which
-also decides fragment boundaries itself.
+starts a new init segment the moment SPS/PPS change, its box builders also write the progressive
+MP4 of a clip (recording/clip.py), and it is somewhat cheaper: bench/recording.py measured about
+12 µs per access unit at 720p30 2 Mbit/s and 31-33 µs at 1080p30 8 Mbit/s (half of it finding the
+NAL units), against 17-19 and 51-67 µs for PyAV's muxer fed the same units.
 
 Samples are AVCC (4-byte length-prefixed NAL units). SPS, PPS and access-unit delimiters are left
 out of the samples because the ``avcC`` box in the init segment carries the parameter sets.
