@@ -24,6 +24,7 @@ DTLS_HEADER = 13  # DTLSPlaintext: type, version, epoch, sequence number, length
 DTLS_VERSIONS = (0xFEFF, 0xFEFD)
 # change_cipher_spec, alert, handshake, application_data, heartbeat, tls12_cid.
 DTLS_CONTENT_TYPES = range(20, 26)
+ALERT = 21
 # No renegotiation: epoch 0 (handshake in clear) and 1 (after the first ChangeCipherSpec).
 DTLS_MAX_EPOCH = 1
 DTLS_MAX_RECORD = 2**14 + 2048
@@ -49,6 +50,7 @@ SHAPE_DROP_REASONS = (
     "dtls_bad_content_type",  # a record type outside 20-25
     "dtls_bad_version",  # not DTLS 1.0/1.2
     "dtls_bad_epoch",  # an epoch no handshake of ours reaches
+    "dtls_plaintext_alert",  # an alert in clear (epoch 0): unauthenticated, see check_dtls
     "dtls_bad_header",  # a DTLS 1.3 header with a connection ID (never negotiated)
     "rtp_truncated",  # RTP header, CSRCs, extension and tag do not fit
     "rtcp_truncated",  # RTCP header, SRTCP index and tag do not fit
@@ -117,6 +119,12 @@ def check_dtls(data: bytes) -> str | None:
             return "dtls_bad_version"
         if epoch > DTLS_MAX_EPOCH:
             return "dtls_bad_epoch"
+        if first == ALERT and epoch == 0:
+            # Anyone can forge an alert in clear, and during the handshake OpenSSL acts on it
+            # (even a warning close_notify failed a joining viewer's session); after it,
+            # OpenSSL ignores them anyway. The cost: a peer's genuine handshake failure is
+            # noticed by the pending timeout instead of at once.
+            return "dtls_plaintext_alert"
         length = struct.unpack_from("!H", data, pos + 11)[0]
         if length == 0 or length > DTLS_MAX_RECORD or pos + DTLS_HEADER + length > size:
             return "dtls_truncated"

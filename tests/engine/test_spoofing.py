@@ -297,6 +297,7 @@ async def test_spoofed_attack_list_from_a_viewers_address_ends_nothing(engine: E
         # Dropped by the mux, on the viewers' routes, each under its own reason.
         for reason in ("empty", "too_short", "dtls_truncated", "dtls_bad_content_type",
                        "dtls_bad_version", "dtls_bad_epoch", "dtls_bad_header",
+                       "dtls_plaintext_alert",
                        "rtp_truncated", "rtcp_truncated", "stun_bad_integrity",
                        "stun_malformed", "stun_no_credentials", "stun_not_binding",
                        "stun_indication", "stun_unsolicited", "stun_truncated"):
@@ -378,4 +379,47 @@ async def test_guard_keeps_a_session_when_aiortc_raises_on_a_datagram(engine: En
         await wait_for(lambda: len(viewer.numbers) >= mark + 12, timeout=40)
         assert session.state == "connected" and engine.sessions[viewer.session_id] is session
     finally:
+        await viewer.close()
+
+
+async def test_a_forged_alert_during_the_dtls_handshake_fails_nothing(engine: Engine) -> None:
+    """Between ICE and the end of the DTLS handshake, OpenSSL acts on alerts in clear (a
+    single forged close_notify failed the joining session): the mux drops them. The viewer's
+    DTLS (the server role here) is held for a second so the forged datagrams land mid-handshake.
+    """
+    pc, offer = await make_offer()
+    viewer = CountingViewer(pc)
+    (dtls,) = aiortc_internals.dtls_transports_of(pc)
+    original = dtls._recv_next
+    held = [False]
+
+    async def held_first(original: Any = original) -> None:
+        if not held[0]:
+            held[0] = True
+            await asyncio.sleep(1.0)
+        await original()
+
+    dtls._recv_next = held_first
+
+    def on_track(track: Any) -> None:
+        if track.kind == "video":
+            viewer.task = asyncio.ensure_future(viewer.consume(track))
+
+    pc.on("track", on_track)
+    session, answer = await engine.offer(offer)
+    viewer.session_id = session.id
+    spoofer = Spoofer()
+    try:
+        await pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
+        await wait_for(lambda: bool(engine.mux.routes_for(session.ufrag)), timeout=40)
+        assert session.state == "connecting"
+        before = engine.mux.dropped["dtls_plaintext_alert"]
+        for body in (b"\x01\x00", b"\x02\x28", b"\x02\x0a"):  # close_notify, fatal x2
+            spoofer.send(dtls_record(21, 0, 1, body), route_of(engine, viewer),
+                         ("127.0.0.1", engine.udp_port))
+        await wait_for(lambda: len(viewer.numbers) >= 10, timeout=40)
+        assert session.state == "connected" and engine.sessions[session.id] is session
+        assert engine.mux.dropped["dtls_plaintext_alert"] == before + 3
+    finally:
+        spoofer.close()
         await viewer.close()
