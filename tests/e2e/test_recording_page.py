@@ -69,6 +69,8 @@ def test_timeline_plays_a_recording_in_the_page_then_live_again(
         # the pixel grid makes the clicked moment approximate to a few hundred ms.
         assert wanted - 3000 <= state["clipStart"] <= wanted + 500, state
         assert page.is_visible("#btn-live") and page.is_visible("#btn-download")
+        page.wait_for_function(
+            "document.getElementById('stat-codec').textContent === 'H264 \u00b7 recording'")
         save_screenshot(page, "browser-recording-playback.png")
 
         page.click("#btn-live")

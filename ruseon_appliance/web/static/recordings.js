@@ -322,9 +322,25 @@ $("btn-download").addEventListener("click", async () => {
   toast("Downloading the recording");
 });
 
+// While a recording plays, the stats overlay describes it (device.js only fills it for WebRTC).
+let lastFrames = 0;
+function statsTick() {
+  if (!rec.playing) { lastFrames = 0; return; }
+  const quality = video.getVideoPlaybackQuality ? video.getVideoPlaybackQuality() : null;
+  const frames = quality ? quality.totalVideoFrames : 0;
+  const fps = lastFrames && !video.paused ? Math.max(0, frames - lastFrames) : 0;
+  lastFrames = frames;
+  const set = (id, text) => { const el = $(id); if (el) el.textContent = text; };
+  set("stat-resolution", video.videoWidth ? `${video.videoWidth}×${video.videoHeight}` : "–");
+  set("stat-fps", fps ? `${fps} fps` : "–");
+  for (const id of ["stat-bitrate", "stat-loss", "stat-rtt", "stat-jitter"]) set(id, "–");
+  set("stat-codec", "H264 · recording");
+}
+
 function start() {
   if (!player() || !player().stopWebrtc) { setTimeout(start, 50); return; }
   refresh();
   setInterval(refresh, LIST_MS);
+  setInterval(statsTick, 1000);
 }
 start();
