@@ -63,6 +63,7 @@ class _OpenSegment:
     start_us: int
     generation: int
     media_ticks: int = 0
+    next_pts: int = 0  # where the next fragment should start if the clock runs on
     pending: list[bytes] = field(default_factory=list)
     pending_bytes: int = 0
     pending_ticks: int = 0
@@ -227,8 +228,12 @@ class Recorder:
                 self.fragments_dropped += 1
                 continue
             cur = self._current
+            # A jump in the media clock (camera restart, ring overrun) also starts a new segment:
+            # within one segment, time is its start plus the media clock.
+            jumped = cur is not None and abs(f.start_pts - cur.next_pts) > self._timescale // 10
             if cur is not None and f.independent and (
-                    cur.media_ticks >= self._segment_ticks or f.init_generation != cur.generation):
+                    jumped or cur.media_ticks >= self._segment_ticks
+                    or f.init_generation != cur.generation):
                 self._close_current()
                 cur = None
             if cur is None:
@@ -241,6 +246,7 @@ class Recorder:
             cur.pending_bytes += len(f.data)
             cur.pending_ticks += f.duration
             cur.media_ticks += f.duration
+            cur.next_pts = f.start_pts + f.duration
             if cur.pending_bytes >= BATCH_BYTES or now - cur.last_submit >= FLUSH_INTERVAL_S:
                 self._submit(cur)
 
@@ -255,7 +261,7 @@ class Recorder:
             start += 1
         cur = _OpenSegment(SegmentFile(directory / (name + OPEN_SUFFIX),
                                        directory / (name + SEGMENT_SUFFIX)),
-                           start, first.init_generation)
+                           start, first.init_generation, next_pts=first.start_pts)
         self._current = cur
         self._track(self._disk_call(cur.file.append, init, init=True),
                     lambda ok: self._written(cur, ok, len(init), 0))

@@ -38,8 +38,9 @@ async def feed(ring: RingBuffer, units: list[Unit]) -> None:
 
 
 def recorder_for(tmp_path: Path, ring: RingBuffer, **settings: float) -> Recorder:
-    return Recorder(RecorderSettings(directory=tmp_path / "rec", segment_s=2.0,
-                                     **settings), ring)  # type: ignore[arg-type]
+    options: dict[str, float] = {"segment_s": 2.0, **settings}
+    return Recorder(RecorderSettings(directory=tmp_path / "rec", **options),  # type: ignore[arg-type]
+                    ring)
 
 
 def write_clip(tmp_path: Path, segments: list, start_us: int, end_us: int,  # type: ignore[type-arg]
@@ -211,3 +212,23 @@ async def test_a_download_survives_retention_deleting_its_segments(
     assert out.stat().st_size == clip.content_length
     assert ffmpeg_errors(out) == ""
     assert len(probe_frames(out)) == 120
+
+
+async def test_a_media_clock_jump_starts_a_new_segment_and_clips_stay_in_order(
+        tmp_path: Path, units: list[Unit]) -> None:
+    # A camera restart: its pts start again from 0 while the wall clock runs on.
+    ring = RingBuffer(8 * 1024 * 1024, 1024)
+    recorder = recorder_for(tmp_path, ring, segment_s=60.0)
+    await recorder.start()
+    recorder.begin(preroll_s=0)
+    await feed(ring, units[:45])
+    await feed(ring, [Unit(u.data, u.pts - units[45].pts, u.keyframe, u.capture_time_us)
+                      for u in units[45:90]])
+    await recorder.end()
+    await recorder.stop()
+    segments = recorder.archive.segments
+    assert [s.start_us for s in segments] == [units[0].capture_time_us, units[45].capture_time_us]
+    clip = write_clip(tmp_path, segments, segments[0].start_us, segments[-1].end_us)
+    assert ffmpeg_errors(clip) == ""
+    times = stamps(clip)
+    assert times == [u.capture_time_us for u in units[:90]]
