@@ -43,6 +43,8 @@ RESUME_MAX_FREE = 64 * 1024 * 1024
 RESUME_PROBE_BYTES = 64 * 1024
 RATE_WINDOW_S = 10.0
 MAX_PREROLL_S = 60.0
+# Wall clock and media clock drifting apart by more than this within a segment is a clock jump.
+CLOCK_JUMP_US = 2_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +66,7 @@ class _OpenSegment:
     generation: int
     media_ticks: int = 0
     next_pts: int = 0  # where the next fragment should start if the clock runs on
+    first_pts: int = 0
     pending: list[bytes] = field(default_factory=list)
     pending_bytes: int = 0
     pending_ticks: int = 0
@@ -230,7 +233,12 @@ class Recorder:
             cur = self._current
             # A jump in the media clock (camera restart, ring overrun) also starts a new segment:
             # within one segment, time is its start plus the media clock.
-            jumped = cur is not None and abs(f.start_pts - cur.next_pts) > self._timescale // 10
+            # So does a jump of the wall clock (NTP setting a Pi's clock after boot): a segment's
+            # name is the wall-clock time of its first frame, and the rest follows the media clock.
+            jumped = cur is not None and (
+                abs(f.start_pts - cur.next_pts) > self._timescale // 10
+                or abs(f.capture_time_us - cur.start_us - (f.start_pts - cur.first_pts)
+                       * 1_000_000 // self._timescale) > CLOCK_JUMP_US)
             if cur is not None and f.independent and (
                     jumped or cur.media_ticks >= self._segment_ticks
                     or f.init_generation != cur.generation):
@@ -261,7 +269,8 @@ class Recorder:
             start += 1
         cur = _OpenSegment(SegmentFile(directory / (name + OPEN_SUFFIX),
                                        directory / (name + SEGMENT_SUFFIX)),
-                           start, first.init_generation, next_pts=first.start_pts)
+                           start, first.init_generation, next_pts=first.start_pts,
+                           first_pts=first.start_pts)
         self._current = cur
         self._track(self._disk_call(cur.file.append, init, init=True),
                     lambda ok: self._written(cur, ok, len(init), 0))

@@ -232,3 +232,20 @@ async def test_a_media_clock_jump_starts_a_new_segment_and_clips_stay_in_order(
     assert ffmpeg_errors(clip) == ""
     times = stamps(clip)
     assert times == [u.capture_time_us for u in units[:90]]
+
+
+async def test_a_wall_clock_jump_starts_a_new_segment_named_by_the_new_time(
+        tmp_path: Path, units: list[Unit]) -> None:
+    # NTP sets the clock an hour ahead mid-recording; the media clock runs on.
+    ring = RingBuffer(8 * 1024 * 1024, 1024)
+    recorder = recorder_for(tmp_path, ring, segment_s=60.0)
+    await recorder.start()
+    recorder.begin(preroll_s=0)
+    hour = 3_600_000_000
+    await feed(ring, units[:45])
+    await feed(ring, [Unit(u.data, u.pts, u.keyframe, u.capture_time_us + hour)
+                      for u in units[45:90]])
+    await recorder.end()
+    await recorder.stop()
+    starts = [s.start_us for s in recorder.archive.segments]
+    assert starts == [units[0].capture_time_us, units[45].capture_time_us + hour]
