@@ -14,28 +14,36 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import av
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from ruseon_appliance.capture.pipeline import CapturePipeline
+from ruseon_appliance.capture.ring import RingBuffer
 from ruseon_appliance.config import Config
 from ruseon_appliance.engine.engine import Engine
 from ruseon_appliance.hls import HlsStream
 from ruseon_appliance.web.app import make_app
 from tests.hls.m3u8 import MediaPlaylist, parse
+from tests.hls.test_playlist_conformance import FakeCamera
 from tests.web.conftest import web_config
 
 TOKEN = "s3cret-hls"
 
 
 @contextlib.asynccontextmanager
-async def hls_device(config: Config, tmp_path: Path, *, max_waiting: int = 1000
+async def hls_device(config: Config, tmp_path: Path, *, max_waiting: int = 1000,
+                     fed_by_hand: bool = False,
                      ) -> AsyncIterator[tuple[HlsStream, TestClient[Any, Any]]]:
+    """Capture, engine, an HLS stream and the web app. ``fed_by_hand``: the stream reads a
+    ring nobody writes to, and the test feeds it fragments itself (the live edge then moves
+    only when the test says so)."""
     capture = CapturePipeline(config.camera)
     await capture.start()
     engine = Engine(config.webrtc, tmp_path, capture)
-    stream = HlsStream(capture.ring, framerate=config.camera.framerate,
+    ring = RingBuffer(256 * 1024, 64) if fed_by_hand else capture.ring
+    stream = HlsStream(ring, framerate=config.camera.framerate,
                        keyframe_interval=config.camera.keyframe_interval,
                        part_target_s=0.25, window_s=6.0, max_waiting=max_waiting)
     try:
@@ -46,7 +54,8 @@ async def hls_device(config: Config, tmp_path: Path, *, max_waiting: int = 1000
         client: TestClient[Any, Any] = TestClient(TestServer(app, host="127.0.0.1"))
         await client.start_server()
         try:
-            assert await stream.wait_for_playlist(0, None, 20)  # one complete segment
+            if not fed_by_hand:
+                assert await stream.wait_for_playlist(0, None, 20)  # one complete segment
             yield stream, client
         finally:
             await client.close()
@@ -240,3 +249,46 @@ async def test_status_and_metrics_report_clients_and_rates(
                    'ruseon_hls_request_rate{kind="part"}', "ruseon_hls_blocking_outstanding",
                    "ruseon_hls_stream_parts_added"):
         assert family in metrics, family
+
+
+async def test_thousands_of_blocking_reloads_are_bounded_and_the_board_keeps_answering(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """1500 blocking reloads at once against a bound of 1000: the rest are refused at once
+    (503, counted), the board still answers a plain playlist and /healthz while 1000 are held,
+    and every held one is answered when its segment arrives."""
+    monkeypatch.setattr(HlsStream, "hold_timeout_s", property(lambda self: 60.0))
+    async with hls_device(web_config(), tmp_path, max_waiting=1000, fed_by_hand=True) as (
+            stream, client):
+        camera = FakeCamera(gop=60)
+        stream.add_fragments(list(camera.fragments(30)), b"init")  # three segments and a bit
+        live = stream.window.position
+        url = f"http://127.0.0.1:{client.port}/hls/index.m3u8?_HLS_msn={live.msn}"
+        connector = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=connector) as session:
+
+            async def blocking() -> int:
+                async with session.get(url) as response:
+                    await response.read()
+                    return response.status
+
+            held = [asyncio.ensure_future(blocking()) for _ in range(1500)]
+            peak = 0
+            for _ in range(6000):
+                peak = max(peak, stream.waiting)
+                if stream.waiting + stream.waits_refused >= 1500:
+                    break
+                await asyncio.sleep(0.01)
+            assert (stream.waiting, stream.waits_refused) == (1000, 500), stream.stats()
+            assert not any(h.done() and h.result() == 200 for h in held)
+            # The board is not exhausted: other requests are answered meanwhile.
+            assert (await client.get("/hls/index.m3u8")).status == 200
+            assert (await client.get("/healthz")).status == 200
+            metrics = await (await client.get("/metrics")).text()
+            assert "ruseon_hls_blocking_outstanding 1000" in metrics
+            # The open segment completes: every held request is answered.
+            stream.add_fragments(list(camera.fragments(9)), b"init")
+            statuses = await asyncio.gather(*held)
+        assert peak == 1000, peak
+        assert statuses.count(503) == 500 and statuses.count(200) == 1000
+        assert stream.waiting == 0 and stream.waits_satisfied >= 1000
