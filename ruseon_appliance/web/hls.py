@@ -3,9 +3,10 @@ segments under ``/hls/``, with the caching headers a CDN or reverse proxy needs.
 
 Caching: init segments, parts and segments never change under their name (names carry the
 service's run id), so they are ``public, immutable`` for as long as the window keeps them. A
-plain playlist request is cacheable for one second; a blocking reload is keyed by its query
-(``_HLS_msn``/``_HLS_part``), whose answer never changes either, so a cache in front collapses
-every client waiting for the same part into one request to the board.
+plain playlist request is cacheable for one second (and two more while a cache refreshes it);
+a blocking reload is keyed by its query (``_HLS_msn``/``_HLS_part``), whose answer never changes
+either, so a cache in front collapses every client waiting for the same part into one request to
+the board.
 
 Bad input is answered before it costs anything: names that are not ours are 404 without a file
 system ever being looked at, long query strings 414, malformed or far-ahead ``_HLS_*`` values 400.
@@ -40,6 +41,9 @@ CLIENT_WINDOW_S = 15.0
 MAX_TRACKED_CLIENTS = 10_000
 # Request rates are averaged over this many one-second buckets.
 RATE_WINDOW_S = 10
+
+# How much older than max-age a cache may hand out a plain playlist while it refreshes it.
+PLAYLIST_STALE_S = 2
 
 _NAME = re.compile(r"^(init|seg|part)-([0-9a-f]{8})-([0-9]{1,12})\.(mp4|m4s)$")
 _NUMBER = re.compile(r"^[0-9]{1,12}$")
@@ -181,11 +185,14 @@ class HlsResource:
         body = render(window, query=self._query_suffix(request))
         # A blocking answer is keyed by its query and stays right; a plain one changes with
         # every part, so caches may reuse it only briefly (one second is max-age's finest).
-        max_age = 6 * window.target_duration if blocking else 1
+        # stale-while-revalidate lets a cache answer a crowd from the expired copy (at most
+        # that much older) while one request refreshes it: a lock covers only missing entries.
+        cache = (f"public, max-age={6 * window.target_duration}" if blocking
+                 else f"public, max-age=1, stale-while-revalidate={PLAYLIST_STALE_S}")
         response = web.Response(
             text=body,
             content_type=PLAYLIST_TYPE,
-            headers={"Cache-Control": f"public, max-age={max_age}"},
+            headers={"Cache-Control": cache},
         )
         self.metrics.bytes_sent += len(body)
         return response

@@ -97,7 +97,7 @@ async def test_playlist_and_files_decode_with_caching_headers(
     await stream.wait_for_playlist(0, None, 10)
     playlist, response = await get_playlist(client)
     assert response.content_type == "application/vnd.apple.mpegurl"
-    assert response.headers["Cache-Control"] == "public, max-age=1"
+    assert response.headers["Cache-Control"] == "public, max-age=1, stale-while-revalidate=2"
     complete = [s for s in playlist.segments if s.uri]
     assert complete, playlist
     init = await client.get(f"/hls/{complete[0].map_uri}")
