@@ -40,7 +40,9 @@ def check_camera(config: Config) -> Finding:
     if source == "synthetic" or source.startswith("file:"):
         return Finding("camera", "ok", f"source is {source}; no camera needed")
     has_picamera2 = importlib.util.find_spec("picamera2") is not None
-    rpicam = shutil.which(config.camera.rpicam_command)
+    # rpicam_command may carry arguments (e.g. a wrapper): look up its executable.
+    argv = shlex.split(config.camera.rpicam_command)
+    rpicam = shutil.which(argv[0]) if argv else None
     media = sorted(glob.glob("/dev/media*"))
     found = []
     if has_picamera2:

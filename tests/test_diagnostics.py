@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ruseon_appliance.config import Config
-from ruseon_appliance.diagnostics import check_encoder
+from ruseon_appliance.diagnostics import check_camera, check_encoder
 
 FAKE_RPICAM = Path(__file__).parent / "capture" / "fake_rpicam_vid.py"
 
@@ -39,3 +39,9 @@ def test_check_reports_the_bcm2712_encoder_path(
     compatible.write_bytes(b"raspberrypi,4-model-b\0brcm,bcm2711\0")
     assert "BCM2712" not in check_encoder(config_with_fake_rpicam(),
                                           compatible_path=compatible).detail
+
+
+def test_check_camera_finds_an_rpicam_command_with_arguments() -> None:
+    config = config_with_fake_rpicam()  # "python .../fake_rpicam_vid.py"
+    finding = check_camera(config)
+    assert f"{config.camera.rpicam_command} at {sys.executable}" in finding.detail
