@@ -17,13 +17,14 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .segment_file import SegmentFormatError, read_segment
+from .segment_file import FragmentIndex, SegmentFormatError, read_segment
 
 log = logging.getLogger(__name__)
 
 SEGMENT_SUFFIX = ".mp4"
 OPEN_SUFFIX = ".mp4.part"
 SET_ASIDE_DIR = "set-aside"
+TRIM_SUFFIX = ".mp4.trim"  # a cut in progress; removed at start-up if a crash left one
 _NAME_FORMAT = "%Y-%m-%d_%H-%M-%S-%f"
 # Two segments whose ends are closer than this belong to one continuous range.
 CONTIGUOUS_TOLERANCE_US = 1_000_000
@@ -110,6 +111,9 @@ class Archive:
             return report  # created with the first segment
         for entry in sorted(self.directory.iterdir()):
             if not entry.is_file():
+                continue
+            if entry.name.endswith(TRIM_SUFFIX):
+                entry.unlink(missing_ok=True)  # the original is still there, whole
                 continue
             if entry.name.endswith(OPEN_SUFFIX):
                 segment = self.repair(entry, report)
@@ -228,3 +232,57 @@ def fsync_dir(directory: Path) -> None:
             os.close(fd)
 
 
+
+
+def cut_segment(segment: Segment, start_us: int, end_us: int) -> list[Segment]:
+    """Remove ``[start_us, end_us)`` from a closed segment, at fragment boundaries; blocking.
+
+    What stays is the fragments wholly before ``start_us`` (kept under the original name) and
+    those from the first independent fragment at or after ``end_us`` (a new segment named by its
+    start). Each part is written beside the original as ``.mp4.trim``, fsynced, then renamed; the
+    original is replaced last, so a crash leaves the original or its parts, never neither.
+    """
+    with segment.path.open("rb") as f:
+        index = read_segment(f, os.fstat(f.fileno()).st_size)
+        first = index.first_decode_time
+        ts = index.timescale
+
+        def at(decode_time: int) -> int:
+            return segment.start_us + (decode_time - first) * 1_000_000 // ts
+
+        head = [x for x in index.fragments if at(x.decode_time + x.duration) <= start_us]
+        tail_from = next((i for i, x in enumerate(index.fragments)
+                          if at(x.decode_time) >= end_us and x.sync and x.sync[0]), None)
+        tail = list(index.fragments[tail_from:]) if tail_from is not None else []
+
+        def write(name: str, fragments: list[FragmentIndex]) -> Path:
+            tmp = segment.path.with_name(name + TRIM_SUFFIX)
+            with tmp.open("wb") as out:
+                out.write(index.init)
+                f.seek(fragments[0].offset)
+                left = fragments[-1].end - fragments[0].offset
+                while left:
+                    chunk = f.read(min(left, 1024 * 1024))
+                    if not chunk:
+                        raise OSError("the segment ended early")
+                    out.write(chunk)
+                    left -= len(chunk)
+                out.flush()
+                os.fsync(out.fileno())
+            return tmp
+
+        base = segment.path.name.removesuffix(SEGMENT_SUFFIX)
+        tail_tmp = write(segment_name(at(tail[0].decode_time)), tail) if tail else None
+        head_tmp = write(base, head) if head else None
+    made: list[Path] = []
+    if tail_tmp is not None:
+        final = tail_tmp.with_name(tail_tmp.name.removesuffix(TRIM_SUFFIX) + SEGMENT_SUFFIX)
+        os.replace(tail_tmp, final)
+        made.append(final)
+    if head_tmp is not None:
+        os.replace(head_tmp, segment.path)
+        made.insert(0, segment.path)
+    else:
+        segment.path.unlink(missing_ok=True)
+    fsync_dir(segment.path.parent)
+    return [segment_info(p) for p in made]

@@ -23,8 +23,17 @@ from typing import Any
 
 from ..capture.ring import RingBuffer, RingReader
 from ..segmenter import Fmp4Segmenter, Fragment, run_segmenter
-from .archive import OPEN_SUFFIX, SEGMENT_SUFFIX, Archive, Segment, rfc3339, segment_name
+from .archive import (
+    OPEN_SUFFIX,
+    SEGMENT_SUFFIX,
+    Archive,
+    Segment,
+    cut_segment,
+    rfc3339,
+    segment_name,
+)
 from .disk import SegmentFile, classify, disk_size, free_bytes, unlink_all, writable
+from .segment_file import SegmentFormatError
 
 log = logging.getLogger(__name__)
 
@@ -395,17 +404,37 @@ class Recorder:
             self._forget_and_delete(expired, "retention")
         return expired
 
-    def delete_range(self, start_us: int, end_us: int) -> tuple[list[Segment], list[Segment]]:
-        """Delete the closed segments lying wholly inside ``[start_us, end_us)``.
+    async def delete_range(self, start_us: int, end_us: int) -> dict[str, list[Segment]]:
+        """Delete what is recorded in ``[start_us, end_us)``, never the open segment.
 
-        Returns (deleted, kept): kept are those only partly inside, and the open segment.
+        Closed segments wholly inside are deleted; those partly inside are cut: what stays is
+        the fragments wholly before the range and what follows the first IDR at or after its end
+        (so up to a GOP inside the range may stay at its end).
+        Returns ``deleted``, ``trimmed`` (the new pieces) and ``kept`` (the open segment).
         """
         hit = self.archive.overlapping(start_us, end_us, self.current_segment())
         deleted = [x for x in hit if not x.open and x.start_us >= start_us and x.end_us <= end_us]
-        kept = [x for x in hit if x not in deleted]
+        partial = [x for x in hit if not x.open and x not in deleted]
+        kept = [x for x in hit if x.open]
         if deleted:
             self._forget_and_delete(deleted, "request")
-        return deleted, kept
+        pieces: list[Segment] = []
+        if partial:
+            self.archive.forget(partial)
+            loop = asyncio.get_running_loop()
+            for segment in partial:
+                try:
+                    made = await loop.run_in_executor(self._disk, cut_segment, segment,
+                                                      start_us, end_us)
+                except (OSError, SegmentFormatError) as exc:
+                    log.error("recording: cutting %s failed: %s", segment.path.name, exc)
+                    self.archive.add(segment)
+                    kept.append(segment)
+                    continue
+                for piece in made:
+                    self.archive.add(piece)
+                pieces.extend(made)
+        return {"deleted": deleted, "trimmed": pieces, "kept": kept}
 
     def _forget_and_delete(self, segments: list[Segment], why: str) -> None:
         self.archive.forget(segments)

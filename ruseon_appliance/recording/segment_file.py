@@ -7,6 +7,7 @@ Only box headers and the small moof boxes are read; media data is never loaded. 
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from dataclasses import dataclass
 from typing import BinaryIO
@@ -29,6 +30,8 @@ class FragmentIndex:
     durations: tuple[int, ...]
     sizes: tuple[int, ...]
     sync: tuple[bool, ...]
+    offset: int = 0  # file offset of its moof
+    end: int = 0  # file offset just past its mdat
 
     @property
     def duration(self) -> int:
@@ -177,7 +180,7 @@ def read_segment(f: BinaryIO, size: int) -> SegmentIndex:
             if fragment is None or fragment.data_offset < start + header or (
                     fragment.data_offset + sum(fragment.sizes) > mdat_end):
                 break
-            fragments.append(fragment)
+            fragments.append(dataclasses.replace(fragment, offset=pending[0], end=mdat_end))
             valid_end = mdat_end
             pending = None
         else:

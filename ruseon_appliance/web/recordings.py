@@ -2,7 +2,7 @@
 
 - ``GET /recordings/list[?start=&end=]`` → ``[{"start": RFC 3339, "duration": s, "url": ...}]``
 - ``GET /recordings/get?start=<RFC 3339>&duration=<s>[&format=mp4|fmp4]`` → the clip, streamed
-- ``DELETE /recordings?start=&duration=`` → deletes the closed segments wholly inside the range
+- ``DELETE /recordings?start=&duration=`` → deletes that range (never the segment being written)
 - ``GET /api/recording``, ``POST /api/recording/start[?preroll=s]``, ``POST /api/recording/stop``
 
 ``path`` (mediamtx's stream name) is accepted and ignored: this device has one camera.
@@ -161,18 +161,23 @@ class RecordingsResource:
             clip.close()
 
     async def delete(self, request: web.Request) -> web.Response:
-        """``DELETE /recordings?start=&duration=``: delete the closed segments inside it."""
+        """``DELETE /recordings?start=&duration=``: delete that range from closed segments."""
         _check_path(request)
         start = parse_time("start", request.query.get("start"))
         seconds = parse_seconds("duration", request.query.get("duration"),
                                 maximum=100 * 365 * 86400)
-        deleted, kept = self.recorder.delete_range(start, start + round(seconds * 1_000_000))
+        result = await self.recorder.delete_range(start, start + round(seconds * 1_000_000))
+
+        def describe(segments: list[Any]) -> list[dict[str, Any]]:
+            return [{"start": rfc3339(s.start_us), "duration": s.duration_us / 1e6,
+                     "bytes": s.size} for s in segments]
+
         return web.json_response({
-            "deleted": [{"start": rfc3339(s.start_us), "duration": s.duration_us / 1e6,
-                         "bytes": s.size} for s in deleted],
+            "deleted": describe(result["deleted"]),
+            "trimmed": describe(result["trimmed"]),
             "kept": [{"start": rfc3339(s.start_us), "duration": s.duration_us / 1e6,
-                      "why": "being written" if s.open else "only partly inside the range"}
-                     for s in kept],
+                      "why": "being written" if s.open else "could not be cut"}
+                     for s in result["kept"]],
         })
 
     def metrics(self) -> str:

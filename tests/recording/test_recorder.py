@@ -200,8 +200,9 @@ async def test_a_download_survives_retention_deleting_its_segments(
     await recorder.end()
     segments = list(recorder.archive.segments)
     clip = plan_clip(segments, segments[0].start_us, segments[-1].end_us)
-    deleted, kept = recorder.delete_range(segments[0].start_us, segments[-1].end_us)
-    assert len(deleted) == len(segments) and not kept
+    result = await recorder.delete_range(segments[0].start_us, segments[-1].end_us)
+    assert len(result["deleted"]) == len(segments) and not result["kept"]
+    assert not result["trimmed"]
     await recorder.stop()
     assert not list((tmp_path / "rec").glob("*.mp4"))
     out = tmp_path / "late.mp4"
@@ -249,3 +250,35 @@ async def test_a_wall_clock_jump_starts_a_new_segment_named_by_the_new_time(
     await recorder.stop()
     starts = [s.start_us for s in recorder.archive.segments]
     assert starts == [units[0].capture_time_us, units[45].capture_time_us + hour]
+
+
+async def test_deleting_part_of_segments_cuts_them_at_fragment_boundaries(
+        tmp_path: Path, units: list[Unit]) -> None:
+    ring = RingBuffer(8 * 1024 * 1024, 1024)
+    recorder = recorder_for(tmp_path, ring, segment_s=4.0)
+    await recorder.start()
+    recorder.begin(preroll_s=0)
+    await feed(ring, units)
+    await recorder.end()
+    before = list(recorder.archive.segments)
+    assert [s.duration_us // 1000 for s in before] == [4000, 4000, 2000]
+    t0 = units[0].capture_time_us
+    cut_from, cut_to = t0 + 2_500_000, t0 + 5_200_000  # across the first two segments
+    result = await recorder.delete_range(cut_from, cut_to)
+    await recorder.stop()
+    assert not result["deleted"] and not result["kept"] and len(result["trimmed"]) == 2
+    archive = Archive(tmp_path / "rec")
+    report = archive.scan()  # what is on disk agrees, nothing left half-done
+    assert not report.repaired and not report.set_aside
+    assert [(s.start_us, s.duration_us) for s in archive.segments] == [
+        (s.start_us, s.duration_us) for s in recorder.archive.segments]
+    for f in sorted((tmp_path / "rec").glob("*.mp4")):
+        assert ffmpeg_errors(f) == ""
+    # Fragments end at every IDR (every 0.5 s here): the head keeps [0, 2.5) s, the second
+    # segment continues from its first independent fragment at or after 5.2 s (5.5 s).
+    times = []
+    for s in archive.segments:
+        times += stamps(write_clip(tmp_path, [s], s.start_us, s.end_us))
+    kept = [u.capture_time_us for u in units
+            if u.capture_time_us < t0 + 2_500_000 or u.capture_time_us >= t0 + 5_500_000]
+    assert times == kept
