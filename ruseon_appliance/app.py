@@ -194,6 +194,7 @@ class Appliance:
             snapshot=latest_jpeg,
             configuration_url=self.urls()[0],
             record=self._toggle_recording,
+            controls=self.controls,
         )
         self.events.subscribe(self.mqtt.on_event)
         await self.mqtt.start()

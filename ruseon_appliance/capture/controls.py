@@ -9,6 +9,7 @@ implement :class:`ControllableSource`; ``app.py`` connects this to the web layer
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import logging
@@ -165,6 +166,8 @@ class CameraControls:
         self.on_change: Callable[[dict[str, Any], bool], object] | None = None
         self.restarts = 0
         self.changes = 0
+        # One change at a time (the API and MQTT both change controls; a restart takes a while).
+        self._lock = asyncio.Lock()
 
     def describe(self) -> dict[str, Any]:
         """``GET /api/camera/controls``: each control's value, range and whether it applies
@@ -194,6 +197,10 @@ class CameraControls:
 
     async def update(self, changes: Mapping[str, Any]) -> bool:
         """Validate, apply and persist ``changes``; True if the source had to restart."""
+        async with self._lock:
+            return await self._update(changes)
+
+    async def _update(self, changes: Mapping[str, Any]) -> bool:
         checked = self.validate(changes)
         if not checked:
             return False

@@ -10,6 +10,7 @@ See https://www.home-assistant.io/integrations/mqtt/#mqtt-discovery
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +53,20 @@ class Topics:
         return f"{self.base}/command/{name}"
 
     @property
+    def controls(self) -> str:
+        """The camera controls' current values, one JSON document."""
+        return f"{self.base}/controls"
+
+    def control_set(self, name: str) -> str:
+        """Where Home Assistant sends a new value for camera control ``name``."""
+        return f"{self.base}/control/{name}/set"
+
+    @property
+    def control_sets(self) -> str:
+        """The wildcard for every control's command topic."""
+        return f"{self.base}/control/+/set"
+
+    @property
     def commands(self) -> str:
         """The wildcard the appliance subscribes to."""
         return f"{self.base}/command/+"
@@ -82,12 +97,15 @@ class Discovery:
     """The discovery documents; ``recording`` adds the recording entities."""
 
     def __init__(self, discovery_prefix: str, topics: Topics, *, name: str,
-                 configuration_url: str = "", recording: bool = False) -> None:
+                 configuration_url: str = "", recording: bool = False,
+                 controls: Mapping[str, Mapping[str, Any]] | None = None) -> None:
         self.discovery_prefix = discovery_prefix
         self.topics = topics
         self.name = name
         self.configuration_url = configuration_url
         self.recording = recording
+        # GET /api/camera/controls's "controls": each becomes a number, switch or select.
+        self.controls = dict(controls or {})
 
     def device(self) -> dict[str, Any]:
         """The shared ``device`` block (``identifiers`` ties every entity to one device)."""
@@ -128,7 +146,35 @@ class Discovery:
                                             "command_topic": topics.command("record"),
                                             "payload_press": PRESS}),
             ]
-        return entities
+        return entities + [self._control(name, spec) for name, spec in self.controls.items()]
+
+    def _control(self, name: str, spec: Mapping[str, Any]) -> Entity:
+        """A camera control as a ``config`` entity that reads the controls document and writes
+        its own command topic (the appliance validates, as PATCH /api/camera/controls does)."""
+        label = name.replace("_", " ").capitalize()
+        if not spec.get("live", True):
+            label += " (restarts camera)"
+        config: dict[str, Any] = {
+            "name": label, "entity_category": "config",
+            "state_topic": self.topics.controls,
+            "command_topic": self.topics.control_set(name),
+        }
+        kind = spec.get("type")
+        if kind == "bool":
+            config.update(payload_on="ON", payload_off="OFF", state_on="ON", state_off="OFF",
+                          value_template=f"{{{{ 'ON' if value_json.{name} else 'OFF' }}}}")
+            return Entity("switch", f"control_{name}", config)
+        config["value_template"] = f"{{{{ value_json.{name} }}}}"
+        if kind == "enum":
+            config["options"] = list(spec.get("choices", []))
+            return Entity("select", f"control_{name}", config)
+        low, high = spec.get("min", 0), spec.get("max", 1)
+        config.update(min=low, max=high,
+                      step=1 if kind == "int" else round((high - low) / 100, 6),
+                      mode="box" if high - low > 1000 else "slider")
+        if spec.get("unit"):
+            config["unit_of_measurement"] = spec["unit"]
+        return Entity("number", f"control_{name}", config)
 
     def configs(self) -> dict[str, str]:
         """``{discovery topic: JSON config}`` for every entity."""

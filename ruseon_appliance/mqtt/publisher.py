@@ -17,7 +17,7 @@ import logging
 import random
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import aiomqtt
 
@@ -35,11 +35,27 @@ KEEPALIVE_S = 30
 MAX_OUTGOING = 64
 MAX_INCOMING = 32
 PUBLISH_TIMEOUT_S = 10.0
+# Connecting and the DISCONNECT handshake (aiomqtt's default timeout); and how long stop() waits
+# for all of it before it leaves the connection to be torn down with the process.
+CONNECT_TIMEOUT_S = 5.0
+STOP_TIMEOUT_S = 5.0
 # Events (a viewer joined, the camera stalled) push a state update at most this often.
 MIN_STATE_GAP_S = 0.5
 
 # A JPEG of the newest keyframe and its ring sequence number (to publish only on change).
 SnapshotSource = Callable[[], Awaitable[tuple[int, bytes] | None]]
+# A control command's payload larger than this is not a value.
+MAX_COMMAND_BYTES = 256
+
+
+class CameraControlsPort(Protocol):
+    """What MQTT needs of the camera controls (``capture.controls.CameraControls``)."""
+
+    def describe(self) -> dict[str, Any]:
+        """Values, ranges and live/restart per control."""
+
+    async def update(self, changes: Mapping[str, Any]) -> bool:
+        """Validate and apply; raises ``ValueError`` naming the control when refused."""
 
 
 class HomeAssistantMqtt:
@@ -60,15 +76,19 @@ class HomeAssistantMqtt:
         snapshot: SnapshotSource,
         configuration_url: str = "",
         record: Callable[[], Awaitable[Any]] | None = None,
+        controls: CameraControlsPort | None = None,
     ) -> None:
         self.config = config
         self.topics = Topics(config.topic_prefix, device_id)
         self.discovery = Discovery(config.discovery_prefix, self.topics, name=name,
                                    configuration_url=configuration_url,
-                                   recording=record is not None)
+                                   recording=record is not None,
+                                   controls=controls.describe()["controls"] if controls else None)
         self._state = state
         self._snapshot = snapshot
         self._record = record
+        self._controls = controls
+        self.control_errors = 0
         self._state_kick = asyncio.Event()
         self._snapshot_kick = asyncio.Event()
         self._snapshot_forced = False
@@ -101,8 +121,10 @@ class HomeAssistantMqtt:
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            done, _ = await asyncio.wait({task}, timeout=STOP_TIMEOUT_S)
+            if not done:
+                log.warning("mqtt: the connection did not close within %.0f s; leaving it",
+                            STOP_TIMEOUT_S)
 
     def stats(self) -> dict[str, Any]:
         """Counters for ``/api/status`` and ``/metrics``."""
@@ -113,6 +135,7 @@ class HomeAssistantMqtt:
             "published": self.published,
             "snapshots": self.snapshots,
             "commands": self.commands,
+            "control_errors": self.control_errors,
         }
 
     # -- the connection ----------------------------------------------------------------------
@@ -127,7 +150,7 @@ class HomeAssistantMqtt:
             identifier=f"ruseon-{self.topics.device_id}",
             will=aiomqtt.Will(self.topics.availability, OFFLINE, qos=1, retain=True),
             keepalive=KEEPALIVE_S,
-            timeout=PUBLISH_TIMEOUT_S,
+            timeout=CONNECT_TIMEOUT_S,
             max_queued_outgoing_messages=MAX_OUTGOING,
             max_queued_incoming_messages=MAX_INCOMING,
             tls_context=ssl.create_default_context() if tls else None,
@@ -171,6 +194,8 @@ class HomeAssistantMqtt:
     async def _session(self, client: aiomqtt.Client) -> None:
         """One connection's work: announce, then state, snapshots and commands until it drops."""
         await client.subscribe(self.topics.commands, qos=1)
+        if self._controls is not None:
+            await client.subscribe(self.topics.control_sets, qos=1)
         await client.subscribe(f"{self.config.discovery_prefix}/status", qos=1)
         await self._announce(client)
         self.last_error = ""
@@ -200,6 +225,11 @@ class HomeAssistantMqtt:
             document = dict(self._state())
             await self._publish(client, self.topics.state,
                                 json.dumps(document, sort_keys=True, default=str))
+            if self._controls is not None:
+                values = {name: spec["value"] for name, spec
+                          in self._controls.describe()["controls"].items()}
+                await self._publish(client, self.topics.controls,
+                                    json.dumps(values, sort_keys=True))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._state_kick.wait(), interval)
             await asyncio.sleep(gap)  # the throttle: bursts of events make one message
@@ -232,6 +262,9 @@ class HomeAssistantMqtt:
                     await self._announce(client)
                 continue
             self.commands += 1
+            if topic.startswith(f"{self.topics.base}/control/") and topic.endswith("/set"):
+                await self._set_control(topic.split("/")[-2], message.payload)
+                continue
             command = topic.rsplit("/", 1)[-1]
             if command == "snapshot":
                 self._snapshot_forced = True
@@ -242,6 +275,28 @@ class HomeAssistantMqtt:
                 task.add_done_callback(self._tasks.discard)
             else:
                 log.debug("mqtt: ignoring command %r", command)
+
+    async def _set_control(self, name: str, payload: Any) -> None:
+        """A Home Assistant number/switch/select changed a camera control."""
+        assert self._controls is not None
+        spec = self._controls.describe()["controls"].get(name)
+        try:
+            raw = (bytes(payload)[:MAX_COMMAND_BYTES + 1].decode()
+                   if isinstance(payload, bytes | bytearray) else str(payload))
+            if spec is None or len(raw) > MAX_COMMAND_BYTES:
+                raise ValueError(f"no camera control {name!r} takes {raw[:40]!r}")
+            kind = spec["type"]
+            value: Any = raw.strip()
+            if kind == "bool":
+                value = {"ON": True, "OFF": False}.get(value.upper(), value)
+            elif kind in ("int", "float"):
+                number = float(value)
+                value = int(number) if kind == "int" and number.is_integer() else number
+            await self._controls.update({name: value})
+        except (ValueError, TypeError, UnicodeDecodeError) as exc:
+            self.control_errors += 1
+            log.warning("mqtt: camera control %s refused: %s", name, exc)
+        self._state_kick.set()  # publish the values (changed, or unchanged after a refusal)
 
     async def _run_record(self) -> None:
         assert self._record is not None

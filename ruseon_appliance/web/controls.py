@@ -10,7 +10,6 @@ what is allowed, and nothing changes. Both need the Bearer token when auth is on
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
@@ -27,8 +26,6 @@ class ControlsResource:
 
     def __init__(self, controls: CameraControls) -> None:
         self.controls = controls
-        # One change at a time: a restart-requiring change takes a moment.
-        self._lock = asyncio.Lock()
 
     def add_routes(self, app: web.Application) -> None:
         """Register GET (and HEAD) and PATCH."""
@@ -51,10 +48,9 @@ class ControlsResource:
         if not isinstance(changes, dict) or not changes:
             raise Problem(422, 'expected a non-empty JSON object of {control: value}, e.g. '
                                '{"brightness": 0.2}')
-        async with self._lock:
-            try:
-                restarted = await self.controls.update(changes)
-            except ControlError as exc:
-                raise Problem(422, str(exc)) from None
+        try:
+            restarted = await self.controls.update(changes)  # one change at a time
+        except ControlError as exc:
+            raise Problem(422, str(exc)) from None
         return web.json_response({**self.controls.describe(), "restarted": restarted},
                                  headers={"Cache-Control": "no-store"})

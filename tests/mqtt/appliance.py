@@ -50,7 +50,13 @@ class ApplianceProcess:
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         """Send ``sig`` and reap it."""
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, sig)
-            self.proc.wait(30)
-        self.proc = None
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, sig)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(30)
+                raise AssertionError(f"the appliance ignored signal {sig} for 60 s:\n"
+                                     + self.output()[-4000:]) from None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,13 @@ REQUIRED = {
     "sensor": {"state_topic"},
     "binary_sensor": {"state_topic"},
     "button": {"command_topic"},
+    "number": {"command_topic", "min", "max", "step"},
+    "switch": {"command_topic"},
+    "select": {"command_topic", "options"},
 }
+# Camera, 4 sensors + recording state, 2 binary sensors, 2 buttons, and the synthetic source's
+# 8 camera controls (5 numbers/switches live, bitrate, framerate, resolution).
+ENTITIES = 10 + 8
 DISCOVERY_TOPIC = re.compile(
     r"^homeassistant/(?P<component>[a-z_]+)/(?P<node>[A-Za-z0-9_-]+)/"
     r"(?P<object>[A-Za-z0-9_-]+)/config$")
@@ -38,7 +45,8 @@ def discovery(recorder: Recorder) -> dict[str, dict[str, Any]]:
             if topic.startswith("homeassistant/") and m.payload}
 
 
-def check_home_assistant_schema(configs: dict[str, dict[str, Any]], state: dict[str, Any]) -> None:
+def check_home_assistant_schema(configs: dict[str, dict[str, Any]],
+                                documents: dict[str, dict[str, Any]]) -> None:
     """What HA checks when a config arrives, and what makes its entities work."""
     assert set(REQUIRED) <= {DISCOVERY_TOPIC.match(t)["component"] for t in configs  # type: ignore[index]
                              }, configs.keys()
@@ -56,9 +64,10 @@ def check_home_assistant_schema(configs: dict[str, dict[str, Any]], state: dict[
         assert config["availability_topic"].endswith("/availability")
         assert {config["payload_available"], config["payload_not_available"]} == {
             "online", "offline"}
-        # Every template reads a key the state document really has.
+        # Every template reads a key the document on its state topic really has.
         for key in re.findall(r"value_json\.(\w+)", config.get("value_template", "")):
-            assert key in state, (topic, key, state)
+            document = documents[config["state_topic"]]
+            assert key in document, (topic, key, document)
         for key in ("state_topic", "command_topic", "topic"):
             if key in config:
                 assert "+" not in config[key] and "#" not in config[key]
@@ -80,8 +89,12 @@ async def test_discovery_state_last_will_and_reconnect(tmp_path: Path) -> None:
 
         async with Recorder(broker.port, topics) as seen:
             # Discovery configs and availability arrive retained (we subscribed after they went).
-            await seen.wait_for(lambda: len(discovery(seen)) >= 7, what="discovery configs")
-            assert all(m.retain for t, m in seen.last.items() if t.startswith("homeassistant/"))
+            await seen.wait_for(lambda: len(discovery(seen)) == ENTITIES,
+                                what="discovery configs")
+            # Retained: a subscriber that comes later gets every config from the broker.
+            async with Recorder(broker.port, ("homeassistant/#",)) as late:
+                await late.wait_for(lambda: len(discovery(late)) == ENTITIES, what="retained")
+                assert all(m.retain for m in late.last.values())
             await seen.wait_for(lambda: seen.last.get(f"{base}/availability"), what="online")
             assert seen.last[f"{base}/availability"].payload == b"online"
             first = discovery(seen)
@@ -95,7 +108,11 @@ async def test_discovery_state_last_will_and_reconnect(tmp_path: Path) -> None:
                                 what="three different state documents")
             state = states()[-1]
             assert state["viewers"] == 0 and state["fps"] > 0 and state["stalled"] is False
-            check_home_assistant_schema(first, state)
+            await seen.wait_for(lambda: seen.last.get(f"{base}/controls"), what="controls")
+            check_home_assistant_schema(first, {
+                f"{base}/state": state,
+                f"{base}/controls": json.loads(seen.last[f"{base}/controls"].payload),  # type: ignore[arg-type]
+            })
 
             # The camera entity gets a JPEG; the snapshot button publishes one on demand.
             await seen.wait_for(lambda: seen.last.get(f"{base}/snapshot"), what="snapshot")
@@ -113,6 +130,29 @@ async def test_discovery_state_last_will_and_reconnect(tmp_path: Path) -> None:
                 await presser.publish(record["command_topic"], record["payload_press"], qos=1)
                 await seen.wait_for(lambda: states()[-1]["recording"] is True,
                                     what="recording after the record button")
+
+                # Camera controls as config entities: a number and a switch change the camera
+                # (the HTTP API sees it); a value out of range changes nothing.
+                brightness = first[f"homeassistant/number/{device_id}/control_brightness/config"]
+                hflip = first[f"homeassistant/switch/{device_id}/control_hflip/config"]
+                assert (brightness["min"], brightness["max"]) == (-1.0, 1.0)
+                assert brightness["entity_category"] == "config"
+
+                def controls() -> dict[str, Any]:
+                    message = seen.last.get(f"{base}/controls")
+                    return json.loads(message.payload) if message else {}  # type: ignore[arg-type]
+
+                await seen.wait_for(lambda: controls().get("brightness") == 0.0, what="controls")
+                await presser.publish(brightness["command_topic"], "0.4", qos=1)
+                await presser.publish(brightness["command_topic"], "7", qos=1)  # out of range
+                await presser.publish(hflip["command_topic"], hflip["payload_on"], qos=1)
+                await seen.wait_for(lambda: controls().get("brightness") == 0.4
+                                    and controls().get("hflip") is True, what="controls set")
+                http = f"http://127.0.0.1:{appliance.http}/api/camera/controls"
+                with urllib.request.urlopen(http, timeout=10) as response:
+                    over_http = json.load(response)["controls"]
+                assert over_http["brightness"]["value"] == 0.4
+                assert over_http["hflip"]["value"] is True
 
         # The broker restarts without persistence: every retained message is gone, and the
         # appliance reconnects and announces everything again.
@@ -136,7 +176,7 @@ async def test_discovery_state_last_will_and_reconnect(tmp_path: Path) -> None:
             await seen.wait_for(
                 lambda: getattr(seen.last.get(f"{base}/availability"), "payload", b"")
                 == b"online", what="online after the restart")
-            await seen.wait_for(lambda: len(discovery(seen)) >= len(first))
+            await seen.wait_for(lambda: len(discovery(seen)) == ENTITIES)
             assert discovery(seen) == first
             # A clean stop says offline itself.
             appliance.kill(signal.SIGTERM)
