@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import hashlib
 import json
 import os
@@ -141,7 +142,8 @@ def test_kill_9_mid_segment_keeps_closed_segments_and_repairs_the_open_one(
     with serving(tmp_path, record_dir) as again:
         state = again.json("/api/recording")
         assert state["segments_repaired_total"] + state["segments_set_aside_total"] == 1
-        assert any("recording: repaired" in line or "set " in line for line in again.output)
+        assert any("recording: repaired" in line or "recording: set " in line
+                   for line in again.output)
         # Closed segments were not touched, and each one is listed and clip-able.
         for name, sha in closed.items():
             assert digest(record_dir / name) == sha, name
@@ -149,7 +151,10 @@ def test_kill_9_mid_segment_keeps_closed_segments_and_repairs_the_open_one(
         for name in sorted(closed):
             stamp = name.removesuffix(".mp4")
             start = f"{stamp[:10]}T{stamp[11:13]}:{stamp[14:16]}:{stamp[17:19]}.{stamp[20:]}Z"
-            assert any(r["start"] <= start + "~" for r in ranges)
+            at = dt.datetime.fromisoformat(start)
+            assert any(dt.datetime.fromisoformat(r["start"]) <= at
+                       < dt.datetime.fromisoformat(r["start"]) + dt.timedelta(seconds=r["duration"])
+                       for r in ranges), (start, ranges)
             status, body = again.get("/recordings/get?" + urllib.parse.urlencode(
                 {"start": start, "duration": "1.5"}))
             assert status == 200, (name, body[:200])
