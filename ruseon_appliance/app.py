@@ -18,6 +18,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from .cameras import CameraSet
 from .capture.controls import CameraControls
 from .capture.pipeline import CapturePipeline
 from .capture.sources.base import SourceUnavailable
@@ -47,12 +48,19 @@ STATUS_INTERVAL_S = 5.0
 
 
 class Appliance:
-    """The running appliance: one capture pipeline, one engine, one web server."""
+    """The running appliance: a capture pipeline per camera, one engine, one web server."""
 
     def __init__(self, config: Config) -> None:
         self.config = config
         self.notifier = SystemdNotifier.from_environment()
-        self.capture = CapturePipeline(config.camera)
+        if len(config.all_cameras) == 1:
+            # One camera: a source that cannot run here stops start-up (exit 1), as it did.
+            self.cameras = CameraSet.from_pipelines([CapturePipeline(config.camera)])
+        else:
+            # Several: a camera whose source cannot be built is reported and retried.
+            self.cameras = CameraSet.from_configs(config.all_cameras)
+        # The first camera: /whep, /hls/, recording, relays, controls and MQTT serve it.
+        self.capture = self.cameras.first.pipeline
         self.engine: Engine | None = None
         self.relays: list[RtpRelay] = []
         # The relays' fan-out when the engine has none (send_path = "aiortc").
@@ -89,7 +97,10 @@ class Appliance:
         passed = self.notifier.passed_sockets()
 
         await self.controls.restore()
-        await self.capture.start()
+        if len(self.cameras) == 1:
+            await self.capture.start()  # fails start-up, as a single camera always did
+        else:
+            await self.cameras.start()  # failures are per camera, reported and retried
         self.engine = Engine(
             config.webrtc,
             state_dir,
@@ -116,7 +127,8 @@ class Appliance:
                                                   if self.engine else 0))
 
         app = make_app(config, self.engine, self.capture, started=self.started,
-                       relays=self.relays, hls=self.hls, recorder=self.recorder)
+                       relays=self.relays, hls=self.hls, recorder=self.recorder,
+                       cameras=self.cameras)
         app[DEVICE_API].status_sections["integrations"] = self._integrations_status
         app[DEVICE_API].metrics_sections.append(self._integrations_metrics)
         ControlsResource(self.controls).add_routes(app)
@@ -133,13 +145,15 @@ class Appliance:
         await site.start()
         await self._start_integrations()
 
-        if not await self.capture.wait_first_frame(FIRST_FRAME_TIMEOUT_S):
+        if not await self.cameras.wait_first_frame(FIRST_FRAME_TIMEOUT_S):
+            sources = ", ".join(c.pipeline.source_kind for c in self.cameras)
             raise RuntimeError(
-                f"no frame from the {self.capture.source_kind} source within "
-                f"{FIRST_FRAME_TIMEOUT_S:.0f} s"
+                f"no frame from the {sources} source within {FIRST_FRAME_TIMEOUT_S:.0f} s"
             )
         self.notifier.ready()
-        healthy = frames_flowing(lambda: self.capture.last_frame_monotonic)
+        # The watchdog fires while any camera delivers: restarting the service would not
+        # bring back an unplugged camera, and would cut the others' viewers.
+        healthy = frames_flowing(self.cameras.newest_frame_monotonic)
         self._tasks.append(asyncio.create_task(self.notifier.watchdog_loop(healthy)))
         self._tasks.append(asyncio.create_task(self._status_loop()))
         urls = self.urls()
@@ -278,10 +292,14 @@ class Appliance:
     async def _status_loop(self) -> None:
         assert self.engine is not None
         while True:
-            stats = self.capture.stats()
+            stats = [camera.pipeline.stats() for camera in self.cameras]
+            down = self.cameras.down()
             self.notifier.status(
                 f"{len(self.engine.sessions)} viewers, "
-                f"{stats.get('fps', 0):.1f} fps, {stats.get('bitrate', 0) / 1e6:.2f} Mbit/s"
+                + (f"{len(self.cameras) - len(down)}/{len(self.cameras)} cameras up, "
+                   if len(self.cameras) > 1 else "")
+                + f"{sum(s.get('fps') or 0 for s in stats):.1f} fps, "
+                f"{sum(s.get('bitrate') or 0 for s in stats) / 1e6:.2f} Mbit/s"
             )
             await asyncio.sleep(STATUS_INTERVAL_S)
 
@@ -307,7 +325,7 @@ class Appliance:
         if self.engine is not None:
             await self.engine.stop()
         await self.recorder.stop()
-        await self.capture.stop()
+        await self.cameras.stop()
         log.info("stopped", extra={"EVENT": "stopped"})
 
 

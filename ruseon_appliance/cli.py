@@ -26,7 +26,11 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--source",
         metavar="KIND",
-        help="camera source: auto, synthetic, picamera, rpicam or file:PATH",
+        help="camera source: auto, synthetic, picamera[:N], rpicam[:N], file:PATH or rtsp://URL",
+    )
+    parser.add_argument(
+        "--camera", metavar="NAME=SOURCE", action="append",
+        help="a camera named NAME (repeatable; these make the camera list, the first is /whep)",
     )
     parser.add_argument("--http", metavar="HOST:PORT", help="HTTP listen address (WHEP, page, API)")
     parser.add_argument("--rtc", metavar="HOST:PORT", help="the single WebRTC UDP listen address")
@@ -76,6 +80,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
         if value is not None:
             flags.setdefault(section, {})[key] = value
 
+    if args.camera:
+        flags["cameras"] = {"flags": args.camera}  # before camera.*: --source then applies to it
     put("camera", "source", args.source)
     put("http", "listen", args.http)
     put("webrtc", "listen", args.rtc)

@@ -24,6 +24,13 @@ from typing import Any
 DEFAULT_CONFIG_PATH = Path("/etc/ruseon/ruseon.toml")
 
 SOURCE_KINDS = ("auto", "synthetic", "picamera", "rpicam")
+# Sources that take a sensor index (``picamera:1``, ``rpicam:1``: the second CSI connector).
+INDEXED_SOURCE_KINDS = ("picamera", "rpicam")
+NETWORK_SOURCE_SCHEMES = ("rtsp://", "rtsps://")
+# The name the old single ``[camera]`` section's camera gets (``/whep/cam``, ``/hls/cam/``).
+DEFAULT_CAMERA_NAME = "cam"
+# Names a camera may not take: they are path segments of other routes under /whep/.
+RESERVED_CAMERA_NAMES = frozenset({"sessions"})
 PROFILES = ("baseline", "main", "high")
 # White balance modes both camera sources accept: libcamera's AwbModeEnum (picamera2) and
 # rpicam-apps' --awb table (core/options.cpp), which also has "normal" as a synonym of auto.
@@ -61,9 +68,12 @@ def parse_host_port(key: str, text: str) -> HostPort:
 
 @dataclass(frozen=True, slots=True)
 class CameraConfig:
-    """``[camera]``: where frames come from and how they are encoded."""
+    """``[camera]`` (one camera) or one ``[[camera]]`` table: where frames come from and how
+    they are encoded."""
 
-    # auto | synthetic | picamera | rpicam | file:PATH
+    # URL-safe and unique: /whep/<name>, /snapshot/<name>.jpg, /hls/<name>/, metrics labels.
+    name: str = DEFAULT_CAMERA_NAME
+    # auto | synthetic | picamera[:N] | rpicam[:N] | file:PATH | rtsp://... (N: sensor index)
     source: str = "auto"
     width: int = 1280
     height: int = 720
@@ -88,6 +98,19 @@ class CameraConfig:
     max_frame_bytes: int = 1024 * 1024
     # rpicam-vid executable (for source = rpicam).
     rpicam_command: str = "rpicam-vid"
+
+    @property
+    def source_kind(self) -> str:
+        """``source`` without its sensor index (``picamera:1`` -> ``picamera``)."""
+        kind, sep, index = self.source.partition(":")
+        return kind if sep and kind in INDEXED_SOURCE_KINDS and index.isdigit() else self.source
+
+    @property
+    def sensor_index(self) -> int:
+        """Which CSI camera ``picamera:N`` / ``rpicam:N`` names (0 without an index): picamera2's
+        ``Picamera2(camera_num)``, rpicam-vid's ``--camera N``."""
+        kind, sep, index = self.source.partition(":")
+        return int(index) if sep and kind in INDEXED_SOURCE_KINDS and index.isdigit() else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,7 +310,13 @@ class RecordingConfig:
 
 @dataclass(frozen=True, slots=True)
 class Config:
-    """The whole configuration, one frozen dataclass per TOML section."""
+    """The whole configuration, one frozen dataclass per TOML section.
+
+    ``cameras`` holds the ``[[camera]]`` tables in order, and ``camera`` is then always the
+    first of them (the one ``/whep`` and the other single-camera paths serve); with no
+    ``[[camera]]`` tables ``cameras`` is empty and ``camera`` is the only camera.
+    :attr:`all_cameras` is the list either way.
+    """
 
     camera: CameraConfig = field(default_factory=CameraConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
@@ -302,6 +331,17 @@ class Config:
     mqtt: MqttConfig = field(default_factory=MqttConfig)
     # ``[[webhook]]`` tables (an array, not a section).
     webhook: tuple[WebhookConfig, ...] = ()
+    # ``[[camera]]`` tables; empty means the one ``camera``.
+    cameras: tuple[CameraConfig, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.cameras:
+            object.__setattr__(self, "camera", self.cameras[0])
+
+    @property
+    def all_cameras(self) -> tuple[CameraConfig, ...]:
+        """Every camera, in configured order (the first is the default one)."""
+        return self.cameras or (self.camera,)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -420,16 +460,63 @@ def _apply_webhooks(config: Config, values: Any, origin: str, from_text: bool) -
     return dataclasses.replace(config, webhook=tuple(hooks))
 
 
+def _camera(index: int, values: Any, origin: str, from_text: bool) -> CameraConfig:
+    """One ``[[camera]]`` table."""
+    if not isinstance(values, Mapping):
+        raise ConfigError(f"camera in {origin} must be a [camera] table or [[camera]] tables, "
+                          f"got {values!r}")
+    hints = _section_types(CameraConfig)
+    changes: dict[str, Any] = {}
+    for key, value in values.items():
+        if key not in hints:
+            raise ConfigError(f"camera.{key} in {origin} is not a known key: [[camera]] allows "
+                              f"{', '.join(hints)}")
+        changes[key] = _coerce(f"camera[{index}].{key}", hints[key], value, from_text)
+    if "name" not in changes:
+        raise ConfigError(f"camera[{index}] in {origin} has no name: every [[camera]] table "
+                          "needs name = \"...\" (letters, digits, - or _)")
+    return CameraConfig(**changes)
+
+
+def _apply_cameras(config: Config, values: Any, origin: str, from_text: bool) -> Config:
+    """``[[camera]]`` tables from a file: the camera list (the first is the default camera)."""
+    if not isinstance(values, list | tuple) or not values:
+        raise ConfigError(f"camera in {origin} must be a [camera] table or [[camera]] tables, "
+                          f"got {values!r}")
+    cameras = tuple(_camera(i, table, origin, from_text) for i, table in enumerate(values))
+    return dataclasses.replace(config, cameras=cameras)
+
+
+def _apply_camera_flags(config: Config, values: Any, origin: str) -> Config:
+    """``--camera NAME=SOURCE`` flags: they make the camera list, in their order. A name the
+    file has keeps the file's other settings; a new name takes the first camera's."""
+    current = {cam.name: cam for cam in config.all_cameras}
+    template = config.all_cameras[0]
+    cameras: list[CameraConfig] = []
+    for flag in values:
+        name, sep, source = str(flag).partition("=")
+        if not sep or not name or not source:
+            raise ConfigError(f"--camera {flag!r} in {origin} is not valid: expected NAME=SOURCE, "
+                              "e.g. --camera front=picamera:0")
+        base = current.get(name, template)
+        cameras.append(dataclasses.replace(base, name=name, source=source))
+    return dataclasses.replace(config, cameras=tuple(cameras))
+
+
 def _apply(
     config: Config, section: str, values: Mapping[str, Any], origin: str, from_text: bool
 ) -> Config:
+    if section == "camera" and len(config.cameras) > 1:
+        return _apply_to_every_camera(config, values, origin, from_text)
+    if section == "cameras" and origin == "the command line":
+        return _apply_camera_flags(config, values.get("flags", ()), origin)
     if section == "relay":
         return _apply_relays(config, values, origin, from_text)
     if section == "webhook":
         return _apply_webhooks(config, values, origin, from_text)
     section_field = {f.name: f for f in dataclasses.fields(Config)}.get(section)
-    if section_field is None:
-        known = ", ".join(f.name for f in dataclasses.fields(Config))
+    if section_field is None or section == "cameras":
+        known = ", ".join(f.name for f in dataclasses.fields(Config) if f.name != "cameras")
         raise ConfigError(f"[{section}] in {origin} is not a known section: allowed are {known}")
     current = getattr(config, section)
     hints = _section_types(type(current))
@@ -441,7 +528,29 @@ def _apply(
                 f"{section}.{key} in {origin} is not a known key: [{section}] allows {known}"
             )
         changes[key] = _coerce(f"{section}.{key}", hints[key], value, from_text)
+    if section == "camera" and config.cameras:
+        # One [[camera]] table: it is the camera.
+        return dataclasses.replace(config, cameras=(dataclasses.replace(current, **changes),))
     return dataclasses.replace(config, **{section: dataclasses.replace(current, **changes)})
+
+
+def _apply_to_every_camera(
+    config: Config, values: Mapping[str, Any], origin: str, from_text: bool
+) -> Config:
+    """``camera.*`` from the environment or a flag with several cameras: a setting that can be
+    shared applies to each; a name or source cannot (that is what ``--camera`` is for)."""
+    hints = _section_types(CameraConfig)
+    changes: dict[str, Any] = {}
+    for key, value in values.items():
+        if key not in hints:
+            raise ConfigError(f"camera.{key} in {origin} is not a known key: [camera] allows "
+                              f"{', '.join(hints)}")
+        if key in ("name", "source"):
+            raise ConfigError(f"camera.{key} in {origin} cannot apply to "
+                              f"{len(config.cameras)} cameras: use --camera NAME=SOURCE")
+        changes[key] = _coerce(f"camera.{key}", hints[key], value, from_text)
+    cameras = tuple(dataclasses.replace(cam, **changes) for cam in config.cameras)
+    return dataclasses.replace(config, cameras=cameras)
 
 
 def load_toml(path: Path) -> dict[str, Any]:
@@ -459,7 +568,7 @@ def load_toml(path: Path) -> dict[str, Any]:
 
 def _env_overrides(env: Mapping[str, str]) -> dict[str, dict[str, str]]:
     """Collect ``RUSEON_<SECTION>_<KEY>`` variables into ``{section: {key: text}}``."""
-    sections = {f.name for f in dataclasses.fields(Config)} - {"relay", "webhook"}
+    sections = {f.name for f in dataclasses.fields(Config)} - {"relay", "webhook", "cameras"}
     out: dict[str, dict[str, str]] = {}
     for name, value in env.items():
         if not name.startswith("RUSEON_") or name == "RUSEON_CONFIG":
@@ -503,6 +612,9 @@ def load_config(
             if section == "webhook":
                 config = _apply_webhooks(config, values, str(path), from_text=False)
                 continue
+            if section == "camera" and isinstance(values, list):
+                config = _apply_cameras(config, values, str(path), from_text=False)
+                continue
             if not isinstance(values, dict):
                 raise ConfigError(f"{section} in {path} must be a [section] table, got {values!r}")
             config = _apply(config, section, values, str(path), from_text=False)
@@ -521,63 +633,7 @@ def _check(ok: bool, key: str, value: Any, allowed: str) -> None:
 
 def validate(config: Config) -> None:
     """Range checks that types alone do not express."""
-    cam = config.camera
-    _check(
-        cam.source in SOURCE_KINDS or (cam.source.startswith("file:") and len(cam.source) > 5),
-        "camera.source",
-        cam.source,
-        "allowed are auto, synthetic, picamera, rpicam, file:PATH",
-    )
-    _check(
-        16 <= cam.width <= 4096 and cam.width % 2 == 0,
-        "camera.width",
-        cam.width,
-        "an even number from 16 to 4096",
-    )
-    _check(
-        16 <= cam.height <= 4096 and cam.height % 2 == 0,
-        "camera.height",
-        cam.height,
-        "an even number from 16 to 4096",
-    )
-    _check(1 <= cam.framerate <= 120, "camera.framerate", cam.framerate, "1 to 120")
-    _check(
-        50_000 <= cam.bitrate <= 50_000_000,
-        "camera.bitrate",
-        cam.bitrate,
-        "50000 to 50000000 bits/s",
-    )
-    _check(
-        1 <= cam.keyframe_interval <= 600,
-        "camera.keyframe_interval",
-        cam.keyframe_interval,
-        "1 to 600 frames",
-    )
-    _check(
-        cam.profile in PROFILES, "camera.profile", cam.profile, "allowed are " + ", ".join(PROFILES)
-    )
-    _check(
-        0 <= cam.keyframe_request_interval_ms <= 60_000,
-        "camera.keyframe_request_interval_ms",
-        cam.keyframe_request_interval_ms,
-        "0 to 60000 ms",
-    )
-    _check(cam.exposure_us >= 0, "camera.exposure_us", cam.exposure_us, "0 (auto) or more µs")
-    _check(cam.gain >= 0, "camera.gain", cam.gain, "0 (auto) or more")
-    _check(cam.awb in AWB_MODES, "camera.awb", cam.awb, "allowed are " + ", ".join(AWB_MODES))
-    _check(
-        64 * 1024 <= cam.ring_bytes <= 512 * 1024 * 1024,
-        "camera.ring_bytes",
-        cam.ring_bytes,
-        "64 KiB to 512 MiB",
-    )
-    _check(16 <= cam.ring_slots <= 65536, "camera.ring_slots", cam.ring_slots, "16 to 65536")
-    _check(
-        16 * 1024 <= cam.max_frame_bytes <= cam.ring_bytes,
-        "camera.max_frame_bytes",
-        cam.max_frame_bytes,
-        "16 KiB up to camera.ring_bytes",
-    )
+    validate_cameras(config.all_cameras)
     _check(
         bool(config.http.tls_cert) == bool(config.http.tls_key),
         "http.tls_cert",
@@ -651,6 +707,93 @@ def validate(config: Config) -> None:
     validate_relays(config.relay)
     validate_mqtt(config.mqtt)
     validate_webhooks(config.webhook)
+
+
+def validate_camera(cam: CameraConfig, key: str = "camera") -> None:
+    """One camera's values; ``key`` names it in messages (``camera`` or ``camera 'back'``)."""
+    source = cam.source
+    kind, _, index = source.partition(":")
+    _check(
+        source in SOURCE_KINDS
+        or (kind in INDEXED_SOURCE_KINDS and index.isdigit() and int(index) <= 15)
+        or (source.startswith("file:") and len(source) > 5)
+        or (source.startswith(NETWORK_SOURCE_SCHEMES) and _network_host(source) != ""),
+        f"{key}.source",
+        source,
+        "allowed are auto, synthetic, picamera, rpicam, file:PATH, picamera:N, rpicam:N "
+        "(N: the sensor index), rtsp://HOST[:PORT]/PATH",
+    )
+    _check(
+        16 <= cam.width <= 4096 and cam.width % 2 == 0,
+        f"{key}.width",
+        cam.width,
+        "an even number from 16 to 4096",
+    )
+    _check(
+        16 <= cam.height <= 4096 and cam.height % 2 == 0,
+        f"{key}.height",
+        cam.height,
+        "an even number from 16 to 4096",
+    )
+    _check(1 <= cam.framerate <= 120, f"{key}.framerate", cam.framerate, "1 to 120")
+    _check(
+        50_000 <= cam.bitrate <= 50_000_000,
+        f"{key}.bitrate",
+        cam.bitrate,
+        "50000 to 50000000 bits/s",
+    )
+    _check(
+        1 <= cam.keyframe_interval <= 600,
+        f"{key}.keyframe_interval",
+        cam.keyframe_interval,
+        "1 to 600 frames",
+    )
+    _check(
+        cam.profile in PROFILES, f"{key}.profile", cam.profile, "allowed are " + ", ".join(PROFILES)
+    )
+    _check(
+        0 <= cam.keyframe_request_interval_ms <= 60_000,
+        f"{key}.keyframe_request_interval_ms",
+        cam.keyframe_request_interval_ms,
+        "0 to 60000 ms",
+    )
+    _check(cam.exposure_us >= 0, f"{key}.exposure_us", cam.exposure_us, "0 (auto) or more µs")
+    _check(cam.gain >= 0, f"{key}.gain", cam.gain, "0 (auto) or more")
+    _check(cam.awb in AWB_MODES, f"{key}.awb", cam.awb, "allowed are " + ", ".join(AWB_MODES))
+    _check(
+        64 * 1024 <= cam.ring_bytes <= 512 * 1024 * 1024,
+        f"{key}.ring_bytes",
+        cam.ring_bytes,
+        "64 KiB to 512 MiB",
+    )
+    _check(16 <= cam.ring_slots <= 65536, f"{key}.ring_slots", cam.ring_slots, "16 to 65536")
+    _check(
+        16 * 1024 <= cam.max_frame_bytes <= cam.ring_bytes,
+        f"{key}.max_frame_bytes",
+        cam.max_frame_bytes,
+        "16 KiB up to camera.ring_bytes",
+    )
+
+
+def _network_host(url: str) -> str:
+    try:
+        return urllib.parse.urlsplit(url).hostname or ""
+    except ValueError:
+        return ""
+
+
+def validate_cameras(cameras: tuple[CameraConfig, ...]) -> None:
+    """Every camera's values; names URL-safe, unique and not a reserved path segment."""
+    seen: set[str] = set()
+    for cam in cameras:
+        key = "camera" if len(cameras) == 1 else f"camera {cam.name!r}"
+        _check(bool(cam.name) and len(cam.name) <= 64 and set(cam.name) <= RELAY_NAME_CHARS
+               and cam.name not in RESERVED_CAMERA_NAMES, f"{key}.name", cam.name,
+               "1-64 letters, digits, - or _ (and not " + ", ".join(sorted(RESERVED_CAMERA_NAMES))
+               + ")")
+        _check(cam.name not in seen, f"{key}.name", cam.name, "each camera needs its own name")
+        seen.add(cam.name)
+        validate_camera(cam, key)
 
 
 def validate_mqtt(mqtt: MqttConfig) -> None:
@@ -744,7 +887,14 @@ def to_toml(config: Config) -> str:
 
     lines: list[str] = []
     for section in dataclasses.fields(config):
-        if section.name in ("relay", "webhook"):
+        if section.name in ("relay", "webhook", "cameras"):
+            continue
+        if section.name == "camera" and config.cameras:
+            for camera in config.cameras:
+                lines.append("[[camera]]")
+                for f in dataclasses.fields(camera):
+                    lines.append(f"{f.name} = {render(getattr(camera, f.name))}")
+                lines.append("")
             continue
         lines.append(f"[{section.name}]")
         values = getattr(config, section.name)

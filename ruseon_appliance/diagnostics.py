@@ -36,8 +36,8 @@ class Finding:
 
 def check_camera(config: Config) -> Finding:
     """A Pi camera is present when picamera2 or rpicam-vid exists and a media device is there."""
-    source = config.camera.source
-    if source == "synthetic" or source.startswith("file:"):
+    source = config.camera.source_kind
+    if source == "synthetic" or source.startswith(("file:", "rtsp://", "rtsps://")):
         return Finding("camera", "ok", f"source is {source}; no camera needed")
     has_picamera2 = importlib.util.find_spec("picamera2") is not None
     # rpicam_command may carry arguments (e.g. a wrapper): look up its executable.

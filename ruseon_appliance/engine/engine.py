@@ -85,7 +85,7 @@ class Engine:
         self,
         webrtc: WebRtcConfig,
         state_dir: Path,
-        feed: CapturePipeline,
+        feed: CapturePipeline | None = None,
         *,
         udp_socket: socket.socket | None = None,
         max_offer_bytes: int = DEFAULT_MAX_OFFER_BYTES,
@@ -98,7 +98,8 @@ class Engine:
         self._certificate: DtlsCertificate | None = None
         self._codecs = CodecRegistry()
         self._mux = UdpMux(webrtc.listen, sockets=[udp_socket] if udp_socket else [])
-        self._fanout: Fanout | None = None
+        # One fan-out send loop per feed with viewers (or consumers), by id(feed).
+        self._fanouts: dict[int, Fanout] = {}
         self._sessions: dict[str, WhepSession] = {}
         # Offers being answered (not sessions yet), in all and by source address key.
         self._pending = 0
@@ -133,11 +134,9 @@ class Engine:
                                                    bundlePolicy=RTCBundlePolicy.BALANCED)
         self._codecs.install()
         self._mux.start()
-        if self.config.send_path == "fanout":
-            camera = self._feed.camera
-            self._fanout = Fanout(self._feed, self._mux.socket_for,
-                                  framerate=camera.framerate, min_bitrate=camera.bitrate)
-            self._fanout.start()
+        self._started = True
+        if self._feed is not None:
+            self.fanout_for(self._feed)
         if self.config.advertise:
             self._advertise = list(self.config.advertise)
         elif self.config.listen.host not in ("0.0.0.0", "::", ""):
@@ -146,7 +145,6 @@ class Engine:
             self._advertise = default_advertise(self._mux.families)
         if not self._advertise:
             logger.warning("no address to advertise in answers: set webrtc.advertise")
-        self._started = True
         logger.info("engine ready: UDP port %d, advertising %s, fingerprint %s",
                     self._mux.port, ", ".join(self._advertise) or "nothing",
                     self._certificate.fingerprint)
@@ -158,9 +156,9 @@ class Engine:
         self._stopping = True
         await asyncio.gather(*(s.close("shutdown") for s in list(self._sessions.values())),
                              return_exceptions=True)
-        if self._fanout is not None:
-            await self._fanout.stop()
-            self._fanout = None
+        fanouts, self._fanouts = list(self._fanouts.values()), {}
+        for fanout in fanouts:
+            await fanout.stop()
         self._mux.close()
         self._started = False
         self._stopping = False
@@ -192,9 +190,24 @@ class Engine:
 
     @property
     def fanout(self) -> Fanout | None:
-        """The fan-out send loop while running on that send path (else None): other consumers
-        of its packetize-once frames attach here (``Fanout.add_consumer``)."""
-        return self._fanout
+        """The default feed's fan-out send loop (see :meth:`fanout_for`), None on the aiortc
+        send path or without a default feed."""
+        return self._fanouts.get(id(self._feed)) if self._feed is not None else None
+
+    def fanout_for(self, feed: CapturePipeline) -> Fanout | None:
+        """The fan-out send loop of ``feed`` while running on that send path (else None),
+        started on first use: other consumers of its packetize-once frames attach here
+        (``Fanout.add_consumer``)."""
+        if self.config.send_path != "fanout" or not self._started:
+            return None
+        fanout = self._fanouts.get(id(feed))
+        if fanout is None:
+            camera = feed.camera
+            fanout = self._fanouts[id(feed)] = Fanout(
+                feed, self._mux.socket_for, framerate=camera.framerate,
+                min_bitrate=camera.bitrate)
+            fanout.start()
+        return fanout
 
     @property
     def mux(self) -> UdpMux:
@@ -205,8 +218,10 @@ class Engine:
         """Call ``listener(event, session)`` on ``session-started`` and ``session-ended``."""
         self._listeners.append(listener)
 
-    async def offer(self, sdp: str, *, remote: str | None = None) -> tuple[WhepSession, str]:
-        """Answer a viewer's offer: returns the new session and the answer SDP.
+    async def offer(self, sdp: str, *, feed: CapturePipeline | None = None,
+                    remote: str | None = None) -> tuple[WhepSession, str]:
+        """Answer a viewer's offer for ``feed`` (default: the engine's default feed): returns
+        the new session and the answer SDP. Every feed shares the certificate and UDP port.
 
         ``remote`` is the address the offer came from (the HTTP client's), if known: it may
         hold at most ``pending_per_address`` pending sessions (answered, not yet connected).
@@ -215,7 +230,10 @@ class Engine:
         Raises an :class:`~.errors.OfferError` subclass for every refusal.
         """
         try:
-            return await self._offer(sdp, address_key(remote))
+            chosen = feed if feed is not None else self._feed
+            if chosen is None:
+                raise StreamNotReady("no camera was named for this viewer", retry_after=5)
+            return await self._offer(sdp, address_key(remote), chosen)
         except OfferError as exc:
             self.offers_rejected[type(exc).__name__] += 1
             logger.info("offer refused (%s): %s", type(exc).__name__, exc.reason)
@@ -262,7 +280,7 @@ class Engine:
             "keyframe_requests": dict(self.keyframe_requests),
             "receive_errors": dict(self.receive_errors),
             "mux": self._mux.stats(),
-            "fanout": self._fanout.stats() if self._fanout is not None else None,
+            "fanout": _summed([f.stats() for f in self._fanouts.values()]),
         }
 
     # -- offer handling --------------------------------------------------------------------------
@@ -302,7 +320,8 @@ class Engine:
                     time.monotonic() - oldest.created_monotonic)
         oldest.close_soon("reclaimed")
 
-    async def _offer(self, sdp: str, key: str | None) -> tuple[WhepSession, str]:
+    async def _offer(self, sdp: str, key: str | None,
+                     feed: CapturePipeline) -> tuple[WhepSession, str]:
         if not self._started or self._stopping:
             raise StreamNotReady("the engine is not running", retry_after=5)
         self._take_place(key)
@@ -310,15 +329,15 @@ class Engine:
         if key is not None:
             self._answering[key] += 1
         try:
-            info = self._feed.stream_info
+            info = feed.stream_info
             if info is None:
-                await self._feed.wait_first_frame(STREAM_READY_TIMEOUT_S)
-                info = self._feed.stream_info
+                await feed.wait_first_frame(STREAM_READY_TIMEOUT_S)
+                info = feed.stream_info
             if info is None:
                 raise StreamNotReady("the camera has not produced video yet", retry_after=2)
             checked = check_offer(sdp, max_bytes=self._max_offer_bytes,
                                   stream_profile_level_id=info.profile_level_id)
-            session, answer = await self._build_session(checked, info.profile_level_id)
+            session, answer = await self._build_session(checked, info.profile_level_id, feed)
             session.remote_key = key
             return session, answer
         finally:
@@ -331,46 +350,49 @@ class Engine:
     def _ice_servers(self) -> list[RTCIceServer]:
         return [RTCIceServer(urls=url) for url in self.config.ice_servers]
 
-    def _cursor_settings(self) -> tuple[int, int, int]:
+    @staticmethod
+    def _cursor_settings(feed: CapturePipeline) -> tuple[int, int, int]:
         """``(frame_interval, catch_up_max_frames, keyframe_interval_frames)``."""
-        camera = self._feed.camera
+        camera = feed.camera
         return (round(90_000 / camera.framerate),
                 # A burst of up to the coalescing window (at least a few frames) is cheaper
                 # than waiting for an IDR that coalescing may not force.
                 max(3, math.ceil(camera.framerate * camera.keyframe_request_interval_ms / 1000)),
                 camera.keyframe_interval)
 
-    def _new_track(self) -> ViewerTrack | FanoutTrack:
-        if self._fanout is not None:
+    def _new_track(self, feed: CapturePipeline, fanout: Fanout | None
+                   ) -> ViewerTrack | FanoutTrack:
+        if fanout is not None:
             return FanoutTrack()
-        interval, catch_up, gop = self._cursor_settings()
-        return ViewerTrack(self._feed, frame_interval=interval, catch_up_max_frames=catch_up,
+        interval, catch_up, gop = self._cursor_settings(feed)
+        return ViewerTrack(feed, frame_interval=interval, catch_up_max_frames=catch_up,
                            keyframe_interval_frames=gop)
 
-    def _new_fanout_viewer(self, fanout: Fanout) -> FanoutViewer:
-        interval, catch_up, gop = self._cursor_settings()
-        cursor = ViewerCursor(self._feed, fanout.take, frame_interval=interval,
+    def _new_fanout_viewer(self, fanout: Fanout, feed: CapturePipeline) -> FanoutViewer:
+        interval, catch_up, gop = self._cursor_settings(feed)
+        cursor = ViewerCursor(feed, fanout.take, frame_interval=interval,
                               catch_up_max_frames=catch_up, keyframe_interval_frames=gop)
         return FanoutViewer(fanout, cursor, on_keyframe_request=lambda reason: None,
                             on_nack=lambda seq: None)
 
     async def _build_session(
-        self, offer: CheckedOffer, profile_level_id: str
+        self, offer: CheckedOffer, profile_level_id: str, feed: CapturePipeline
     ) -> tuple[WhepSession, str]:
         assert self._certificate is not None
         preferences = self._codecs.select(profile_level_id)
         with aiortc_internals.lean_offer(offer.sdp, offer.description,
                                          self._codecs.local_codecs(profile_level_id)):
-            return await self._build_lean_session(offer.sdp, preferences)
+            return await self._build_lean_session(offer.sdp, preferences, feed)
 
     async def _build_lean_session(
-        self, offer_sdp: str, preferences: list[RTCRtpCodecCapability]
+        self, offer_sdp: str, preferences: list[RTCRtpCodecCapability], feed: CapturePipeline
     ) -> tuple[WhepSession, str]:
         assert self._certificate is not None
         with aiortc_internals.shared_certificate(self._certificate.rtc):
             pc = RTCPeerConnection(self._rtc_configuration)
-        track = self._new_track()
-        viewer = self._new_fanout_viewer(self._fanout) if self._fanout is not None else None
+        fanout = self.fanout_for(feed)
+        track = self._new_track(feed, fanout)
+        viewer = self._new_fanout_viewer(fanout, feed) if fanout is not None else None
         transceiver = pc.addTransceiver(track, direction="sendonly")
         # Before setRemoteDescription: set afterwards, aiortc silently falls back to VP8.
         transceiver.setCodecPreferences(preferences)
@@ -422,6 +444,7 @@ class Engine:
             aiortc_internals.forward_keyframe_requests(
                 transceiver.sender, lambda: self._request_keyframe(session, "pli/fir"))
             aiortc_internals.count_retransmissions(transceiver.sender, session.on_nack)
+        session.feed = feed
         self._sessions[session.id] = session
         session.attach(self.config.connect_timeout_s)
         self.offers_accepted += 1
@@ -448,7 +471,7 @@ class Engine:
         session.keyframes_requested += 1
         kind = reason.split(":")[0]
         self.keyframe_requests[kind] += 1
-        if self._feed.request_keyframe(f"session {session.id[:8]}: {reason}"):
+        if session.feed.request_keyframe(f"session {session.id[:8]}: {reason}"):
             session.keyframes_forced += 1
 
     async def _release(self, session: WhepSession) -> None:
@@ -484,3 +507,15 @@ def address_key(remote: str | None) -> str | None:
 def is_loopback(address: str) -> bool:
     """Whether ``address`` is a loopback literal (tests advertise only those)."""
     return ipaddress.ip_address(address).is_loopback
+
+
+def _summed(stats: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The fan-outs' figures added up (one fan-out per feed); None when there is none."""
+    if not stats:
+        return None
+    total: dict[str, Any] = {}
+    for one in stats:
+        for key, value in one.items():
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                total[key] = total.get(key, 0) + value
+    return total

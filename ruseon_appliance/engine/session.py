@@ -52,6 +52,9 @@ class WhepSession:
         self.created_monotonic = time.monotonic()
         # The offer's source (engine.address_key), for the per-address pending cap.
         self.remote_key: str | None = None
+        # The feed (a camera's pipeline) this session watches; set by the engine. The web
+        # layer maps it back to a camera name; the engine never knows names.
+        self.feed: Any = None
         self._release = release
         self._closing: asyncio.Task[None] | None = None
         self._reaper: asyncio.TimerHandle | None = None

@@ -69,6 +69,9 @@ class DeviceApi:
         # make_app: a section name -> its JSON data, and callables returning exposition text.
         self.status_sections: dict[str, Callable[[], Any]] = {}
         self.metrics_sections: list[Callable[[], str]] = []
+        # With several cameras: ``() -> (how many, [(name, why down), ...])`` (web/cameras.py);
+        # /healthz then reports which are down, 503 only when every one is.
+        self.cameras_down: Callable[[], tuple[int, list[tuple[str, str]]]] | None = None
 
     def add_routes(self, app: web.Application) -> None:
         """Register the API routes (GET also answers HEAD)."""
@@ -142,6 +145,13 @@ class DeviceApi:
 
     async def healthz(self, request: web.Request) -> web.Response:
         """``GET /healthz``: 200 ``ok``, or 503 with the reason."""
+        if self.cameras_down is not None and self.engine.udp_port:
+            total, down = self.cameras_down()
+            listed = "; ".join(f"{name}: {why}" for name, why in down)
+            if down and len(down) == total:
+                raise Problem(503, f"every camera is down: {listed}", headers={"Retry-After": "1"})
+            text = f"degraded: {len(down)} of {total} cameras down: {listed}\n" if down else "ok\n"
+            return web.Response(text=text, headers={"Cache-Control": "no-store"})
         reason = self.health_problem()
         if reason is not None:
             raise Problem(503, reason, headers={"Retry-After": "1"})
@@ -149,21 +159,7 @@ class DeviceApi:
 
     async def snapshot_jpeg(self, request: web.Request) -> web.Response:
         """``GET /snapshot.jpg``: the newest keyframe as a JPEG."""
-        try:
-            shot = await self.snapshot.latest()
-        except SnapshotError as exc:
-            raise Problem(503, str(exc), headers={"Retry-After": "1"}) from None
-        if shot is None:
-            raise Problem(503, "no keyframe captured yet", headers={"Retry-After": "1"})
-        return web.Response(
-            body=shot.jpeg,
-            content_type="image/jpeg",
-            headers={
-                "Cache-Control": "no-store",
-                "ETag": f'"kf-{shot.keyframe_seq}"',
-                "X-Capture-Time-Us": str(shot.capture_time_us),
-            },
-        )
+        return await snapshot_response(self.snapshot)
 
     async def metrics(self, request: web.Request) -> web.Response:
         """``GET /metrics`` in the Prometheus text format."""
@@ -178,3 +174,22 @@ class DeviceApi:
         response = web.Response(body=body.encode())
         response.headers["Content-Type"] = metrics.CONTENT_TYPE
         return response
+
+
+async def snapshot_response(snapshot: KeyframeSnapshot) -> web.Response:
+    """The newest keyframe of ``snapshot``'s camera as a JPEG answer (503 while none)."""
+    try:
+        shot = await snapshot.latest()
+    except SnapshotError as exc:
+        raise Problem(503, str(exc), headers={"Retry-After": "1"}) from None
+    if shot is None:
+        raise Problem(503, "no keyframe captured yet", headers={"Retry-After": "1"})
+    return web.Response(
+        body=shot.jpeg,
+        content_type="image/jpeg",
+        headers={
+            "Cache-Control": "no-store",
+            "ETag": f'"kf-{shot.keyframe_seq}"',
+            "X-Capture-Time-Us": str(shot.capture_time_us),
+        },
+    )

@@ -14,8 +14,10 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from ruseon_appliance.cameras import Camera, CameraSet
 from ruseon_appliance.web.api import DeviceApi
 from ruseon_appliance.web.auth import auth_middleware
+from ruseon_appliance.web.cameras import CamerasResource
 from ruseon_appliance.web.cors import cors_middleware
 from ruseon_appliance.web.hls import HlsResource
 from ruseon_appliance.web.metrics import WebMetrics
@@ -69,6 +71,7 @@ def make_app(
     relays: Sequence[RtpRelay] = (),
     hls: HlsStream | None = None,
     recorder: Recorder | None = None,
+    cameras: CameraSet | None = None,
 ) -> web.Application:
     """The web application for one engine and one capture pipeline.
 
@@ -76,6 +79,8 @@ def make_app(
     ``relays`` get ``/relay/<name>.sdp`` and their part of the status and metrics; ``hls``, when
     given, is served under ``/hls/``.
     ``recorder`` adds the playback API and recording control (web/recordings.py).
+    ``cameras`` (default: ``capture`` alone) get ``/whep/<camera>``, ``/snapshot/<camera>.jpg``
+    and their part of status, metrics and health; ``capture`` is the first of them.
     """
     token = config.auth.resolve_token()
     max_body = config.http.max_offer_bytes
@@ -114,6 +119,9 @@ def make_app(
     )
     api.add_routes(app)
     app[DEVICE_API] = api
+    if cameras is None:
+        cameras = CameraSet([Camera(capture.camera, pipeline=capture)])
+    CamerasResource(cameras, engine, whep, api.snapshot).add_routes(app, api)
 
     if relays:
         relay_resource = RelayResource(relays, capture)

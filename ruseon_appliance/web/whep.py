@@ -127,7 +127,12 @@ class WhepResource:
         )
 
     async def post_offer(self, request: web.Request) -> web.Response:
-        """Create a viewer session from an SDP offer; 201 with the answer."""
+        """Create a viewer session of the default camera from an SDP offer; 201 + answer."""
+        return await self.answer_offer(request)
+
+    async def answer_offer(self, request: web.Request, feed: Any = None) -> web.Response:
+        """Create a viewer session of ``feed`` (a camera's pipeline; None: the engine's
+        default) from the request's SDP offer; 201 with the answer."""
         if request.content_type != SDP:
             raise Problem(
                 415,
@@ -138,7 +143,7 @@ class WhepResource:
         self._forget_ended_sessions()
         began = time.perf_counter()
         try:
-            session, answer = await self.engine.offer(sdp, remote=request.remote)
+            session, answer = await self.engine.offer(sdp, feed=feed, remote=request.remote)
         except OfferError as exc:
             self.metrics.offers_refused[type(exc).__name__] += 1
             raise self._offer_problem(exc) from None

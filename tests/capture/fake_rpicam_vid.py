@@ -15,7 +15,9 @@ one line per start), ``FAKE_RPICAM_EXIT_AFTER`` (die with status 1 after N frame
 ``FAKE_RPICAM_NO_CAMERA`` (``--list-cameras`` reports none), ``FAKE_RPICAM_SOC`` (``bcm2712``
 emulates a Pi 5 / CM5; default a VC4 board), ``FAKE_RPICAM_VERSION`` (default 1.9.0),
 ``FAKE_RPICAM_LIBAV`` (``0``: built without libav), ``FAKE_RPICAM_LIST_WAIT_FOR`` (a path:
-``--list-cameras`` answers only once it exists, giving up after 20 s as if no camera).
+``--list-cameras`` answers only once it exists, giving up after 20 s as if no camera),
+``FAKE_RPICAM_UNPLUGGED`` (a path: while it exists the camera is gone, and a start fails as
+upstream's does without a camera).
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from ruseon_appliance.capture.h264 import AccessUnitSplitter
 
 # Options taking a value, and flags (boost bool options with an implicit value).
-VALUE_OPTIONS = {"-t", "--timeout", "--codec", "--intra", "-g", "--profile", "--level", "--width",
+VALUE_OPTIONS = {"-t", "--timeout", "--camera", "--codec", "--intra", "-g", "--profile",
+                 "--level", "--width",
                  "--height", "--framerate", "--bitrate", "-b", "--shutter", "--gain",
                  "--analoggain", "--awb", "-o", "--output", "--brightness", "--contrast",
                  "--saturation", "--sharpness"}
@@ -115,13 +118,17 @@ def main() -> int:
         if os.environ.get("FAKE_RPICAM_NO_CAMERA"):
             print("No cameras available!")
         else:
-            print("Available cameras\n-----------------\n0 : imx708 [4608x2592 10-bit RGGB]")
+            print("Available cameras\n-----------------\n0 : imx708 [4608x2592 10-bit RGGB]\n"
+                  "1 : imx708 [4608x2592 10-bit RGGB]")
         return 0
     if log := os.environ.get("FAKE_RPICAM_LOG"):
         with open(log, "a") as fh:
             fh.write(" ".join(args) + "\n")
     if given.get("--awb", "auto") not in AWB_MODES:
         return fail(f"Invalid AWB mode: {given['--awb']}")
+    unplugged = os.environ.get("FAKE_RPICAM_UNPLUGGED")
+    if unplugged and os.path.exists(unplugged):
+        return fail("no cameras available")
     print("fake rpicam-vid: camera started", file=sys.stderr, flush=True)
     if os.environ.get("FAKE_RPICAM_SOC") == "bcm2712" and given.get("--codec", "h264") == "h264":
         # h264_codec_select: no VC4 encoder, so libx264 through libav, if built.

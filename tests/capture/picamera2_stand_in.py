@@ -283,6 +283,7 @@ class Picamera2:
     instances: list[Picamera2] = []
 
     def __init__(self, camera_num: int = 0) -> None:
+        self.camera_num = camera_num
         self.config: dict[str, Any] = {}
         self.closed = False
         self.encoder: Any = None

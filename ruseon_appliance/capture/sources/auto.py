@@ -114,7 +114,7 @@ def create_source(camera: CameraConfig) -> Source:
 
     Raises :class:`SourceUnavailable` when an explicitly chosen source cannot run here.
     """
-    kind = camera.source
+    kind = camera.source_kind  # picamera:1 -> picamera (the index is camera.sensor_index)
     if kind == "synthetic":
         return SyntheticSource(camera)
     if kind.startswith("file:"):

@@ -316,7 +316,7 @@ class PicameraSource:
     def _open(self, loop: asyncio.AbstractEventLoop, deliver: Deliver) -> None:
         api = self._api if self._api is not None else load_picamera2()
         cam = self._camera
-        picam2 = api.Picamera2()
+        picam2 = api.Picamera2(cam.sensor_index)  # picamera:N: the Nth CSI camera
         kwargs: dict[str, Any] = {
             "main": {"size": (cam.width, cam.height), "format": "YUV420"},
             "controls": self._controls(api),

@@ -121,6 +121,8 @@ def rpicam_command(camera: CameraConfig, *, bcm2712: bool = False,
         "--framerate", str(camera.framerate),
         "--bitrate", str(camera.bitrate),
     ]  # fmt: skip
+    if camera.sensor_index:
+        argv += ["--camera", str(camera.sensor_index)]  # rpicam:N: the Nth CSI camera
     if bcm2712:
         argv += libav_options(features)
     else:

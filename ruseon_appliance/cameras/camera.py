@@ -1,0 +1,242 @@
+"""A named camera (its pipeline, start-up with retries, up/down) and the ordered set of them."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from ..capture.pipeline import CapturePipeline
+from ..capture.sources.base import Deliver, SourceUnavailable
+from ..config import CameraConfig
+
+log = logging.getLogger(__name__)
+
+# A camera is down when its newest frame is older than this many frame intervals, and never
+# sooner than STALL_MIN_S (a 1 fps camera still counts as alive). Same rule as /healthz had.
+STALL_FRAME_INTERVALS = 10
+STALL_MIN_S = 2.0
+# Start-up retries of a camera whose source failed: doubling from the first, up to the last.
+RETRY_FIRST_S = 2.0
+RETRY_MAX_S = 30.0
+
+
+def stale_after_s(framerate: int) -> float:
+    """Seconds without a frame after which a camera counts as down."""
+    return max(STALL_MIN_S, STALL_FRAME_INTERVALS / max(1, framerate))
+
+
+class UnavailableSource:
+    """Stands in for a source that could not even be built (a missing library or binary):
+    every start fails with the reason, so the camera is reported and retried like any other
+    failing source while the other cameras run."""
+
+    kind = "unavailable"
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    async def start(self, deliver: Deliver) -> None:
+        """Fail with the reason the source could not be built."""
+        raise SourceUnavailable(self.reason)
+
+    async def stop(self) -> None:
+        """Nothing to release."""
+
+    def request_keyframe(self) -> None:
+        """Nothing to ask."""
+
+    def stats(self) -> dict[str, Any]:
+        """No counters."""
+        return {}
+
+
+class Camera:
+    """One configured camera: ``name``, ``config`` and its :class:`CapturePipeline`.
+
+    :meth:`start` never raises for the source's sake: a failure is kept in :attr:`error` and
+    the start is retried in the background with back-off until it works or :meth:`stop`.
+    """
+
+    def __init__(self, config: CameraConfig, *, pipeline: CapturePipeline | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.name = config.name
+        if pipeline is None:
+            try:
+                pipeline = CapturePipeline(config)
+            except SourceUnavailable as exc:
+                pipeline = CapturePipeline(config, source=UnavailableSource(str(exc)))
+        self.pipeline = pipeline
+        self.error: str | None = None
+        self.start_failures = 0
+        self._clock = clock
+        self._retry: asyncio.Task[None] | None = None
+        self._stopped = False
+
+    async def start(self) -> bool:
+        """Start the source; on failure report it, retry in the background, return False."""
+        self._stopped = False
+        if await self._try_start():
+            return True
+        self._retry = asyncio.create_task(self._retry_loop(), name=f"camera-{self.name}-retry")
+        return False
+
+    async def _try_start(self) -> bool:
+        try:
+            await self.pipeline.start()
+        except Exception as exc:  # any source failure: this camera only
+            self.start_failures += 1
+            self.error = str(exc) or type(exc).__name__
+            log.error("camera %s: source %s failed to start: %s", self.name, self.config.source,
+                      self.error, extra={"EVENT": "camera_start_failed", "CAMERA": self.name})
+            with contextlib.suppress(Exception):
+                await self.pipeline.stop()  # so the next start() starts it again
+            return False
+        if self.error is not None:
+            log.info("camera %s: source started after %d failed attempts", self.name,
+                     self.start_failures, extra={"EVENT": "camera_started", "CAMERA": self.name})
+        self.error = None
+        return True
+
+    async def _retry_loop(self) -> None:
+        delay = RETRY_FIRST_S
+        while not self._stopped:
+            await asyncio.sleep(delay)
+            if self._stopped or await self._try_start():
+                return
+            delay = min(delay * 2, RETRY_MAX_S)
+
+    async def stop(self) -> None:
+        """Stop retrying and stop the source."""
+        self._stopped = True
+        task, self._retry = self._retry, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.pipeline.stop()
+
+    def problem(self) -> str | None:
+        """Why this camera is down (start failure, no frame yet, no frame lately), else None."""
+        if self.error is not None:
+            return f"source {self.config.source} failed to start ({self.error}); retrying"
+        last = self.pipeline.last_frame_monotonic
+        kind = self.pipeline.source_kind
+        if last is None:
+            return f"no frame from the {kind} source yet"
+        age = self._clock() - last
+        if age > stale_after_s(self.config.framerate):
+            return f"no frame from the {kind} source for {age:.1f} s"
+        return None
+
+    def status(self, viewers: int) -> dict[str, Any]:
+        """This camera's part of ``/api/status``."""
+        stats = self.pipeline.stats()
+        info = self.pipeline.stream_info
+        problem = self.problem()
+        return {
+            "name": self.name,
+            "source": self.config.source,
+            "kind": self.pipeline.source_kind,
+            "up": problem is None,
+            "problem": problem,
+            "start_failures": self.start_failures,
+            "width": info.width if info else None,
+            "height": info.height if info else None,
+            "profile_level_id": info.profile_level_id if info else None,
+            "fps": stats.get("fps"),
+            "bitrate": stats.get("bitrate"),
+            "keyframe_age_s": stats.get("keyframe_age_s"),
+            "frames_in": stats.get("frames_in"),
+            "frames_dropped": stats.get("frames_dropped"),
+            "viewers": viewers,
+        }
+
+
+class CameraSet:
+    """The cameras in configured order; the first is the default (``/whep``, ``/hls/``)."""
+
+    def __init__(self, cameras: Sequence[Camera]) -> None:
+        if not cameras:
+            raise ValueError("at least one camera")
+        self._cameras = list(cameras)
+        self._by_name = {camera.name: camera for camera in self._cameras}
+
+    @classmethod
+    def from_configs(cls, configs: Sequence[CameraConfig]) -> CameraSet:
+        """One :class:`Camera` per configuration."""
+        return cls([Camera(config) for config in configs])
+
+    @classmethod
+    def from_pipelines(cls, pipelines: Sequence[CapturePipeline]) -> CameraSet:
+        """Cameras around pipelines built already (named by their ``camera.name``)."""
+        return cls([Camera(p.camera, pipeline=p) for p in pipelines])
+
+    def __iter__(self) -> Iterator[Camera]:
+        return iter(self._cameras)
+
+    def __len__(self) -> int:
+        return len(self._cameras)
+
+    @property
+    def first(self) -> Camera:
+        """The default camera."""
+        return self._cameras[0]
+
+    @property
+    def names(self) -> list[str]:
+        """Names in configured order."""
+        return [camera.name for camera in self._cameras]
+
+    def get(self, name: str) -> Camera | None:
+        """The camera named ``name``, or None."""
+        return self._by_name.get(name)
+
+    def of_feed(self, feed: object) -> Camera | None:
+        """The camera whose pipeline ``feed`` is (a session's ``feed``), or None."""
+        for camera in self._cameras:
+            if camera.pipeline is feed:
+                return camera
+        return None
+
+    async def start(self) -> None:
+        """Start every camera at once; failures are kept per camera and retried."""
+        await asyncio.gather(*(camera.start() for camera in self._cameras))
+
+    async def stop(self) -> None:
+        """Stop every camera."""
+        await asyncio.gather(*(camera.stop() for camera in self._cameras),
+                             return_exceptions=True)
+
+    async def wait_first_frame(self, timeout: float) -> bool:
+        """Wait until any camera has its first frame in its ring; False on timeout."""
+        waits = [asyncio.ensure_future(camera.pipeline.wait_first_frame(timeout))
+                 for camera in self._cameras]
+        try:
+            for next_done in asyncio.as_completed(waits):
+                if await next_done:
+                    return True
+            return False
+        finally:
+            for wait in waits:
+                wait.cancel()
+
+    def newest_frame_monotonic(self) -> float | None:
+        """``time.monotonic()`` of the newest frame of any camera (the watchdog's clock: it
+        fires while any camera delivers)."""
+        times = [c.pipeline.last_frame_monotonic for c in self._cameras]
+        known = [t for t in times if t is not None]
+        return max(known) if known else None
+
+    def down(self) -> list[tuple[str, str]]:
+        """``(name, why)`` of every camera that is down."""
+        out = []
+        for camera in self._cameras:
+            problem = camera.problem()
+            if problem is not None:
+                out.append((camera.name, problem))
+        return out

@@ -1,0 +1,128 @@
+"""Per-camera routes: ``POST /whep/<camera>``, ``/snapshot/<camera>.jpg``, ``/api/cameras``,
+the ``cameras`` part of ``/api/status``, ``/metrics`` labelled by camera, and which cameras are
+down for ``/healthz``.
+
+``/whep`` and ``/snapshot.jpg`` stay the first camera's. An unknown name is a 404 that lists the
+names there are. The engine is handed the camera's pipeline as the session's feed; it never
+sees the name (sessions are mapped back to cameras by their ``feed``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from ruseon_appliance.web.api import DeviceApi, snapshot_response
+from ruseon_appliance.web.metrics import Exposition
+from ruseon_appliance.web.problem import Problem
+from ruseon_appliance.web.snapshot import KeyframeSnapshot
+from ruseon_appliance.web.whep import ENDPOINT_METHODS, SDP, WhepResource
+
+if TYPE_CHECKING:
+    from ruseon_appliance.cameras import Camera, CameraSet
+    from ruseon_appliance.engine.engine import Engine
+
+
+class CamerasResource:
+    """The routes and figures that name a camera."""
+
+    def __init__(self, cameras: CameraSet, engine: Engine, whep: WhepResource,
+                 default_snapshot: KeyframeSnapshot) -> None:
+        self.cameras = cameras
+        self.engine = engine
+        self.whep = whep
+        # The first camera's snapshot is the one /snapshot.jpg already caches.
+        self._snapshots = {cameras.first.name: default_snapshot}
+
+    def add_routes(self, app: web.Application, api: DeviceApi) -> None:
+        """Register the routes and this resource's parts of status, metrics and health."""
+        app.router.add_route("OPTIONS", "/whep/{camera}", self.options_endpoint)
+        app.router.add_route("POST", "/whep/{camera}", self.post_offer)
+        app.router.add_route("*", "/whep/{camera}", self.endpoint_not_allowed)
+        app.router.add_get("/snapshot/{camera}.jpg", self.snapshot_jpeg)
+        app.router.add_get("/api/cameras", self.list_cameras)
+        api.status_sections["cameras"] = self.status
+        api.metrics_sections.append(self.metrics)
+        if len(self.cameras) > 1:
+            api.cameras_down = lambda: (len(self.cameras), self.cameras.down())
+
+    def camera(self, request: web.Request) -> Camera:
+        """The camera the path names, or a 404 listing the names there are."""
+        name = request.match_info["camera"]
+        camera = self.cameras.get(name)
+        if camera is None:
+            raise Problem(404, f"there is no camera named {name!r}; the cameras are "
+                               + ", ".join(self.cameras.names))
+        return camera
+
+    async def options_endpoint(self, request: web.Request) -> web.Response:
+        """What a camera's WHEP endpoint accepts."""
+        self.camera(request)
+        return web.Response(status=204, headers={"Allow": ENDPOINT_METHODS, "Accept-Post": SDP})
+
+    async def endpoint_not_allowed(self, request: web.Request) -> web.Response:
+        """Anything but POST/OPTIONS on a camera's WHEP endpoint: 405 with ``Allow``."""
+        self.camera(request)
+        raise Problem(405, f"{request.method} is not allowed on {request.path}; POST an SDP offer",
+                      headers={"Allow": ENDPOINT_METHODS, "Accept-Post": SDP})
+
+    async def post_offer(self, request: web.Request) -> web.Response:
+        """``POST /whep/<camera>``: a viewer session of that camera."""
+        camera = self.camera(request)
+        return await self.whep.answer_offer(request, feed=camera.pipeline)
+
+    async def snapshot_jpeg(self, request: web.Request) -> web.Response:
+        """``GET /snapshot/<camera>.jpg``: that camera's newest keyframe as a JPEG."""
+        camera = self.camera(request)
+        snapshot = self._snapshots.get(camera.name)
+        if snapshot is None:
+            snapshot = self._snapshots[camera.name] = KeyframeSnapshot(camera.pipeline)
+        return await snapshot_response(snapshot)
+
+    def _viewers(self) -> Counter[str]:
+        counts: Counter[str] = Counter()
+        for session in self.engine.sessions.values():
+            camera = self.cameras.of_feed(getattr(session, "feed", None))
+            if camera is not None:
+                counts[camera.name] += 1
+        return counts
+
+    def status(self) -> list[dict[str, object]]:
+        """Every camera with its figures, in configured order (``/api/status`` ``cameras``)."""
+        viewers = self._viewers()
+        return [camera.status(viewers[camera.name]) for camera in self.cameras]
+
+    async def list_cameras(self, request: web.Request) -> web.Response:
+        """``GET /api/cameras``: the same list, for the page's grid."""
+        return web.json_response({"cameras": self.status()},
+                                 headers={"Cache-Control": "no-store"})
+
+    def metrics(self) -> str:
+        """Per-camera families, labelled ``camera="<name>"``."""
+        rows = self.status()
+        out = Exposition()
+
+        def family(name: str, kind: str, help_text: str, key: str) -> None:
+            samples: list[tuple[str, float]] = []
+            for row in rows:
+                value = row[key]
+                if value is None or isinstance(value, int | float):
+                    samples.append((f'{{camera="{row["name"]}"}}', float(value or 0)))
+            out.family(name, kind, help_text, samples)
+
+        out.family("ruseon_camera_up", "gauge", "1 while the camera delivers frames.",
+                   [(f'{{camera="{row["name"]}"}}', int(bool(row["up"]))) for row in rows])
+        family("ruseon_camera_viewers", "gauge", "Live WHEP viewers by camera.", "viewers")
+        family("ruseon_camera_frames_captured_total", "counter",
+               "Access units from the camera.", "frames_in")
+        family("ruseon_camera_frames_dropped_total", "counter",
+               "Access units dropped before the ring.", "frames_dropped")
+        family("ruseon_camera_fps", "gauge", "Measured frame rate.", "fps")
+        family("ruseon_camera_bitrate_bps", "gauge", "Measured bit rate.", "bitrate")
+        family("ruseon_camera_keyframe_age_seconds", "gauge", "Age of the newest keyframe.",
+               "keyframe_age_s")
+        family("ruseon_camera_start_failures_total", "counter",
+               "Failed starts of the camera's source (each is retried).", "start_failures")
+        return out.text()
