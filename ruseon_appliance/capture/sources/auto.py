@@ -21,6 +21,7 @@ from .base import Deliver, Source, SourceUnavailable
 from .file import FileSource
 from .picamera import PicameraSource, camera_present, load_picamera2
 from .rpicam import RpicamSource
+from .rtsp import RtspSource
 from .synthetic import SyntheticSource
 
 log = logging.getLogger(__name__)
@@ -119,6 +120,8 @@ def create_source(camera: CameraConfig) -> Source:
         return SyntheticSource(camera)
     if kind.startswith("file:"):
         return FileSource(camera, Path(kind[5:]))
+    if kind.startswith(("rtsp://", "rtsps://")):
+        return RtspSource(camera, kind)
     if kind == "rpicam":
         argv = shlex.split(camera.rpicam_command)
         if not argv or shutil.which(argv[0]) is None:

@@ -1,0 +1,209 @@
+"""The network camera source: H.264 pulled from an IP camera's RTSP server, passed through.
+
+FFmpeg's RTSP demuxer (through PyAV) depacketizes the camera's RTP into access units; they go to
+the ring as they are, never decoded or re-encoded, so the camera's own encoder settings (size,
+bitrate, GOP) are what viewers get. The demuxer blocks, so it runs on a worker thread and hands
+each access unit to the loop. When the camera drops (power cut, network, a reboot) the source
+reconnects with a doubling back-off; pts carry on across reconnects.
+
+Parameter sets: many cameras send SPS/PPS only in the SDP (``sprop-parameter-sets``), which
+FFmpeg puts in the stream's extradata; they are prepended to every IDR that lacks them, so each
+IDR decodes on its own as the ring expects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ...config import CameraConfig
+from ..access_unit import VIDEO_CLOCK_RATE, AccessUnit
+from .base import Deliver
+
+log = logging.getLogger(__name__)
+
+# Seconds to wait for the camera to answer (connect, DESCRIBE/SETUP/PLAY) and for each packet.
+OPEN_TIMEOUT_S = 10.0
+READ_TIMEOUT_S = 5.0
+SPS, PPS, IDR = 7, 8, 5
+
+
+def nal_types(annexb: bytes) -> list[int]:
+    """NAL unit types of an Annex B buffer, in order."""
+    types = []
+    i = annexb.find(b"\x00\x00\x01")
+    while i >= 0 and i + 3 < len(annexb):
+        types.append(annexb[i + 3] & 0x1F)
+        i = annexb.find(b"\x00\x00\x01", i + 3)
+    return types
+
+
+def avcc_to_annex_b(extradata: bytes) -> bytes:
+    """SPS/PPS from an ``avcC`` record (extradata starting with version 1) as Annex B."""
+    if not extradata or extradata[0] != 1 or len(extradata) < 7:
+        return extradata
+    out = bytearray()
+    pos = 5
+    for count_mask in (0x1F, 0xFF):
+        if pos >= len(extradata):
+            break
+        count = extradata[pos] & count_mask
+        pos += 1
+        for _ in range(count):
+            size = int.from_bytes(extradata[pos:pos + 2], "big")
+            out += b"\x00\x00\x00\x01" + extradata[pos + 2:pos + 2 + size]
+            pos += 2 + size
+    return bytes(out)
+
+
+def redact(url: str) -> str:
+    """The URL without credentials, for logs and status."""
+    scheme, sep, rest = url.partition("://")
+    host = rest.split("/", 1)[0]
+    if "@" in host:
+        rest = "***@" + rest.split("@", 1)[1]
+    return scheme + sep + rest
+
+
+class RtspSource:
+    """Pulls H.264 from ``rtsp://`` (or ``rtsps://``) and delivers it without re-encoding.
+
+    ``backoff_s`` is the first and the largest delay between reconnects.
+    """
+
+    kind = "rtsp"
+
+    def __init__(self, camera: CameraConfig, url: str, *,
+                 backoff_s: tuple[float, float] = (0.5, 10.0),
+                 transport: str = "tcp") -> None:
+        self._camera = camera
+        self.url = url
+        self._backoff = backoff_s
+        self._transport = transport
+        self._task: asyncio.Task[None] | None = None
+        # Bumped by stop(): a worker thread still blocked in a read from before hands over
+        # nothing once it wakes (a stop/start pair must not leave two readers delivering).
+        self._generation = 0
+        self._t0 = 0.0
+        self._last_pts = -1
+        self.connects = 0
+        self.disconnects = 0
+        self.frames = 0
+        self.bytes = 0
+        self.connected = False
+        self.last_error = ""
+        self.parameter_sets_added = 0
+
+    async def start(self, deliver: Deliver) -> None:
+        """Start the connect/read/reconnect task (the first connection is made in it)."""
+        if self._task is not None:
+            return
+        self._t0 = time.monotonic() - (self._last_pts + 1) / VIDEO_CLOCK_RATE
+        self._task = asyncio.create_task(self._supervise(deliver), name="rtsp-source")
+
+    async def stop(self) -> None:
+        """Stop reading; the worker thread lets go of the connection at its next packet (or
+        read timeout) and delivers nothing more."""
+        self._generation += 1
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self.connected = False
+
+    def request_keyframe(self) -> None:
+        """RTSP has no standard way to ask for an IDR; viewers wait for the camera's next."""
+
+    def stats(self) -> dict[str, Any]:
+        """Connection counters."""
+        return {
+            "url": redact(self.url),
+            "connected": self.connected,
+            "connects": self.connects,
+            "disconnects": self.disconnects,
+            "frames": self.frames,
+            "bytes": self.bytes,
+            "parameter_sets_added": self.parameter_sets_added,
+            "last_error": self.last_error,
+        }
+
+    async def _supervise(self, deliver: Deliver) -> None:
+        loop = asyncio.get_running_loop()
+        delay = self._backoff[0]
+        generation = self._generation
+
+        def current() -> bool:
+            return generation == self._generation
+
+        def emit(data: bytes, keyframe: bool) -> None:
+            # On the loop thread; nothing after stop() reaches the pipeline.
+            if current():
+                self._emit(deliver, data, keyframe)
+
+        def hand_over(data: bytes, keyframe: bool) -> None:
+            loop.call_soon_threadsafe(emit, data, keyframe)
+
+        while current():
+            began = loop.time()
+            try:
+                await asyncio.to_thread(self._read_stream, hand_over, current)
+                self.last_error = "the camera ended the stream"
+            except Exception as exc:  # av.FFmpegError, OSError: the camera is unreachable
+                self.last_error = str(exc) or type(exc).__name__
+            self.connected = False
+            if not current():
+                return
+            self.disconnects += 1
+            if loop.time() - began > 30:
+                delay = self._backoff[0]  # it streamed for a while: start the back-off afresh
+            log.warning("rtsp source %s: %s; reconnecting in %.1f s", redact(self.url),
+                        self.last_error, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self._backoff[1])
+
+    def _read_stream(self, hand_over: Callable[[bytes, bool], None],
+                     current: Callable[[], bool]) -> None:
+        """On a worker thread: connect, then hand over each access unit until the stream ends,
+        fails, or :meth:`stop`."""
+        import av
+
+        options = {"rtsp_transport": self._transport, "fflags": "nobuffer"}
+        container = av.open(self.url, options=options, timeout=(OPEN_TIMEOUT_S, READ_TIMEOUT_S))
+        try:
+            streams = [s for s in container.streams.video if s.codec_context.name == "h264"]
+            if not streams:
+                raise ValueError("the camera offers no H.264 video stream")
+            stream = streams[0]
+            parameter_sets = avcc_to_annex_b(bytes(stream.codec_context.extradata or b""))
+            self.connects += 1
+            self.connected = True
+            log.info("rtsp source %s: connected (%dx%d)", redact(self.url),
+                     stream.codec_context.width, stream.codec_context.height)
+            for packet in container.demux(stream):
+                if not current():
+                    return
+                if packet.size == 0:
+                    continue
+                data = bytes(packet)
+                types = nal_types(data)
+                keyframe = IDR in types
+                if keyframe and SPS not in types and parameter_sets:
+                    data = parameter_sets + data
+                    self.parameter_sets_added += 1
+                hand_over(data, keyframe)
+        finally:
+            container.close()
+
+    def _emit(self, deliver: Deliver, data: bytes, keyframe: bool) -> None:
+        # Arrival time as pts (the camera's clock restarts on reconnect), strictly increasing.
+        pts = int((time.monotonic() - self._t0) * VIDEO_CLOCK_RATE)
+        pts = max(pts, self._last_pts + 1)
+        self._last_pts = pts
+        self.frames += 1
+        self.bytes += len(data)
+        deliver(AccessUnit(data, pts, keyframe, time.time_ns() // 1000))
