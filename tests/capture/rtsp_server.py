@@ -1,0 +1,42 @@
+"""A real RTSP server for the RTSP source's tests: GStreamer's gst-rtsp-server (Debian's
+gir1.2-gst-rtsp-server-1.0), serving a recorded Annex B ``.h264`` file at its own pace.
+
+Run by Debian's ``/usr/bin/python3`` (the test venv may not see python3-gi):
+``/usr/bin/python3 rtsp_server.py PORT PATH FILE``; prints ``ready`` once it listens, on
+127.0.0.1 only. The file's SPS carries VUI timing, so h264parse stamps each access unit and the
+server sends it in real time; the RTP payloader repeats SPS/PPS in-band before every IDR.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import gi
+
+gi.require_version("Gst", "1.0")
+gi.require_version("GstRtspServer", "1.0")
+from gi.repository import GLib, Gst, GstRtspServer  # noqa: E402
+
+
+def main() -> int:
+    port, path, filename = sys.argv[1], sys.argv[2], sys.argv[3]
+    Gst.init(None)
+    server = GstRtspServer.RTSPServer()
+    server.set_address("127.0.0.1")
+    server.set_service(port)
+    factory = GstRtspServer.RTSPMediaFactory()
+    factory.set_launch(f'( filesrc location="{filename}" ! h264parse ! '
+                       "video/x-h264,stream-format=byte-stream,alignment=au ! "
+                       "rtph264pay name=pay0 pt=96 config-interval=-1 )")
+    factory.set_shared(True)
+    server.get_mount_points().add_factory(path, factory)
+    if server.attach(None) == 0:
+        print("cannot listen", flush=True)
+        return 1
+    print("ready", flush=True)
+    GLib.MainLoop().run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,164 @@
+"""The RTSP source against a real RTSP server (GStreamer's gst-rtsp-server from Debian, started
+by the test on loopback inside the test run's network namespace)."""
+
+from __future__ import annotations
+
+import asyncio
+import fractions
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import av
+import numpy as np
+import pytest
+
+from ruseon_appliance.capture.h264 import AccessUnitSplitter
+from ruseon_appliance.capture.pipeline import CapturePipeline
+from ruseon_appliance.capture.sources.rtsp import RtspSource, nal_types, redact
+from ruseon_appliance.capture.stamp import draw_stamp, read_stamp
+from ruseon_appliance.config import CameraConfig, validate_camera
+from tests.tooling import IN_CI, free_port
+
+from .conftest import decode_alone
+
+SERVER = Path(__file__).parent / "rtsp_server.py"
+SYSTEM_PYTHON = "/usr/bin/python3"
+WIDTH, HEIGHT, FPS, SECONDS = 192, 112, 15, 30
+
+
+def slices(annexb: bytes) -> list[bytes]:
+    """The coded slice NAL units (types 1 and 5) of an Annex B buffer, start codes removed."""
+    parts = [p for p in annexb.split(b"\x00\x00\x01") if p]
+    return [p.rstrip(b"\x00") for p in parts if p[0] & 0x1F in (1, 5)]
+
+
+@pytest.fixture(scope="module")
+def recording(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A stamped libx264 recording (VUI timing at FPS, an IDR every second)."""
+    path = tmp_path_factory.mktemp("rtsp") / "stamped.h264"
+    encoder = av.CodecContext.create("libx264", "w")
+    encoder.width, encoder.height, encoder.pix_fmt = WIDTH, HEIGHT, "yuv420p"
+    encoder.time_base, encoder.framerate = fractions.Fraction(1, FPS), FPS
+    encoder.options = {"tune": "zerolatency", "preset": "ultrafast", "g": str(FPS),
+                       "profile": "baseline", "bf": "0"}
+    with path.open("wb") as out:
+        for n in range(FPS * SECONDS):
+            luma = np.full((HEIGHT, WIDTH), 60 + n % 40, np.uint8)
+            draw_stamp(luma, n * 1_000_000 // FPS, n)
+            frame = av.VideoFrame(WIDTH, HEIGHT, "yuv420p")
+            frame.planes[0].update(luma.tobytes())
+            frame.pts = n
+            for packet in encoder.encode(frame):
+                out.write(bytes(packet))
+        for packet in encoder.encode(None):
+            out.write(bytes(packet))
+    return path
+
+
+class RtspServer:
+    """gst-rtsp-server in a child process of Debian's Python (python3-gi)."""
+
+    def __init__(self, recording: Path, port: int) -> None:
+        self.recording, self.port = recording, port
+        self.proc: subprocess.Popen[str] | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen([SYSTEM_PYTHON, str(SERVER), str(self.port), "/cam",
+                                      str(self.recording)], stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().strip()
+        assert line == "ready", line + self.proc.stdout.read()
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+
+@pytest.fixture
+def server(recording: Path) -> Iterator[RtspServer]:
+    check = subprocess.run([SYSTEM_PYTHON, "-c", "import gi; gi.require_version("
+                            "'GstRtspServer', '1.0')"], capture_output=True, text=True)
+    if check.returncode != 0:
+        message = ("GStreamer's RTSP server is not installed (python3-gi, "
+                   "gir1.2-gst-rtsp-server-1.0: scripts/install-system-deps)")
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+    running = RtspServer(recording, free_port())
+    running.start()
+    yield running
+    running.kill()
+
+
+async def read_units(pipeline: CapturePipeline, count: int, timeout: float = 30) -> list[
+        tuple[bytes, int, bool]]:
+    """The next ``count`` access units the ring gets: (data, pts, keyframe)."""
+    reader = pipeline.ring.reader("next")
+    out = []
+    try:
+        while len(out) < count:
+            view = await asyncio.wait_for(reader.next(), timeout)
+            out.append((bytes(view.data), view.pts, view.keyframe))
+    finally:
+        reader.close()
+    return out
+
+
+async def wait_until(predicate: object, timeout: float = 30) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():  # type: ignore[operator]
+        assert loop.time() < deadline, "timed out"
+        await asyncio.sleep(0.05)
+
+
+def test_redact_and_config() -> None:
+    assert redact("rtsp://admin:secret@192.0.2.3:554/s1") == "rtsp://***@192.0.2.3:554/s1"
+    validate_camera(CameraConfig(name="gate", source="rtsp://192.0.2.3:554/s1"))
+
+
+async def test_passes_the_cameras_h264_through_and_reconnects(
+        server: RtspServer, recording: Path) -> None:
+    url = f"rtsp://127.0.0.1:{server.port}/cam"
+    camera = CameraConfig(name="gate", source=url, framerate=FPS, width=WIDTH, height=HEIGHT)
+    source = RtspSource(camera, url, backoff_s=(0.2, 1.0))
+    pipeline = CapturePipeline(camera, source=source)
+    assert pipeline.source_kind == "rtsp"
+    recorded = [s for unit, _ in AccessUnitSplitter().split_all(recording.read_bytes())
+                for s in slices(unit)]
+    await pipeline.start()
+    try:
+        units = await read_units(pipeline, 2 * FPS)
+        # Passed through: every slice is byte for byte one the recording has, in its order.
+        got = [s for data, _, _ in units for s in slices(data)]
+        start = recorded.index(got[0])
+        assert got == recorded[start:start + len(got)]
+        info = pipeline.stream_info
+        assert info is not None and (info.width, info.height) == (WIDTH, HEIGHT)
+        # The ring's keyframes decode alone (parameter sets in front of each IDR).
+        keyframe = next(data for data, _, key in units if key)
+        assert nal_types(keyframe)[:3].count(7) >= 1
+        (frame,) = decode_alone(keyframe)
+        stamp = read_stamp(frame)
+        assert stamp is not None and (frame.width, frame.height) == (WIDTH, HEIGHT)
+        before = units[-1][1]
+
+        server.kill()  # the camera drops off the network
+        await wait_until(lambda: source.disconnects >= 1 and not source.connected)
+        assert source.stats()["last_error"]
+        server.start()  # and comes back on the same address
+        await wait_until(lambda: source.connects >= 2)
+        again = await read_units(pipeline, FPS)
+        assert all(pts > before for _, pts, _ in again)  # pts carry on across the reconnect
+        pts = [p for _, p, _ in units + again]
+        assert pts == sorted(pts) and len(set(pts)) == len(pts)
+        again_slices = [s for data, _, _ in again for s in slices(data)]
+        start = recorded.index(again_slices[0])
+        assert again_slices == recorded[start:start + len(again_slices)]
+        assert source.stats()["connected"] is True
+    finally:
+        await pipeline.stop()
