@@ -19,7 +19,7 @@ from pathlib import Path
 from aiohttp import web
 
 from .cameras import CameraSet
-from .capture.controls import CameraControls
+from .capture.controls import CameraControls, camera_with
 from .capture.pipeline import CapturePipeline
 from .capture.sources.base import SourceUnavailable
 from .config import Config
@@ -86,8 +86,7 @@ class Appliance:
         # Live camera controls; the config's [camera] values are the defaults.
         self.controls = CameraControls(self.capture.source, config.camera,
                                        Path(config.state.dir))
-        self.controls.on_change = lambda changed, restarted: self.events.publish(
-            "controls_changed", controls=changed, restarted=restarted)
+        self.controls.on_change = self._controls_changed
 
     async def start(self) -> None:
         """Start everything; returns once the appliance serves video."""
@@ -97,6 +96,7 @@ class Appliance:
         passed = self.notifier.passed_sockets()
 
         await self.controls.restore()
+        self._follow_stream_controls()
         if len(self.cameras) == 1:
             await self.capture.start()  # fails start-up, as a single camera always did
         else:
@@ -241,6 +241,17 @@ class Appliance:
             "webhooks": [w.stats() for w in self.webhooks],
             "mqtt": self.mqtt.stats() if self.mqtt else None,
         }
+
+    def _controls_changed(self, changed: dict[str, object], restarted: bool) -> None:
+        self._follow_stream_controls()
+        self.events.publish("controls_changed", controls=changed, restarted=restarted)
+
+    def _follow_stream_controls(self) -> None:
+        """The engine reads frame rate and bitrate from ``capture.camera`` for each new viewer
+        (frame duration, catch-up window): keep it the stream's, not the config's."""
+        self.capture.camera = camera_with(self.config.camera, {
+            k: v for k, v in self.controls.values.items()
+            if k in ("framerate", "bitrate", "resolution")})
 
     def _integrations_metrics(self) -> str:
         """Events, webhooks, MQTT and camera controls as ``/metrics`` families."""

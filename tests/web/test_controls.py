@@ -209,6 +209,9 @@ async def test_restart_requiring_control_keeps_the_viewer_playing(tmp_path: Path
             session_ids = set(appliance.engine.sessions)
             data = await patch(http, url, {"framerate": 15, "bitrate": 500_000})
             assert data["restarted"] is True
+            # New viewers' frame timing follows the stream; the config stays the default.
+            assert appliance.capture.camera.framerate == 15
+            assert appliance.config.camera.framerate == 30
             # The same session goes on decoding pictures, and they come from the restarted
             # encoder (its frame numbers start again from 0).
             after = await stamped_frames_after(now_us(), 20)
