@@ -26,6 +26,10 @@ OPEN_SUFFIX = ".mp4.part"
 SET_ASIDE_DIR = "set-aside"
 TRIM_SUFFIX = ".mp4.trim"  # a cut in progress; removed at start-up if a crash left one
 _NAME_FORMAT = "%Y-%m-%d_%H-%M-%S-%f"
+# What a camera saw is private: segments are the service user's alone, whatever the umask
+# (the systemd unit sets 0077, but `ruseon serve --record-dir` from a shell usually has 0022).
+FILE_MODE = 0o600
+DIR_MODE = 0o700
 # Two segments whose ends are closer than this belong to one continuous range.
 CONTIGUOUS_TOLERANCE_US = 1_000_000
 
@@ -161,7 +165,7 @@ class Archive:
     def _set_aside(self, path: Path, reason: str, report: ScanReport) -> None:
         target = self.directory / SET_ASIDE_DIR
         try:
-            target.mkdir(exist_ok=True)
+            target.mkdir(DIR_MODE, exist_ok=True)
             os.replace(path, target / path.name)
         except OSError as exc:
             log.error("recording: cannot set %s aside: %s", path.name, exc)
@@ -257,7 +261,8 @@ def cut_segment(segment: Segment, start_us: int, end_us: int) -> list[Segment]:
 
         def write(name: str, fragments: list[FragmentIndex]) -> Path:
             tmp = segment.path.with_name(name + TRIM_SUFFIX)
-            with tmp.open("wb") as out:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
+            with os.fdopen(fd, "wb") as out:
                 out.write(index.init)
                 f.seek(fragments[0].offset)
                 left = fragments[-1].end - fragments[0].offset

@@ -10,7 +10,7 @@ import errno
 import os
 from pathlib import Path
 
-from .archive import Segment, fsync_dir, segment_info
+from .archive import DIR_MODE, FILE_MODE, Segment, fsync_dir, segment_info
 from .segment_file import SegmentFormatError
 
 # Errors that mean "the disk cannot take more now" rather than a bug.
@@ -50,9 +50,9 @@ class SegmentFile:
             return
         try:
             if self._fd is None:
-                self.part.parent.mkdir(parents=True, exist_ok=True)
+                self.part.parent.mkdir(DIR_MODE, parents=True, exist_ok=True)
                 self._fd = os.open(self.part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
-                                   0o644)
+                                   FILE_MODE)
             view = memoryview(data)
             while view:
                 n = os.write(self._fd, view)
@@ -127,8 +127,8 @@ def writable(directory: Path, probe_bytes: int) -> bool:
     """Whether ``probe_bytes`` can be written in ``directory`` now (written, then removed)."""
     probe = directory / ".write-probe"
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        directory.mkdir(DIR_MODE, parents=True, exist_ok=True)
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
         try:
             os.write(fd, bytes(probe_bytes))
         finally:

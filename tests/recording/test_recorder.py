@@ -256,23 +256,30 @@ async def test_deleting_part_of_segments_cuts_them_at_fragment_boundaries(
         tmp_path: Path, units: list[Unit]) -> None:
     ring = RingBuffer(8 * 1024 * 1024, 1024)
     recorder = recorder_for(tmp_path, ring, segment_s=4.0)
-    await recorder.start()
-    recorder.begin(preroll_s=0)
-    await feed(ring, units)
-    await recorder.end()
-    before = list(recorder.archive.segments)
-    assert [s.duration_us // 1000 for s in before] == [4000, 4000, 2000]
-    t0 = units[0].capture_time_us
-    cut_from, cut_to = t0 + 2_500_000, t0 + 5_200_000  # across the first two segments
-    result = await recorder.delete_range(cut_from, cut_to)
-    await recorder.stop()
+    # A shell's usual umask: the archive must still be private (`ruseon serve --record-dir`).
+    umask = os.umask(0o022)
+    try:
+        await recorder.start()
+        recorder.begin(preroll_s=0)
+        await feed(ring, units)
+        await recorder.end()
+        before = list(recorder.archive.segments)
+        assert [s.duration_us // 1000 for s in before] == [4000, 4000, 2000]
+        t0 = units[0].capture_time_us
+        cut_from, cut_to = t0 + 2_500_000, t0 + 5_200_000  # across the first two segments
+        result = await recorder.delete_range(cut_from, cut_to)  # writes new pieces
+        await recorder.stop()
+    finally:
+        os.umask(umask)
     assert not result["deleted"] and not result["kept"] and len(result["trimmed"]) == 2
     archive = Archive(tmp_path / "rec")
     report = archive.scan()  # what is on disk agrees, nothing left half-done
     assert not report.repaired and not report.set_aside
     assert [(s.start_us, s.duration_us) for s in archive.segments] == [
         (s.start_us, s.duration_us) for s in recorder.archive.segments]
+    assert (tmp_path / "rec").stat().st_mode & 0o777 == 0o700
     for f in sorted((tmp_path / "rec").glob("*.mp4")):
+        assert f.stat().st_mode & 0o777 == 0o600, f"{f.name} is readable by others"
         assert ffmpeg_errors(f) == ""
     # Fragments end at every IDR (every 0.5 s here): the head keeps [0, 2.5) s, the second
     # segment continues from its first independent fragment at or after 5.2 s (5.5 s).
