@@ -312,7 +312,9 @@ class Recorder:
         cur.written_ticks += ticks
         self.bytes_written += size
         self.writes += 1
-        self._rate.append((time.monotonic(), size))
+        now = time.monotonic()
+        self._rate.append((now, size))
+        self._trim_rate(now)
 
     def _close_current(self) -> None:
         cur, self._current = self._current, None
@@ -465,11 +467,15 @@ class Recorder:
             return self._blocked
         return "recording" if self._current is not None else "waiting"
 
-    def write_rate(self) -> float:
-        """Bytes per second written over the last few seconds."""
-        now = time.monotonic()
+    def _trim_rate(self, now: float) -> None:
+        # Trimmed on every write, not only when someone reads the rate: a board nobody polls
+        # would otherwise keep one entry per write for as long as it records.
         while self._rate and now - self._rate[0][0] > RATE_WINDOW_S:
             self._rate.popleft()
+
+    def write_rate(self) -> float:
+        """Bytes per second written over the last few seconds."""
+        self._trim_rate(time.monotonic())
         return sum(n for _, n in self._rate) / RATE_WINDOW_S
 
     def stats(self) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import types
 from pathlib import Path
 
 import av
@@ -18,7 +19,9 @@ from ruseon_appliance.capture.access_unit import AccessUnit
 from ruseon_appliance.capture.ring import RingBuffer
 from ruseon_appliance.capture.stamp import read_stamp
 from ruseon_appliance.recording import Archive, ClipError, Recorder, RecorderSettings, plan_clip
+from ruseon_appliance.recording import recorder as recorder_module
 from ruseon_appliance.recording.archive import OPEN_SUFFIX, SET_ASIDE_DIR
+from ruseon_appliance.recording.disk import SegmentFile
 from tests.segmenter.stream import Unit, encode, ffmpeg_errors, probe_frames
 
 FPS, GOP = 30, 15
@@ -289,3 +292,19 @@ async def test_deleting_part_of_segments_cuts_them_at_fragment_boundaries(
     kept = [u.capture_time_us for u in units
             if u.capture_time_us < t0 + 2_500_000 or u.capture_time_us >= t0 + 5_500_000]
     assert times == kept
+
+
+def test_the_write_rate_window_stays_small_when_nobody_reads_the_status(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A board that records for months with nobody polling /api/status or /metrics."""
+    recorder = recorder_for(tmp_path, RingBuffer(1024 * 1024, 64))
+    clock = types.SimpleNamespace(now=1000.0)
+    monkeypatch.setattr(recorder_module, "time", types.SimpleNamespace(
+        monotonic=lambda: clock.now, time=lambda: clock.now, time_ns=lambda: int(clock.now * 1e9)))
+    segment = recorder_module._OpenSegment(SegmentFile(tmp_path / "x", tmp_path / "y"), 0, 0)
+    for _ in range(20_000):  # about nine hours of writes at the measured 0.6 write()/s
+        clock.now += 1.6
+        recorder._written(segment, None, 400_000, 0)
+    assert len(recorder._rate) <= recorder_module.RATE_WINDOW_S / 1.6 + 1
+    assert recorder.write_rate() == pytest.approx(400_000 / 1.6, rel=0.2)
+    recorder._disk.shutdown()
