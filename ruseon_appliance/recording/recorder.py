@@ -97,6 +97,9 @@ class Recorder:
         self._timescale = self._segmenter.timescale
         self._segment_ticks = int(settings.segment_s * self._timescale)
         self._active = False
+        # end() is closing the last recording: begin() waits for it to finish (it shares the
+        # segmenter and the open segment with the recording being closed).
+        self._ending = False
         self._task: asyncio.Task[None] | None = None
         self._reader: RingReader | None = None
         self._housekeeping: asyncio.Task[None] | None = None
@@ -159,8 +162,9 @@ class Recorder:
         return self._active
 
     def begin(self, preroll_s: float | None = None) -> bool:
-        """Start recording with up to ``preroll_s`` seconds from the ring; False if already on."""
-        if self._active:
+        """Start recording with up to ``preroll_s`` seconds from the ring; False if already on,
+        or if a stop is still closing the previous recording (ask again in a moment)."""
+        if self._active or self._ending:
             return False
         self._active = True
         self.started_at = time.time()
@@ -189,8 +193,16 @@ class Recorder:
 
     async def end(self) -> bool:
         """Stop recording and close the open segment; False if it was not recording."""
-        if not self._active:
+        if not self._active or self._ending:
             return False
+        self._ending = True
+        try:
+            await self._end()
+        finally:
+            self._ending = False
+        return True
+
+    async def _end(self) -> None:
         reader = self._reader
         # Let the segmenter take what the ring already holds (it is on the loop, scheduled).
         for _ in range(100):
@@ -210,7 +222,6 @@ class Recorder:
         self._close_current()
         await self._drain()
         log.info("recording stopped", extra={"EVENT": "recording_stopped"})
-        return True
 
     def _preroll_start(self, seconds: float) -> int | None:
         """The newest keyframe at least ``seconds`` before the newest frame, or the oldest

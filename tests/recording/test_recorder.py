@@ -308,3 +308,32 @@ def test_the_write_rate_window_stays_small_when_nobody_reads_the_status(
     assert len(recorder._rate) <= recorder_module.RATE_WINDOW_S / 1.6 + 1
     assert recorder.write_rate() == pytest.approx(400_000 / 1.6, rel=0.2)
     recorder._disk.shutdown()
+
+
+async def test_record_pressed_while_a_stop_is_still_closing_leaves_no_orphan_recording(
+        tmp_path: Path, units: list[Unit]) -> None:
+    """Stop then Record at once (page button, Home Assistant): the stop is still draining."""
+    ring = RingBuffer(8 * 1024 * 1024, 1024)
+    recorder = recorder_for(tmp_path, ring)
+    await recorder.start()
+    assert recorder.begin(preroll_s=0)
+    await feed(ring, units[:60])
+    stopping = asyncio.create_task(recorder.end())
+    for _ in range(3):  # end() is now closing the reader and waiting for the segmenter task
+        await asyncio.sleep(0)
+    assert not stopping.done()
+    started_again = recorder.begin(preroll_s=0)
+    assert await stopping
+    if not started_again:  # refused while stopping: recording is off, and can start now
+        assert recorder.state == "stopped"
+        assert recorder.begin(preroll_s=0)
+    await feed(ring, units[60:120])
+    assert await recorder.end()
+    await recorder.stop()
+    segmenters = [t for t in asyncio.all_tasks()
+                  if "run_segmenter" in repr(t.get_coro()) and not t.done()]
+    assert not segmenters, "a recording nobody can stop is still running"
+    assert recorder.state == "stopped" and not recorder.active
+    assert not list((tmp_path / "rec").glob("*" + OPEN_SUFFIX))
+    for f in (tmp_path / "rec").glob("*.mp4"):
+        assert ffmpeg_errors(f) == ""
