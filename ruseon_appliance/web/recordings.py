@@ -53,8 +53,10 @@ def parse_time(name: str, text: str | None) -> int:
     return round(seconds * 1_000_000)
 
 
-def parse_seconds(name: str, text: str | None, *, maximum: float) -> float:
-    """A positive, finite number of seconds up to ``maximum``; Problem 400 otherwise."""
+def parse_seconds(name: str, text: str | None, *, maximum: float,
+                  allow_zero: bool = False) -> float:
+    """A positive (or, with ``allow_zero``, zero), finite number of seconds up to ``maximum``;
+    Problem 400 otherwise."""
     if text is None or text == "":
         raise Problem(400, f"{name} is required: seconds, e.g. 30 or 2.5")
     if len(text) > MAX_PARAM_CHARS:
@@ -63,8 +65,9 @@ def parse_seconds(name: str, text: str | None, *, maximum: float) -> float:
         value = float(text)
     except ValueError:
         raise Problem(400, f"{name} = {text!r} is not a number of seconds") from None
-    if not math.isfinite(value) or value <= 0:
-        raise Problem(400, f"{name} = {text!r} must be more than 0 seconds")
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        least = "0 seconds or more" if allow_zero else "more than 0 seconds"
+        raise Problem(400, f"{name} = {text!r} must be {least}")
     if value > maximum:
         raise Problem(400, f"{name} = {text!r} is too long: at most {maximum:g} seconds")
     return value
@@ -194,9 +197,13 @@ class RecordingsResource:
         """``POST /api/recording/start[?preroll=seconds]``."""
         preroll = None
         if "preroll" in request.query:
-            text = request.query["preroll"]
-            preroll = 0.0 if text in ("0", "0.0") else parse_seconds("preroll", text, maximum=60)
+            preroll = parse_seconds("preroll", request.query["preroll"], maximum=60,
+                                    allow_zero=True)
         started = self.recorder.begin(preroll)
+        if not started and not self.recorder.active:
+            # A stop is still closing the last recording (fsync, rename).
+            raise Problem(409, "the last recording is still being closed; try again in a moment",
+                          headers={"Retry-After": "1"})
         return web.json_response({"started": started, **self.recorder.stats()})
 
     async def stop(self, request: web.Request) -> web.Response:
