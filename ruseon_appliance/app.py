@@ -76,15 +76,17 @@ class Appliance:
         self.started = time.time()
         # Events (viewer joined/left, camera stalled/recovered, recording) for MQTT and webhooks.
         self.events = EventBus()
+        # The first camera's configured settings (its [[camera]] table, or [camera]).
+        self._first_camera = self.capture.camera
         self.stall_watcher = StallWatcher(
             self.events, lambda: self.capture.last_frame_monotonic,
-            framerate=config.camera.framerate, source=self.capture.source_kind)
+            framerate=self._first_camera.framerate, source=self.capture.source_kind)
         self.recording_watcher = RecordingWatcher(
             self.events, lambda: self.recorder.active, lambda: self.recorder.state)
         self.webhooks = [WebhookSender(hook) for hook in config.webhook]
         self.mqtt: HomeAssistantMqtt | None = None
         # Live camera controls; the config's [camera] values are the defaults.
-        self.controls = CameraControls(self.capture.source, config.camera,
+        self.controls = CameraControls(self.capture.source, self._first_camera,
                                        Path(config.state.dir))
         self.controls.on_change = self._controls_changed
 
@@ -249,7 +251,7 @@ class Appliance:
     def _follow_stream_controls(self) -> None:
         """The engine reads frame rate and bitrate from ``capture.camera`` for each new viewer
         (frame duration, catch-up window): keep it the stream's, not the config's."""
-        self.capture.camera = camera_with(self.config.camera, {
+        self.capture.camera = camera_with(self._first_camera, {
             k: v for k, v in self.controls.values.items()
             if k in ("framerate", "bitrate", "resolution")})
 
