@@ -26,6 +26,7 @@ from aiohttp import web
 
 from ruseon_appliance.hls import HlsStream, TooManyWaiting, render
 from ruseon_appliance.hls.window import Part
+from ruseon_appliance.web.auth import bearer_token
 from ruseon_appliance.web.metrics import Exposition
 from ruseon_appliance.web.problem import Problem
 
@@ -144,11 +145,25 @@ class HlsResource:
         return math.ceil(window.window_s + 2 * window.target_duration)
 
     def _query_suffix(self, request: web.Request) -> str:
-        """Native players given ``?token=`` in the playlist URL need it on every URI in it."""
+        """Native players given ``?token=`` in the playlist URL need it on every URI in it.
+
+        Only when the query token is what authenticated the request (no Bearer header: the
+        auth middleware's rule), so the answer depends on exactly what a cache in front can key
+        on (see docs/nginx-hls.conf)."""
         token = request.query.get("token")
-        if self.token_required and token and "Authorization" not in request.headers:
+        if self.token_required and token and bearer_token(request) is None:
             return "?token=" + quote(token, safe="")
         return ""
+
+    def _cache_headers(self, cache_control: str) -> dict[str, str]:
+        """``public`` lets shared caches store answers to authenticated requests (RFC 9111
+        §3.5); with a token on, ``Vary: Authorization`` keeps them from handing such an answer
+        to a request without that same header (an answer fetched with ``?token=`` is keyed by
+        its URL anyway)."""
+        headers = {"Cache-Control": cache_control}
+        if self.token_required:
+            headers["Vary"] = "Authorization"
+        return headers
 
     # -- handlers ---------------------------------------------------------------------------
 
@@ -192,7 +207,7 @@ class HlsResource:
         response = web.Response(
             text=body,
             content_type=PLAYLIST_TYPE,
-            headers={"Cache-Control": cache},
+            headers=self._cache_headers(cache),
         )
         self.metrics.bytes_sent += len(body)
         return response
@@ -253,7 +268,7 @@ class HlsResource:
         return web.Response(
             body=data,  # a view into the segment's one buffer: no copy per request
             content_type=MEDIA_TYPE,
-            headers={"Cache-Control": f"public, max-age={self.media_max_age}, immutable"},
+            headers=self._cache_headers(f"public, max-age={self.media_max_age}, immutable"),
         )
 
     # -- reporting --------------------------------------------------------------------------

@@ -212,11 +212,25 @@ async def test_waiting_requests_are_bounded_counted_and_time_out(
 
 async def test_token_header_or_query_for_hls_only(tmp_path: Path) -> None:
     config = web_config(auth={"token": TOKEN})
-    async with hls_device(config, tmp_path) as (_stream, client):
+    async with hls_device(config, tmp_path) as (stream, client):
         assert (await client.get("/hls/index.m3u8")).status == 401
         assert (await client.get("/hls/index.m3u8?token=wrong")).status == 401
-        playlist, _ = await get_playlist(client, Authorization=f"Bearer {TOKEN}")
+        playlist, answer = await get_playlist(client, Authorization=f"Bearer {TOKEN}")
         assert "token" not in (playlist.preload_hint or {}).get("URI", "")
+        # Answers to authenticated requests are `public` (shared caches may store them), so
+        # they must vary on the header: a cache may not hand them to a request without it.
+        part = await client.get(f"/hls/{playlist.segments[-1].parts[-1].uri}",
+                                headers={"Authorization": f"Bearer {TOKEN}"})
+        for response in (answer, part):
+            assert response.status == 200 and "public" in response.headers["Cache-Control"]
+            assert response.headers.get("Vary") == "Authorization", response.headers
+        # The URIs carry the token exactly when the query token is what authenticated the
+        # request (what a cache in front keys on), whatever other Authorization comes along.
+        basic = await client.get(f"/hls/index.m3u8?token={TOKEN}",
+                                 headers={"Authorization": "Basic dXNlcjpwdw=="})
+        assert basic.status == 200
+        assert f'URI="part-{stream.window.run_id}' in (text := await basic.text())
+        assert all(f"?token={TOKEN}" in line for line in text.splitlines() if "URI=" in line)
         # Native players get the token in the URL, and every URI in the playlist carries it.
         response = await client.get(f"/hls/index.m3u8?token={TOKEN}")
         text = await response.text()
