@@ -19,6 +19,7 @@ import pytest
 
 from tests.e2e.browser_netns import ARTIFACTS, Server, running_server
 from tests.hls.harness import LlHlsClient, PlainHlsClient, percentile, running_nginx
+from tests.hls.m3u8 import parse
 from tests.tooling import free_port, require_tool
 
 pytestmark = [pytest.mark.slow]
@@ -150,21 +151,35 @@ def test_many_clients_through_nginx_cost_the_board_one_client(tmp_path: Path) ->
                 "latency_p95_s": round(percentile(latencies, 0.95), 3) if latencies else None,
             }
 
-        async def unauthenticated() -> list[int]:
+        async def native_then_unauthenticated() -> list[int]:
+            """A native player (``?token=``, no header) plays a part, then strangers ask for
+            the playlist and for that part, which are both in the cache by then."""
             async with aiohttp.ClientSession() as session:
+                async with session.get(f"{nginx.url}/hls/index.m3u8?token={TOKEN}") as answer:
+                    assert answer.status == 200
+                    part = parse(await answer.text()).segments[-1].parts[-1].uri
+                assert part is not None and part.endswith(f"?token={TOKEN}"), part
+                async with session.get(f"{nginx.url}/hls/{part}") as answer:
+                    assert answer.status == 200
                 statuses = []
-                for path in ("/hls/index.m3u8", "/hls/index.m3u8?token=wrong"):
-                    async with session.get(nginx.url + path) as response:
+                for path in ("index.m3u8", "index.m3u8?token=wrong", part.split("?")[0]):
+                    async with session.get(f"{nginx.url}/hls/{path}") as response:
                         statuses.append(response.status)
                 return statuses
 
         few = asyncio.run(phase(10))
         many = asyncio.run(phase(100))
         # Cached answers exist now; without the token nginx still refuses them.
-        refused = asyncio.run(unauthenticated())
+        refused = asyncio.run(native_then_unauthenticated())
         log = nginx.log_tail()
     record("nginx", {"few": few, "many": many})
-    assert refused == [401, 401], refused
+    assert refused == [401, 401, 401], refused
+    # The token is neither in the access log nor in a cache key (nginx writes keys to disk).
+    access = (nginx.prefix / "access.log").read_text()
+    assert "index.m3u8" in access and "part-" in access and TOKEN not in access
+    keys = [line for path in (nginx.prefix / "cache").rglob("*") if path.is_file()
+            for line in path.read_bytes().split(b"\n") if line.startswith(b"KEY: ")]
+    assert keys and not any(TOKEN.encode() in key for key in keys), keys[:3]
     assert few["errors"] == 0 and many["errors"] == 0, (few, many, log)
     # Ten times the clients, ten times the requests at nginx...
     assert many["client_requests_per_s"] > 5 * few["client_requests_per_s"], (few, many)

@@ -208,6 +208,7 @@ def nginx_config(board_port: int, listen_port: int, prefix: Path, token: str) ->
     recipe = recipe.replace("192.168.1.20:8080", f"127.0.0.1:{board_port}")
     recipe = recipe.replace("listen 80;", f"listen 127.0.0.1:{listen_port};")
     recipe = recipe.replace("/var/cache/nginx/ruseon", str(prefix / "cache"))
+    recipe = recipe.replace("/var/log/nginx/ruseon-hls.log", str(prefix / "access.log"))
     if token:
         recipe = recipe.replace("CHANGE-ME", token)
     else:  # no token on the board: the recipe's auth check goes, as its comment says
