@@ -17,7 +17,12 @@ from ruseon_appliance.capture.access_unit import AccessUnit
 from ruseon_appliance.capture.h264 import START_CODE_4, AccessUnitSplitter
 from ruseon_appliance.capture.pipeline import CapturePipeline
 from ruseon_appliance.capture.ring import FrameView
-from ruseon_appliance.capture.sources.auto import AutoSource, choose_source, create_source
+from ruseon_appliance.capture.sources.auto import (
+    AutoSource,
+    choose_source,
+    create_source,
+    rpicam_camera_present,
+)
 from ruseon_appliance.capture.sources.base import SourceUnavailable
 from ruseon_appliance.capture.sources.file import FileSource
 from ruseon_appliance.capture.sources.picamera import KeyframeStream
@@ -407,6 +412,33 @@ async def test_auto_stopped_while_probing_starts_nothing(
     finally:
         if source.chosen is not None:
             await source.chosen.stop()
+
+
+def _children() -> set[int]:
+    pid = os.getpid()
+    return {int(child) for task in Path(f"/proc/{pid}/task").iterdir()
+            for child in (task / "children").read_text().split()}
+
+
+async def test_a_cancelled_camera_probe_leaves_no_child_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM while ``auto`` still waits for ``rpicam-vid --list-cameras``: the probe goes too."""
+    camera = fake_rpicam_camera(tmp_path, monkeypatch,
+                                FAKE_RPICAM_LIST_WAIT_FOR=str(tmp_path / "never"))
+    before = _children()
+    probe = asyncio.create_task(rpicam_camera_present(camera, timeout=60))
+    for _ in range(500):
+        if _children() - before:
+            break
+        await asyncio.sleep(0.02)
+    started = _children() - before
+    assert started, "the probe never started"
+    probe.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await probe
+    alive = [pid for pid in started if Path(f"/proc/{pid}").exists()]
+    assert not alive, f"probe child(ren) {alive} still running after the cancel"
 
 
 def test_explicit_rpicam_without_binary_is_a_clear_error() -> None:

@@ -9,7 +9,6 @@ so the event loop keeps serving while the camera is looked for.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import shlex
 import shutil
@@ -20,7 +19,7 @@ from ...config import CameraConfig
 from .base import Deliver, Source, SourceUnavailable
 from .file import FileSource
 from .picamera import PicameraSource, camera_present, load_picamera2
-from .rpicam import RpicamSource
+from .rpicam import RpicamSource, command_output
 from .rtsp import RtspSource
 from .synthetic import SyntheticSource
 
@@ -33,22 +32,9 @@ async def rpicam_camera_present(camera: CameraConfig, timeout: float = 5.0) -> b
     if not argv or shutil.which(argv[0]) is None:
         return False
     try:
-        proc = await asyncio.create_subprocess_exec(
-            *argv, "--list-cameras",
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-        )  # fmt: skip
-    except OSError:
+        text = await command_output([*argv, "--list-cameras"], timeout)
+    except (OSError, TimeoutError):
         return False
-    try:
-        out, _ = await asyncio.wait_for(proc.communicate(), timeout)
-    except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        await proc.wait()
-        return False
-    text = out.decode(errors="replace")
     return "Available cameras" in text and "No cameras available" not in text
 
 

@@ -67,28 +67,41 @@ def parse_help(text: str) -> RpicamFeatures:
     )
 
 
+async def command_output(argv: Sequence[str], timeout: float) -> str:
+    """What ``argv`` prints (stdout and stderr, stdin closed), run without blocking the loop.
+
+    Raises ``OSError`` when it cannot be started and ``TimeoutError`` when it has not finished
+    within ``timeout`` seconds. The child is killed then, and also when the caller is cancelled
+    (a stop while ``auto`` still probes), so no probe outlives the one who asked.
+    """
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout)
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+        raise
+    return out.decode(errors="replace")
+
+
 async def probe_features(command: Sequence[str],
                          timeout: float = HELP_TIMEOUT_S) -> RpicamFeatures | None:
     """Run ``command --help`` without blocking the loop; None if it cannot be run or read."""
     try:
-        proc = await asyncio.create_subprocess_exec(
-            *command, "--help",
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-        )  # fmt: skip
+        text = await command_output([*command, "--help"], timeout)
     except OSError as exc:
         log.warning("cannot run %s --help: %s", command[0] if command else "rpicam-vid", exc)
         return None
-    try:
-        out, _ = await asyncio.wait_for(proc.communicate(), timeout)
     except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        await proc.wait()
         log.warning("%s --help did not answer within %.0f s", command[0], timeout)
         return None
-    return parse_help(out.decode(errors="replace"))
+    return parse_help(text)
 
 
 def libav_options(features: RpicamFeatures | None) -> list[str]:
