@@ -210,7 +210,12 @@ class RtpRelay:
             bind_host = bind.host
             if family == socket.AF_INET6 and bind_host == "0.0.0.0":
                 bind_host = "::"
-            sock.bind((bind_host, bind.port))
+            try:
+                sock.bind((bind_host, bind.port))
+            except OSError as exc:
+                # Start-up fails on this: say which relay and which setting, not just "[Errno 99]".
+                raise OSError(exc.errno, f"relay {self.name}: cannot bind relay.bind = "
+                                         f"{bind.host}:{bind.port}: {exc.strerror}") from exc
         except BaseException:
             sock.close()
             raise

@@ -311,3 +311,13 @@ async def test_a_target_name_that_does_not_resolve_yet_is_retried(
     finally:
         relay.stop()
         receiver.close()
+
+
+async def test_a_bind_address_the_board_does_not_have_fails_start_up_naming_the_relay(
+        live_camera: tuple[CapturePipeline, Fanout]) -> None:
+    capture, fanout = live_camera
+    relay = make_relay(relay_config(5004, name="janus", bind=HostPort("192.0.2.1", 0)),
+                       capture, fanout)
+    with pytest.raises(OSError, match=r"relay janus: cannot bind relay.bind = 192\.0\.2\.1:0"):
+        await relay.start()
+    assert fanout.stats()["consumers"] == 0
