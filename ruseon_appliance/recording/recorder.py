@@ -107,6 +107,8 @@ class Recorder:
         self._inflight: set[asyncio.Future[Any]] = set()
         self._blocked: str | None = None  # disk_full / read_only / error
         self._blocked_reason = ""
+        # Why the recording's segmenter task ended by itself (a bug, not the disk), if it did.
+        self._failed: str | None = None
         self._last_resume_check = 0.0
         self._last_retention = 0.0
         self._rate: collections.deque[tuple[float, int]] = collections.deque()
@@ -167,6 +169,7 @@ class Recorder:
         if self._active or self._ending:
             return False
         self._active = True
+        self._failed = None
         self.started_at = time.time()
         seconds = self.settings.preroll_s if preroll_s is None else preroll_s
         seconds = max(0.0, min(seconds, MAX_PREROLL_S))
@@ -187,6 +190,7 @@ class Recorder:
             self._on_fragments(fragments)
         self._task = asyncio.create_task(run_segmenter(reader, self._segmenter,
                                                        self._on_fragments))
+        self._task.add_done_callback(self._segmenter_ended)
         log.info("recording started (pre-roll %.1f s)", seconds,
                  extra={"EVENT": "recording_started"})
         return True
@@ -201,6 +205,17 @@ class Recorder:
         finally:
             self._ending = False
         return True
+
+    def _segmenter_ended(self, task: asyncio.Task[None]) -> None:
+        """Say so when the recording's task dies of an exception (else it would end silently,
+        with the state still "recording" and nothing written)."""
+        if task.cancelled() or task.exception() is None:
+            return
+        exc = task.exception()
+        self._failed = f"recording failed: {exc!r}"
+        log.error("recording stopped: %s (the live view continues; stop and start recording "
+                  "to try again)", self._failed, exc_info=exc,
+                  extra={"EVENT": "recording_error", "DIRECTORY": str(self.settings.directory)})
 
     async def _end(self) -> None:
         reader = self._reader
@@ -217,6 +232,8 @@ class Recorder:
                 await asyncio.wait_for(self._task, 5)
             except (TimeoutError, asyncio.CancelledError):
                 self._task.cancel()
+            except Exception:  # logged by _segmenter_ended; stopping goes on
+                pass
             self._task = None
         self._reader = None
         self._close_current()
@@ -476,6 +493,8 @@ class Recorder:
             return "stopped"
         if self._blocked is not None:
             return self._blocked
+        if self._failed is not None:
+            return "error"
         return "recording" if self._current is not None else "waiting"
 
     def _trim_rate(self, now: float) -> None:
@@ -496,7 +515,7 @@ class Recorder:
         state = self.state
         return {
             "state": state,
-            "reason": self._blocked_reason or None,
+            "reason": self._blocked_reason or self._failed or None,
             "mode": "continuous" if self.settings.continuous else "on_demand",
             "recording": 1 if state == "recording" else 0,
             "states": {name: int(state == name) for name in (

@@ -337,3 +337,40 @@ async def test_record_pressed_while_a_stop_is_still_closing_leaves_no_orphan_rec
     assert not list((tmp_path / "rec").glob("*" + OPEN_SUFFIX))
     for f in (tmp_path / "rec").glob("*.mp4"):
         assert ffmpeg_errors(f) == ""
+
+
+async def test_a_failure_inside_the_recording_task_is_reported_and_stop_still_works(
+        tmp_path: Path, units: list[Unit], monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A bug in segmenting (stood in for by a push that raises) must not end recording
+    silently with the state still "recording", nor take the stop (and the service's shutdown)
+    down with it."""
+    ring = RingBuffer(8 * 1024 * 1024, 1024)
+    recorder = recorder_for(tmp_path, ring)
+    await recorder.start()
+    assert recorder.begin(preroll_s=0)
+    calls = 0
+    real_push = recorder._segmenter.push
+
+    def failing_push(*args: object) -> list[object]:
+        nonlocal calls
+        calls += 1
+        if calls > 40:
+            raise RuntimeError("segmenter bug")
+        return real_push(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(recorder._segmenter, "push", failing_push)
+    await feed(ring, units[:90])
+    for _ in range(100):
+        if recorder.state == "error":
+            break
+        await asyncio.sleep(0.01)
+    stats = recorder.stats()
+    assert stats["state"] == "error" and "segmenter bug" in stats["reason"], stats
+    assert "recording stopped: recording failed" in caplog.text
+    assert await recorder.end()  # does not raise
+    assert recorder.state == "stopped"
+    monkeypatch.undo()
+    assert recorder.begin(preroll_s=0) is True  # a new recording starts clean
+    assert recorder.state == "waiting" and recorder.stats()["reason"] is None
+    await recorder.stop()
