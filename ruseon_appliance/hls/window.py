@@ -138,7 +138,7 @@ class LiveWindow:
             else None
         starts_segment = open_segment is None or broken or fragment.independent
         if open_segment is not None and not starts_segment and (
-            round(open_segment.duration_s + duration_s) > self.target_duration
+            nearest_second(open_segment.duration_s + duration_s) > self.target_duration
         ):
             starts_segment = True  # keep every EXTINF within TARGETDURATION
             self.segments_split += 1
@@ -292,6 +292,13 @@ class LiveWindow:
             edge += segment.duration_s
         for segment in self.segments:
             yield segment, segment.msn in listed
+
+
+def nearest_second(duration_s: float) -> int:
+    """A duration rounded to the nearest integer as RFC 8216 compares EXTINF with
+    TARGETDURATION: halves go up (Python's ``round`` takes 2.5 s to 2, a validator to 3). The
+    slack covers float sums of frame durations landing a hair under a half."""
+    return math.floor(duration_s + 0.5 + 1e-6)
 
 
 def target_duration_for(keyframe_interval: int, framerate: int) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -127,7 +128,8 @@ def parse(text: str) -> MediaPlaylist:
         elif name == "#EXTINF":
             segment = open_segment()
             segment.duration = float(value.split(",", 1)[0])
-            _check(round(segment.duration) <= target,
+            # "Rounded to the nearest integer": halves go up (not Python's round-half-even).
+            _check(math.floor(segment.duration + 0.5) <= target,
                    f"EXTINF {segment.duration} rounds above TARGETDURATION {target}")
             _check(index < len(lines) and not lines[index].startswith("#"),
                    "EXTINF must be followed by the segment URI")

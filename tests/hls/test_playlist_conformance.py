@@ -153,6 +153,17 @@ def test_a_gop_longer_than_the_target_duration_is_split_without_an_idr() -> None
     assert any(s.parts and not s.parts[0].independent for s in complete)
 
 
+def test_a_segment_half_a_second_over_the_target_is_split() -> None:
+    # A 2.5 s GOP under a 2 s target: 10 parts of 7 frames and one of 5 would make a 2.5 s
+    # segment, which Python's round() takes to 2 but RFC 8216's "nearest integer" (and Apple's
+    # validator) to 3 > TARGETDURATION.
+    window, camera, checker = new_window(gop=60), FakeCamera(gop=75), ContinuityChecker()
+    playlist = feed(window, camera, 40, checker)
+    complete = [s for s in playlist.segments if s.uri is not None]
+    assert complete and all(s.duration is not None and s.duration < 2.5 - 1e-6
+                            for s in complete), [s.duration for s in complete]
+
+
 async def test_real_stream_through_ring_and_segmenter_survives_an_overrun() -> None:
     """Real H.264 (the recorded camera stream, GOP 30) through a small ring: the HLS reader is
     lapped once (the segmenter is reset), which must show as one discontinuity with the
