@@ -20,7 +20,7 @@ from ruseon_appliance.capture.ring import RingBuffer
 from ruseon_appliance.hls.window import (
     LiveWindow,
     Part,
-    fragment_max_for,
+    part_layout,
     target_duration_for,
 )
 from ruseon_appliance.segmenter import Fmp4Segmenter, Fragment, run_segmenter
@@ -48,12 +48,14 @@ class HlsStream:
     ) -> None:
         self.ring = ring
         self.framerate = framerate
+        # PART-TARGET follows whole frames (it may come out a little under part_target_s).
+        self.layout = part_layout(part_target_s, framerate)
         self.window = LiveWindow(
             target_duration=target_duration_for(keyframe_interval, framerate),
-            part_target_s=part_target_s,
+            part_target_s=self.layout.part_target_s,
             window_s=window_s,
         )
-        self.segmenter = Fmp4Segmenter(fragment_max_s=fragment_max_for(part_target_s, framerate))
+        self.segmenter = Fmp4Segmenter(fragment_max_s=self.layout.fragment_max_s)
         self.max_waiting = max_waiting
         self.clock = clock
         self.waiting = 0

@@ -306,8 +306,38 @@ def target_duration_for(keyframe_interval: int, framerate: int) -> int:
     return max(1, math.ceil(keyframe_interval / max(1, framerate) - 1e-9))
 
 
+@dataclass(frozen=True, slots=True)
+class PartLayout:
+    """How parts are cut: ``frames`` per part (the segmenter closes a fragment once it holds
+    ``fragment_max_s``) and the ``part_target_s`` the playlist advertises as PART-TARGET."""
+
+    frames: int
+    fragment_max_s: float
+    part_target_s: float
+
+
+# RFC 8216bis 4.4.4.9: a part lasts at most PART-TARGET and at least this share of it (but for
+# INDEPENDENT parts and a segment's final part).
+PART_MIN_SHARE = 0.85
+
+
+def part_layout(part_duration_s: float, framerate: int) -> PartLayout:
+    """Parts for a configured ``part_duration_s`` at ``framerate``.
+
+    Parts are whole frames: as many as stay strictly under ``part_duration_s`` (so a late frame
+    does not push a part over PART-TARGET). PART-TARGET is then ``part_duration_s`` unless the
+    frames fill less than 85% of it (0.25 s at 15 fps is 3 frames, 0.2 s), in which case it
+    shrinks to what those frames fill at 85%, still leaving them room for timing jitter.
+    """
+    fps = max(1, framerate)
+    frames = max(1, math.ceil(part_duration_s * fps - 1e-9) - 1)
+    filled = frames / fps
+    part_target = min(part_duration_s, math.floor(filled / PART_MIN_SHARE * 1000) / 1000)
+    # The segmenter closes a fragment once it holds this much: half a frame short of the part.
+    return PartLayout(frames, (frames - 0.5) / fps, max(filled, part_target))
+
+
 def fragment_max_for(part_target_s: float, framerate: int) -> float:
-    """What to ask of the segmenter so no part outgrows ``part_target_s``: it closes a fragment
-    once it holds at least ``fragment_max_s``, i.e. up to one frame interval later."""
-    frame_s = 1 / max(1, framerate)
-    return max(frame_s / 2, part_target_s - frame_s + 1e-6)
+    """What to ask of the segmenter so no part outgrows ``part_target_s`` (see
+    :func:`part_layout`)."""
+    return part_layout(part_target_s, framerate).fragment_max_s

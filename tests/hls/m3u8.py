@@ -136,6 +136,12 @@ def parse(text: str) -> MediaPlaylist:
             segment.uri = lines[index]
             index += 1
             if segment.parts:
+                # RFC 8216bis 4.4.4.9: at least 85% of PART-TARGET, but for INDEPENDENT parts
+                # and a segment's final part (known only once the segment is complete).
+                for entry in segment.parts[:-1]:
+                    _check(entry.independent or entry.duration >= 0.85 * part_target - 1e-5,
+                           f"part {entry.uri} lasts {entry.duration} < 85% of PART-TARGET "
+                           f"{part_target}")
                 total = sum(p.duration for p in segment.parts)
                 _check(abs(total - segment.duration) < 0.002,
                        f"segment {segment.uri}: parts sum to {total}, EXTINF {segment.duration}")

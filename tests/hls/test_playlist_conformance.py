@@ -14,6 +14,8 @@ import itertools
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 from ruseon_appliance.capture.access_unit import AccessUnit
 from ruseon_appliance.capture.h264 import AccessUnitSplitter
 from ruseon_appliance.capture.ring import RingBuffer
@@ -164,6 +166,28 @@ def test_a_segment_half_a_second_over_the_target_is_split() -> None:
                             for s in complete), [s.duration for s in complete]
 
 
+@pytest.mark.parametrize("fps", [10, 15, 20, 24, 25, 30, 60])
+@pytest.mark.parametrize("part_s", [0.2, 0.25, 0.5])
+def test_parts_fit_part_target_at_any_frame_rate(fps: int, part_s: float) -> None:
+    """Every part at most PART-TARGET and, but for the exempt ones, at least 85% of it (the
+    parser checks both), whatever the frame rate: parts are whole frames, so the advertised
+    PART-TARGET must follow the frames, not only the configured part duration."""
+    units = AccessUnitSplitter().split_all(CAM_STREAM.read_bytes())  # GOP 30
+    stream = HlsStream(RingBuffer(64 * 1024, 8), framerate=fps, keyframe_interval=30,
+                       part_target_s=part_s, window_s=8.0)
+    segmenter, checker = stream.segmenter, ContinuityChecker()
+    for i in range(90):
+        data, keyframe = units[i % len(units)]
+        fragments = segmenter.push(data, i * (90_000 // fps), keyframe,
+                                   1_764_000_000_000_000 + i * 1_000_000 // fps)
+        if fragments:
+            stream.add_fragments(fragments, segmenter.init_segment or b"")
+            checker.add(parse(render(stream.window)))
+    playlist = parse(render(stream.window))
+    assert len([s for s in playlist.segments if s.uri]) >= 2
+    assert playlist.part_target <= part_s  # never longer than configured
+
+
 async def test_real_stream_through_ring_and_segmenter_survives_an_overrun() -> None:
     """Real H.264 (the recorded camera stream, GOP 30) through a small ring: the HLS reader is
     lapped once (the segmenter is reset), which must show as one discontinuity with the
@@ -203,6 +227,6 @@ async def test_real_stream_through_ring_and_segmenter_survives_an_overrun() -> N
         assert after.media_sequence >= before.media_sequence
         assert (stream.segmenter.codec or "").startswith("avc1.42")  # Baseline, from the SPS
         assert all(p.duration <= after.part_target for s in after.segments for p in s.parts)
-        assert fragment_max_for(0.25, FPS) < 0.25
+        assert fragment_max_for(0.25, FPS) < after.part_target
     finally:
         await stream.stop()
