@@ -46,6 +46,15 @@ def recorder_for(tmp_path: Path, ring: RingBuffer, **settings: float) -> Recorde
                     ring)
 
 
+async def recording(tmp_path: Path, **settings: float) -> tuple[RingBuffer, Recorder]:
+    """A ring and a recorder that is started and recording it (no pre-roll)."""
+    ring = RingBuffer(8 * 1024 * 1024, 1024)
+    recorder = recorder_for(tmp_path, ring, **settings)
+    await recorder.start()
+    assert recorder.begin(preroll_s=0)
+    return ring, recorder
+
+
 def write_clip(tmp_path: Path, segments: list, start_us: int, end_us: int,  # type: ignore[type-arg]
                fmt: str = "mp4") -> Path:
     clip = plan_clip(segments, start_us, end_us, fmt)
@@ -67,10 +76,7 @@ def stamps(path: Path) -> list[int]:
 
 async def test_segments_cut_at_idr_index_rebuilt_and_clips_hit_the_right_moment(
         tmp_path: Path, units: list[Unit]) -> None:
-    ring = RingBuffer(8 * 1024 * 1024, 1024)
-    recorder = recorder_for(tmp_path, ring)
-    await recorder.start()
-    assert recorder.begin(preroll_s=0)
+    ring, recorder = await recording(tmp_path)
     await feed(ring, units)
     assert await recorder.end()
     await recorder.stop()
@@ -136,10 +142,7 @@ async def test_preroll_starts_at_a_keyframe_from_the_ring(tmp_path: Path,
 
 async def test_retention_deletes_oldest_first_never_the_open_segment(
         tmp_path: Path, units: list[Unit]) -> None:
-    ring = RingBuffer(8 * 1024 * 1024, 1024)
-    recorder = recorder_for(tmp_path, ring, max_bytes=1)
-    await recorder.start()
-    recorder.begin(preroll_s=0)
+    ring, recorder = await recording(tmp_path, max_bytes=1)
     await feed(ring, units[:250])
     # Housekeeping applies retention by itself; the open segment shows once its first batch is
     # written (at the latest after the flush interval).
@@ -162,10 +165,7 @@ async def test_retention_deletes_oldest_first_never_the_open_segment(
 
 async def test_a_crash_leaves_closed_segments_intact_and_the_open_one_repaired_or_set_aside(
         tmp_path: Path, units: list[Unit]) -> None:
-    ring = RingBuffer(8 * 1024 * 1024, 1024)
-    recorder = recorder_for(tmp_path, ring)
-    await recorder.start()
-    recorder.begin(preroll_s=0)
+    ring, recorder = await recording(tmp_path)
     await feed(ring, units[:150])
     await recorder.end()
     await recorder.stop()
@@ -195,10 +195,7 @@ async def test_a_crash_leaves_closed_segments_intact_and_the_open_one_repaired_o
 
 async def test_a_download_survives_retention_deleting_its_segments(
         tmp_path: Path, units: list[Unit]) -> None:
-    ring = RingBuffer(8 * 1024 * 1024, 1024)
-    recorder = recorder_for(tmp_path, ring)
-    await recorder.start()
-    recorder.begin(preroll_s=0)
+    ring, recorder = await recording(tmp_path)
     await feed(ring, units[:120])
     await recorder.end()
     segments = list(recorder.archive.segments)
@@ -221,10 +218,7 @@ async def test_a_download_survives_retention_deleting_its_segments(
 async def test_a_media_clock_jump_starts_a_new_segment_and_clips_stay_in_order(
         tmp_path: Path, units: list[Unit]) -> None:
     # A camera restart: its pts start again from 0 while the wall clock runs on.
-    ring = RingBuffer(8 * 1024 * 1024, 1024)
-    recorder = recorder_for(tmp_path, ring, segment_s=60.0)
-    await recorder.start()
-    recorder.begin(preroll_s=0)
+    ring, recorder = await recording(tmp_path, segment_s=60.0)
     await feed(ring, units[:45])
     await feed(ring, [Unit(u.data, u.pts - units[45].pts, u.keyframe, u.capture_time_us)
                       for u in units[45:90]])
@@ -241,10 +235,7 @@ async def test_a_media_clock_jump_starts_a_new_segment_and_clips_stay_in_order(
 async def test_a_wall_clock_jump_starts_a_new_segment_named_by_the_new_time(
         tmp_path: Path, units: list[Unit]) -> None:
     # NTP sets the clock an hour ahead mid-recording; the media clock runs on.
-    ring = RingBuffer(8 * 1024 * 1024, 1024)
-    recorder = recorder_for(tmp_path, ring, segment_s=60.0)
-    await recorder.start()
-    recorder.begin(preroll_s=0)
+    ring, recorder = await recording(tmp_path, segment_s=60.0)
     hour = 3_600_000_000
     await feed(ring, units[:45])
     await feed(ring, [Unit(u.data, u.pts, u.keyframe, u.capture_time_us + hour)
@@ -313,10 +304,7 @@ def test_the_write_rate_window_stays_small_when_nobody_reads_the_status(
 async def test_record_pressed_while_a_stop_is_still_closing_leaves_no_orphan_recording(
         tmp_path: Path, units: list[Unit]) -> None:
     """Stop then Record at once (page button, Home Assistant): the stop is still draining."""
-    ring = RingBuffer(8 * 1024 * 1024, 1024)
-    recorder = recorder_for(tmp_path, ring)
-    await recorder.start()
-    assert recorder.begin(preroll_s=0)
+    ring, recorder = await recording(tmp_path)
     await feed(ring, units[:60])
     stopping = asyncio.create_task(recorder.end())
     for _ in range(3):  # end() is now closing the reader and waiting for the segmenter task
@@ -345,10 +333,7 @@ async def test_a_failure_inside_the_recording_task_is_reported_and_stop_still_wo
     """A bug in segmenting (stood in for by a push that raises) must not end recording
     silently with the state still "recording", nor take the stop (and the service's shutdown)
     down with it."""
-    ring = RingBuffer(8 * 1024 * 1024, 1024)
-    recorder = recorder_for(tmp_path, ring)
-    await recorder.start()
-    assert recorder.begin(preroll_s=0)
+    ring, recorder = await recording(tmp_path)
     calls = 0
     real_push = recorder._segmenter.push
 
