@@ -104,6 +104,8 @@ class Viewer:
     frames: int = 0
     # (capture_time_us from the stamp, decode wall-clock µs) per decoded frame with a stamp.
     stamps: list[tuple[int, int]] = field(default_factory=list)
+    # The stamped frame numbers, in decoding order.
+    numbers: list[int] = field(default_factory=list)
     first_frame: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
 
@@ -118,6 +120,7 @@ class Viewer:
             stamp = read_stamp(frame)
             if stamp is not None:
                 self.stamps.append((stamp[0], now_us))
+                self.numbers.append(stamp[1])
             self.first_frame.set()
 
     async def close(self) -> None:

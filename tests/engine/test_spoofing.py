@@ -15,12 +15,10 @@ drop counters show the mux, not aiortc, threw the datagrams away.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import socket
 import struct
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 from aioice import stun
@@ -28,9 +26,8 @@ from aiortc import RTCSessionDescription
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ruseon_appliance.capture.stamp import read_stamp
 from ruseon_appliance.engine import Engine, aiortc_internals
-from tests.engine.conftest import make_offer, wait_for
+from tests.engine.conftest import Viewer, connect_viewer, make_offer, wait_for
 
 # --- forging datagrams ------------------------------------------------------------------------
 
@@ -170,58 +167,14 @@ def attack_list(local_ufrag: str, remote_ufrag: str, ssrc: int) -> Iterator[byte
 # --- a viewer that checks every frame --------------------------------------------------------
 
 
-@dataclass(eq=False)
-class CountingViewer:
-    """A real aiortc viewer that decodes (PyAV) and remembers each frame's stamped number."""
-
-    pc: Any
-    session_id: str = ""
-    numbers: list[int] = field(default_factory=list)
-    decoded: int = 0
-    task: asyncio.Task[None] | None = None
-
-    async def consume(self, track: Any) -> None:
-        while True:
-            try:
-                frame = await track.recv()
-            except Exception:
-                return
-            self.decoded += 1
-            stamp = read_stamp(frame)
-            if stamp is not None:
-                self.numbers.append(stamp[1])
-
-    async def close(self) -> None:
-        await self.pc.close()
-        if self.task is not None:
-            self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.task
-
-
-async def counting_viewer(engine: Engine) -> CountingViewer:
-    pc, offer = await make_offer()
-    viewer = CountingViewer(pc)
-
-    def on_track(track: Any) -> None:
-        if track.kind == "video":
-            viewer.task = asyncio.ensure_future(viewer.consume(track))
-
-    pc.on("track", on_track)
-    session, answer = await engine.offer(offer)
-    viewer.session_id = session.id
-    await pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
-    return viewer
-
-
-def route_of(engine: Engine, viewer: CountingViewer) -> tuple[str, int]:
+def route_of(engine: Engine, viewer: Viewer) -> tuple[str, int]:
     session = engine.sessions.get(viewer.session_id)
     assert session is not None, "a viewer's session ended during the attack"
     (route,) = engine.mux.routes_for(session.ufrag)
     return route
 
 
-def remote_ufrag(viewer: CountingViewer) -> str:
+def remote_ufrag(viewer: Viewer) -> str:
     (conn,) = aiortc_internals.ice_connection_of(viewer.pc)
     return str(conn.local_username)
 
@@ -230,7 +183,7 @@ def remote_ufrag(viewer: CountingViewer) -> str:
 IN_FLIGHT_FRAMES = 3
 
 
-async def watch_while_attacked(engine: Engine, viewers: list[CountingViewer],
+async def watch_while_attacked(engine: Engine, viewers: list[Viewer],
                                attack: Any) -> None:
     """Run ``attack()`` (a coroutine) while the viewers watch; then check every viewer kept
     decoding with nothing missing that the engine did not skip itself, and no session ended."""
@@ -246,8 +199,8 @@ async def watch_while_attacked(engine: Engine, viewers: list[CountingViewer],
                                                                           strict=True)),
                    timeout=40)
 
-    def undecoded(v: CountingViewer) -> int:
-        return engine.sessions[v.session_id].track.frames_sent - v.decoded
+    def undecoded(v: Viewer) -> int:
+        return engine.sessions[v.session_id].track.frames_sent - v.frames
 
     # Every frame the engine sent was decoded (NACK recovers what loopback loses under load;
     # frames the engine itself skips to catch up are never sent): at some moment the viewer's
@@ -265,7 +218,7 @@ async def watch_while_attacked(engine: Engine, viewers: list[CountingViewer],
 
 
 async def test_spoofed_attack_list_from_a_viewers_address_ends_nothing(engine: Engine) -> None:
-    viewers = [await counting_viewer(engine) for _ in range(2)]
+    viewers = [await connect_viewer(engine) for _ in range(2)]
     spoofer = Spoofer()
     target = ("127.0.0.1", engine.udp_port)
     try:
@@ -326,7 +279,7 @@ _fuzz = st.one_of(
 
 
 async def test_fuzzed_bytes_from_a_viewers_address_end_nothing(engine: Engine) -> None:
-    viewer = await counting_viewer(engine)
+    viewer = await connect_viewer(engine)
     spoofer = Spoofer()
     target = ("127.0.0.1", engine.udp_port)
     try:
@@ -359,7 +312,7 @@ async def test_guard_keeps_a_session_when_aiortc_raises_on_a_datagram(engine: En
     """Defence in depth: were the mux ever to let through something aiortc chokes on (here an
     empty datagram handed straight to the ICE connection, past the mux), the DTLS loop's guard
     counts it and the session lives on."""
-    viewer = await counting_viewer(engine)
+    viewer = await connect_viewer(engine)
     try:
         await wait_for(lambda: len(viewer.numbers) >= 5, timeout=40)
         session = engine.sessions[viewer.session_id]
@@ -388,7 +341,7 @@ async def test_a_forged_alert_during_the_dtls_handshake_fails_nothing(engine: En
     DTLS (the server role here) is held for a second so the forged datagrams land mid-handshake.
     """
     pc, offer = await make_offer()
-    viewer = CountingViewer(pc)
+    viewer = Viewer(pc)
     (dtls,) = aiortc_internals.dtls_transports_of(pc)
     original = dtls._recv_next
     held = [False]
