@@ -43,6 +43,8 @@ FLUSH_INTERVAL_S = 2.0
 # Media per fragment in the archive (a clip can start at any IDR; fragments never span one).
 FRAGMENT_S = 1.0
 HOUSEKEEPING_INTERVAL_S = 1.0
+# At most one journal line per this many seconds about failing housekeeping rounds.
+HOUSEKEEPING_LOG_INTERVAL_S = 60.0
 RETENTION_INTERVAL_S = 10.0
 # While stopped by a disk error: how often to try again, and how much must be free before
 # resuming (5 % of the file system, at least 512 KiB, at most 64 MiB), so it does not flap.
@@ -123,6 +125,7 @@ class Recorder:
         self.write_errors = 0
         self.fragments_dropped = 0
         self.resumed = 0
+        self.housekeeping_errors = 0
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -396,31 +399,46 @@ class Recorder:
     # -- housekeeping ----------------------------------------------------------------------
 
     async def _housekeeping_loop(self) -> None:
-        loop = asyncio.get_running_loop()
+        # Flushing, resuming and retention must outlive a surprise in one round: a dead
+        # housekeeping task would stop all three silently while recording carried on.
+        logged_at = -HOUSEKEEPING_LOG_INTERVAL_S
         while True:
             await asyncio.sleep(HOUSEKEEPING_INTERVAL_S)
-            now = time.monotonic()
-            cur = self._current
-            if cur is not None and cur.pending and now - cur.last_submit >= FLUSH_INTERVAL_S:
-                self._submit(cur)
-            self._disk_free = await loop.run_in_executor(self._disk, free_bytes,
-                                                         self.settings.directory)
-            if self._blocked is not None and now - self._last_resume_check >= RESUME_CHECK_S:
-                self._last_resume_check = now
-                ok = await loop.run_in_executor(self._disk, writable, self.settings.directory,
-                                                RESUME_PROBE_BYTES)
-                free = self._disk_free or 0
-                size = await loop.run_in_executor(self._disk, disk_size, self.settings.directory)
-                need = min(RESUME_MAX_FREE, max(RESUME_MIN_FREE, size // 20))
-                if ok and free >= need and self._blocked is not None:
-                    log.warning("recording resumed: the disk takes data again",
-                                extra={"EVENT": "recording_resumed"})
-                    self._blocked = None
-                    self._blocked_reason = ""
-                    self.resumed += 1
-            if now - self._last_retention >= RETENTION_INTERVAL_S:
-                self._last_retention = now
-                self.apply_retention()
+            try:
+                await self._housekeeping_round()
+            except Exception:
+                self.housekeeping_errors += 1
+                now = time.monotonic()
+                if now - logged_at >= HOUSEKEEPING_LOG_INTERVAL_S:
+                    logged_at = now
+                    log.exception("recording housekeeping failed (tried again every %.0f s)",
+                                  HOUSEKEEPING_INTERVAL_S)
+
+    async def _housekeeping_round(self) -> None:
+        """One round: flush an old batch, refresh disk free, try to resume, apply retention."""
+        loop = asyncio.get_running_loop()
+        now = time.monotonic()
+        cur = self._current
+        if cur is not None and cur.pending and now - cur.last_submit >= FLUSH_INTERVAL_S:
+            self._submit(cur)
+        self._disk_free = await loop.run_in_executor(self._disk, free_bytes,
+                                                     self.settings.directory)
+        if self._blocked is not None and now - self._last_resume_check >= RESUME_CHECK_S:
+            self._last_resume_check = now
+            ok = await loop.run_in_executor(self._disk, writable, self.settings.directory,
+                                            RESUME_PROBE_BYTES)
+            free = self._disk_free or 0
+            size = await loop.run_in_executor(self._disk, disk_size, self.settings.directory)
+            need = min(RESUME_MAX_FREE, max(RESUME_MIN_FREE, size // 20))
+            if ok and free >= need and self._blocked is not None:
+                log.warning("recording resumed: the disk takes data again",
+                            extra={"EVENT": "recording_resumed"})
+                self._blocked = None
+                self._blocked_reason = ""
+                self.resumed += 1
+        if now - self._last_retention >= RETENTION_INTERVAL_S:
+            self._last_retention = now
+            self.apply_retention()
 
     def apply_retention(self) -> list[Segment]:
         """Delete the oldest closed segments beyond the size or age limit (never the open one)."""
@@ -536,6 +554,7 @@ class Recorder:
             "segments_deleted_total": self.segments_deleted,
             "write_errors_total": self.write_errors,
             "resumed_total": self.resumed,
+            "housekeeping_errors_total": self.housekeeping_errors,
             "fragments_dropped_total": self.fragments_dropped,
             "disk_free_bytes": self._disk_free if self._disk_free is not None else -1,
             "segment_s": self.settings.segment_s,

@@ -359,3 +359,35 @@ async def test_a_failure_inside_the_recording_task_is_reported_and_stop_still_wo
     assert recorder.begin(preroll_s=0) is True  # a new recording starts clean
     assert recorder.state == "waiting" and recorder.stats()["reason"] is None
     await recorder.stop()
+
+
+async def test_housekeeping_outlives_a_failing_round(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Flushing, resuming and retention all live in the housekeeping task: one surprise (a
+    retention that raises, here) must not end them for good."""
+    monkeypatch.setattr(recorder_module, "HOUSEKEEPING_INTERVAL_S", 0.02)
+    monkeypatch.setattr(recorder_module, "RETENTION_INTERVAL_S", 0.0)
+    _ring, recorder = await recording(tmp_path)
+    calls = 0
+    real_retention = recorder.apply_retention
+
+    def flaky_retention() -> list[object]:
+        nonlocal calls
+        calls += 1
+        if calls <= 2:
+            raise RuntimeError("retention bug")
+        return real_retention()  # type: ignore[return-value]
+
+    monkeypatch.setattr(recorder, "apply_retention", flaky_retention)
+    try:
+        for _ in range(500):
+            if calls >= 5:
+                break
+            await asyncio.sleep(0.01)
+        assert calls >= 5, "housekeeping stopped after a failing round"
+        assert recorder.stats()["housekeeping_errors_total"] == 2
+        assert caplog.text.count("recording housekeeping failed") == 1  # rate-limited
+    finally:
+        await recorder.end()
+        await recorder.stop()
