@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from ruseon_appliance.relay import parameter_sets, relay_sdp
+from ruseon_appliance.relay.rtp_relay import RESOLVE_RETRY_S
 from ruseon_appliance.web.metrics import Exposition, metric_name
 from ruseon_appliance.web.problem import Problem
 
@@ -39,10 +40,16 @@ class RelayResource:
         app.router.add_get("/relay/{name}.sdp", self.sdp)
 
     async def sdp(self, request: web.Request) -> web.Response:
-        """The SDP of relay ``name``: 404 for an unknown name, 503 before the first SPS."""
+        """The SDP of relay ``name``: 404 for an unknown name, 503 before the first SPS or while
+        the target's name does not resolve."""
         relay = self.relays.get(request.match_info["name"])
         if relay is None:
             raise Problem(404, "no relay has that name")
+        if relay.state == "unresolved":
+            # The SDP needs the target's address; its name has not resolved yet (DNS at boot).
+            retry = f"{RESOLVE_RETRY_S:.0f}"
+            raise Problem(503, f"the relay target {relay.target[0]} does not resolve yet; "
+                               f"the relay retries every {retry} s", headers={"Retry-After": retry})
         info = self.capture.stream_info
         sets = parameter_sets(self.capture.ring)
         if info is None or sets is None:

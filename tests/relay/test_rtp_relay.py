@@ -321,3 +321,28 @@ async def test_a_bind_address_the_board_does_not_have_fails_start_up_naming_the_
     with pytest.raises(OSError, match=r"relay janus: cannot bind relay.bind = 192\.0\.2\.1:0"):
         await relay.start()
     assert fanout.stats()["consumers"] == 0
+
+
+async def test_the_sdp_of_a_relay_whose_name_does_not_resolve_yet_is_503_not_500(
+        tmp_path: Path) -> None:
+    http_port = free_port()
+    config = Config(
+        camera=camera(),
+        http=HttpConfig(listen=HostPort("127.0.0.1", http_port)),
+        webrtc=WebRtcConfig(listen=HostPort("127.0.0.1", 0), advertise=("127.0.0.1",)),
+        state=StateConfig(dir=str(tmp_path / "state")),
+        relay=(RelayConfig(name="far", url="rtp://janus.invalid:5004",
+                           bind=HostPort("127.0.0.1", 0)),),
+    )
+    appliance = Appliance(config)
+    await appliance.start()
+    try:
+        assert appliance.relays[0].state == "unresolved"
+        async with (aiohttp.ClientSession() as http,
+                    http.get(f"http://127.0.0.1:{http_port}/relay/far.sdp") as response):
+            body = await response.json(content_type=None)
+            assert response.status == 503, body
+            assert response.headers["Retry-After"] == "5"
+            assert "janus.invalid" in body["detail"]
+    finally:
+        await appliance.stop()
