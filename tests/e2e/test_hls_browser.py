@@ -53,6 +53,21 @@ HLS_STATS_JS = """() => {
 }"""
 
 
+HLSJS_SCRIPTS = "document.querySelectorAll('script[src$=\"/hls.min.js\"]').length"
+# Counts hls.js instances made and not yet destroyed (the vendored UMD build sets window.Hls).
+COUNT_HLSJS_INSTANCES_JS = """
+window.__hlsMade = 0; window.__hlsLive = 0;
+(() => {
+  let counted;
+  Object.defineProperty(window, 'Hls', {configurable: true, get: () => counted, set: (Hls) => {
+    counted = class extends Hls {
+      constructor(...args) { super(...args); window.__hlsMade++; window.__hlsLive++; }
+      destroy() { window.__hlsLive--; return super.destroy(); }
+    };
+  }});
+})();"""
+
+
 def hls_stats(page: Any) -> dict[str, Any]:
     """The page's HLS playback figures."""
     stats: dict[str, Any] = page.evaluate(HLS_STATS_JS)
@@ -116,11 +131,30 @@ def test_hlsjs_plays_the_playlist_with_the_token(
         page = browser.new_page()
         page.add_init_script(
             f"sessionStorage.setItem('ruseon.token', '{TOKEN}');"
-            "sessionStorage.setItem('ruseon.transport', 'hls');"
+            "sessionStorage.setItem('ruseon.transport', 'hls');" + COUNT_HLSJS_INSTANCES_JS
         )
-        page.goto(server.url)
+        # hls.js is slow to arrive, and the person switches HLS -> WebRTC -> HLS meanwhile;
+        # then the playlist fails (the board starting up) until hls.js has given up on it.
+        script: list[Any] = []
+        page.route("**/static/vendor/hls.min.js", lambda route: script.append(route))
+        page.route("**/hls/index.m3u8*", lambda route: route.fulfill(
+            status=503, headers={"Retry-After": "1"}, body="starting"))
+        page.goto(server.url, wait_until="domcontentloaded")  # "load" waits for hls.js
+        page.wait_for_function(f"{HLSJS_SCRIPTS} > 0")
+        page.click("#btn-transport")  # to WebRTC
+        page.click("#btn-transport")  # back to HLS, hls.js still loading
+        page.wait_for_timeout(500)  # a second copy of the script would be requested by now
+        wait_hls(page, "the hls.js request", lambda _: bool(script))
+        for held in script:
+            held.continue_()
+        wait_hls(page, "hls.js giving up on the playlist",
+                 lambda s: s["state"] == "reconnecting" and s["mode"] == "hls")
+        page.unroute("**/hls/index.m3u8*")
         stats = assert_plays_hls(page)
         assert stats["hlsjs"] and not stats["native"], stats
+        made, live = page.evaluate("[window.__hlsMade, window.__hlsLive]")
+        assert live == 1 and made >= 2, (made, live)  # one playing; the failed one destroyed
+        assert page.evaluate(HLSJS_SCRIPTS) == 1
         status = server.status()
         assert status["hls"]["clients"] >= 1, status["hls"]
         assert status["hls"]["requests"].get("part", 0) > 0, status["hls"]

@@ -13,6 +13,7 @@ const CHOICE_KEY = "ruseon.transport"; // "webrtc" | "hls" when chosen by hand (
 const FALLBACK_MS = 5000;
 const WATCH_MS = 500;
 const STATS_MS = 1000;
+const RETRY_MS = 1000;
 
 const $ = (id) => document.getElementById(id);
 const video = $("video");
@@ -20,6 +21,7 @@ const state = {
   mode: "webrtc", // what plays now
   reason: "",
   hls: null, // the hls.js instance
+  generation: 0, // bumped whenever HLS is started or stopped: a stale start gives up
   native: false,
   notLiveSince: performance.now(),
   lastFrames: 0,
@@ -57,20 +59,28 @@ function useNative() {
   return apple && video.canPlayType("application/vnd.apple.mpegurl") !== "";
 }
 
+let hlsJsLoading = null; // one <script> however often HLS is started while it loads
+
 function loadHlsJs() {
   if (window.Hls) return Promise.resolve(window.Hls);
-  return new Promise((resolve, reject) => {
+  if (hlsJsLoading) return hlsJsLoading;
+  hlsJsLoading = new Promise((resolve, reject) => {
     const script = document.createElement("script");
     script.src = HLS_SCRIPT;
     script.onload = () => (window.Hls ? resolve(window.Hls) : reject(new Error("hls.js did not load")));
-    script.onerror = () => reject(new Error("hls.js could not be loaded"));
+    script.onerror = () => { script.remove(); reject(new Error("hls.js could not be loaded")); };
     document.head.appendChild(script);
   });
+  hlsJsLoading.catch(() => { hlsJsLoading = null; }); // a later attempt may try again
+  return hlsJsLoading;
 }
 
 async function playHls(reason) {
   if (state.mode === "hls") return;
   const p = player();
+  // HLS may be stopped and started again (the button, a new token) while hls.js still loads:
+  // only the newest start may go on, or two hls.js instances would feed the one <video>.
+  const generation = ++state.generation;
   state.mode = "hls";
   state.reason = reason;
   p.transport = "hls";
@@ -85,7 +95,7 @@ async function playHls(reason) {
       label("HLS", `native HLS: ${reason}`);
     } else {
       const Hls = await loadHlsJs();
-      if (state.mode !== "hls") return;
+      if (generation !== state.generation) return;
       if (!Hls.isSupported()) throw new Error("this browser has neither WebRTC H.264 nor MSE");
       const hls = new Hls({
         lowLatencyMode: true,
@@ -100,6 +110,7 @@ async function playHls(reason) {
     }
     video.play().catch(() => {});
   } catch (error) {
+    if (generation !== state.generation) return;
     p.setState("error", `HLS is not available: ${error.message}`);
   }
   clearInterval(state.statsTimer);
@@ -120,12 +131,23 @@ function onHlsError(Hls, hls, data) {
   if (data.type === Hls.ErrorTypes.MEDIA_ERROR) {
     hls.recoverMediaError();
   } else {
+    // A fresh instance, not hls.startLoad(): after a failed manifest load (the board starting
+    // up or restarting) startLoad() does nothing (video-dev/hls.js#834), and a restarted board
+    // names its parts anew anyway.
     player().setState("reconnecting", "The HLS stream was interrupted. Reconnecting…");
-    setTimeout(() => { if (state.hls === hls) hls.startLoad(); }, 1000);
+    setTimeout(() => { if (state.hls === hls) restartHls(); }, RETRY_MS);
   }
 }
 
+function restartHls() {
+  const reason = state.reason;
+  stopHls();
+  state.mode = "restarting"; // playHls() starts only from another mode
+  playHls(reason);
+}
+
 function stopHls() {
+  state.generation++;
   clearInterval(state.statsTimer);
   if (state.hls) state.hls.destroy();
   state.hls = null;
@@ -206,7 +228,7 @@ function start() {
   const form = $("token-form");
   if (form) {
     form.addEventListener("submit", () => {
-      if (state.mode === "hls") { stopHls(); state.mode = "webrtc"; playHls(state.reason); }
+      if (state.mode === "hls") restartHls();
     });
   }
   if (chosen() === "hls") playHls("chosen by hand");
