@@ -131,7 +131,9 @@ class Server:
         """Start and wait for the ready line (the first frame is then in the ring)."""
         command = [
             sys.executable, "-m", "ruseon_appliance", "serve", "--config", "/dev/null",
-            "--source", "synthetic", "--http", self._listen(self.http_port),
+            # --camera NAME=SOURCE flags in extra_args name every camera's source themselves.
+            *(() if "--camera" in self.extra_args else ("--source", "synthetic")),
+            "--http", self._listen(self.http_port),
             "--rtc", self._listen(self.rtc_port), "--advertise", self.host,
             "--state-dir", str(self.state_dir),
         ]

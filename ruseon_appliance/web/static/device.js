@@ -26,6 +26,9 @@ const player = {
   lastFrameChange: 0,
   viewers: null,
   transport: "webrtc", // "hls" while hls-fallback.js plays the stream instead
+  // Which camera: /#<name> deep links straight to it (cameras.js switches it with the grid).
+  camera: decodeURIComponent(location.hash.slice(1)),
+  get endpoint() { return this.camera ? `/whep/${encodeURIComponent(this.camera)}` : "/whep"; },
   get pc() { return this.client ? this.client.pc : null; },
 };
 window.ruseon = player; // for diagnostics and the end-to-end tests
@@ -35,7 +38,7 @@ function setState(state, message) {
   stage.dataset.state = state;
   const labels = {
     connecting: "Connecting", live: "Live", reconnecting: "Reconnecting",
-    busy: "Busy", auth: "Locked", error: "Offline",
+    busy: "Busy", auth: "Locked", error: "Offline", grid: "Cameras",
   };
   $("state-text").textContent = labels[state] || state;
   if (message) $("veil-text").textContent = message;
@@ -64,7 +67,7 @@ async function connect() {
   if (player.transport !== "webrtc") return; // HLS plays instead (hls-fallback.js)
   const generation = ++player.generation;
   if (player.client) player.client.close();
-  const client = new WhepClient("/whep", { token: token() });
+  const client = new WhepClient(player.endpoint, { token: token() });
   player.client = client;
   player.previous = null;
   player.lastFrames = 0;
@@ -321,7 +324,8 @@ $("btn-snapshot").addEventListener("click", async () => {
     return;
   }
   try {
-    const response = await fetch("/snapshot.jpg", { headers: authHeaders(), cache: "no-store" });
+    const url = player.camera ? `/snapshot/${encodeURIComponent(player.camera)}.jpg` : "/snapshot.jpg";
+    const response = await fetch(url, { headers: authHeaders(), cache: "no-store" });
     if (!response.ok) throw new Error(String(response.status));
     download(await response.blob(), name);
     toast("Snapshot saved");

@@ -197,7 +197,8 @@ function watch() {
   if (!p || state.mode !== "webrtc") return;
   // Another module (recordings.js) may hand the video back to WebRTC by setting the mode.
   if ($("transport") && $("transport").dataset.transport !== "webrtc") label("WebRTC");
-  if (p.state === "live" || p.state === "auth") {
+  // "grid": cameras.js shows every camera's tile and the big picture waits on purpose.
+  if (p.state === "live" || p.state === "auth" || p.state === "grid") {
     state.notLiveSince = performance.now();
     return;
   }

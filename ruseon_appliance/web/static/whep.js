@@ -76,6 +76,12 @@ export class WhepClient {
         const base = new URL(this.endpoint, window.location.href);
         this.sessionUrl = new URL(location, base).href;
       }
+      if (this.closed) {
+        // close() came while the offer was on its way: the session exists now, so end it
+        // rather than leave it holding a viewer place until the server reaps it.
+        this.close();
+        throw new WhepError(0, "closed while connecting", 0);
+      }
       const answer = await response.text();
       await pc.setRemoteDescription({ type: "answer", sdp: answer });
       return pc;
@@ -87,6 +93,7 @@ export class WhepClient {
 
   /** Close the peer connection and DELETE the session (best effort, survives page unload). */
   close({ sendDelete = true } = {}) {
+    this.closed = true;
     const url = this.sessionUrl;
     this.sessionUrl = null;
     if (this.pc) {

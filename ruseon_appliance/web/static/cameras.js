@@ -1,0 +1,202 @@
+// Several cameras on the device page: a grid of every camera, a click watches one large, and
+// /#<camera> deep links straight to one. With one camera nothing changes. This module owns the
+// grid, its tiles and the Cameras button; device.js plays the camera named in player.camera.
+//
+// Tiles: a live WHEP viewer each up to LIVE_TILES_MAX cameras; beyond that a keyframe snapshot
+// per tile, refreshed every SNAPSHOT_MS (a phone cannot decode many H.264 streams at once, and
+// the board's cost per snapshot tile is about that of a live one: see README, Several cameras).
+import { WhepClient } from "./whep.js";
+
+const LIVE_TILES_MAX = 4;
+const SNAPSHOT_MS = 3000;
+const STATUS_MS = 3000;
+const RETRY_MS = 4000;
+
+const grid = { cameras: [], tiles: new Map(), open: false, mode: "live", element: null };
+window.ruseonCameras = grid; // for diagnostics and the end-to-end tests
+
+function player() { return window.ruseon; }
+function token() { const p = player(); return p && p.token ? p.token() : ""; }
+function headers() { const t = token(); return t ? { Authorization: `Bearer ${t}` } : {}; }
+function hashCamera() { return decodeURIComponent(location.hash.slice(1)); }
+
+async function fetchCameras() {
+  const response = await fetch("/api/cameras", { headers: headers(), cache: "no-store" });
+  if (!response.ok) throw new Error(`HTTP ${response.status}`);
+  return (await response.json()).cameras;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tiles
+
+function makeTile(camera) {
+  const tile = document.createElement("button");
+  tile.type = "button";
+  tile.className = "cam-tile";
+  tile.dataset.camera = camera.name;
+  tile.title = `Watch ${camera.name}`;
+  const media = document.createElement(grid.mode === "live" ? "video" : "img");
+  media.className = "cam-media";
+  if (grid.mode === "live") Object.assign(media, { muted: true, autoplay: true, playsInline: true });
+  else media.alt = camera.name;
+  const label = document.createElement("span");
+  label.className = "cam-label";
+  label.innerHTML = '<span class="cam-name"></span><span class="cam-problem"></span>';
+  label.querySelector(".cam-name").textContent = camera.name;
+  tile.append(media, label);
+  tile.addEventListener("click", () => { location.hash = `#${encodeURIComponent(camera.name)}`; });
+  return { camera: camera.name, element: tile, media, client: null, timer: 0, frames: 0 };
+}
+
+function showState(tile, camera) {
+  tile.element.dataset.up = String(Boolean(camera.up));
+  tile.element.querySelector(".cam-problem").textContent = camera.up ? "" : (camera.problem || "down");
+}
+
+async function startLive(tile) {
+  const client = new WhepClient(`/whep/${encodeURIComponent(tile.camera)}`, { token: token() });
+  tile.client = client;
+  try {
+    const pc = await client.connect((track, stream) => {
+      tile.media.srcObject = stream;
+      tile.media.play().catch(() => {});
+    });
+    pc.onconnectionstatechange = () => {
+      if (tile.client === client && ["failed", "closed"].includes(pc.connectionState)) retryLive(tile);
+    };
+  } catch {
+    if (tile.client === client) retryLive(tile);
+  }
+}
+
+function retryLive(tile) {
+  if (tile.client) tile.client.close();
+  tile.client = null;
+  clearTimeout(tile.timer);
+  tile.timer = setTimeout(() => { if (grid.open) startLive(tile); }, RETRY_MS);
+}
+
+async function refreshSnapshot(tile) {
+  try {
+    const url = `/snapshot/${encodeURIComponent(tile.camera)}.jpg`;
+    const response = await fetch(url, { headers: headers(), cache: "no-store" });
+    if (response.ok) {
+      const old = tile.media.src;
+      tile.media.src = URL.createObjectURL(await response.blob());
+      tile.frames++;
+      if (old) URL.revokeObjectURL(old);
+    }
+  } catch {
+    // The next refresh tries again; the tile's state line says why a camera is down.
+  }
+  if (grid.open) tile.timer = setTimeout(() => refreshSnapshot(tile), SNAPSHOT_MS);
+}
+
+function stopTile(tile) {
+  clearTimeout(tile.timer);
+  if (tile.client) tile.client.close();
+  tile.client = null;
+  if (tile.media.srcObject) tile.media.srcObject = null;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The grid and the big picture
+
+function buildGrid() {
+  const element = document.createElement("section");
+  element.id = "camera-grid";
+  element.className = "cam-grid";
+  element.setAttribute("aria-label", "Cameras");
+  element.hidden = true;
+  element.style.setProperty("--cols", String(Math.ceil(Math.sqrt(grid.cameras.length))));
+  for (const camera of grid.cameras) {
+    const tile = makeTile(camera);
+    grid.tiles.set(camera.name, tile);
+    showState(tile, camera);
+    element.append(tile.element);
+  }
+  document.getElementById("stage").append(element);
+  grid.element = element;
+
+  const button = document.createElement("button");
+  button.id = "btn-cameras";
+  button.type = "button";
+  button.className = "icon-btn";
+  button.title = "All cameras";
+  button.innerHTML = '<svg viewBox="0 0 24 24" aria-hidden="true"><rect x="3" y="3" width="8" height="8" rx="1"/>'
+    + '<rect x="13" y="3" width="8" height="8" rx="1"/><rect x="3" y="13" width="8" height="8" rx="1"/>'
+    + '<rect x="13" y="13" width="8" height="8" rx="1"/></svg><span class="label">Cameras</span>';
+  button.addEventListener("click", () => { location.hash = ""; });
+  document.querySelector(".bar-bottom").prepend(button);
+}
+
+function openGrid() {
+  const p = player();
+  if (p && p.stopWebrtc) p.stopWebrtc(); // the big picture waits while the grid shows
+  if (p && p.setState) p.setState("grid", "");
+  grid.open = true;
+  grid.element.hidden = false;
+  document.getElementById("stage").dataset.view = "grid";
+  for (const tile of grid.tiles.values()) {
+    if (grid.mode === "live") startLive(tile);
+    else refreshSnapshot(tile);
+  }
+}
+
+function closeGrid() {
+  grid.open = false;
+  grid.element.hidden = true;
+  document.getElementById("stage").dataset.view = "camera";
+  for (const tile of grid.tiles.values()) stopTile(tile);
+}
+
+function watch(name) {
+  const p = player();
+  if (!p) return;
+  document.getElementById("device-name").dataset.camera = name;
+  if (p.camera === name && p.client) return;
+  p.camera = name;
+  if (p.stopWebrtc) p.stopWebrtc();
+  if (p.setState) p.setState("connecting", `Connecting to ${name}…`);
+  if (p.startWebrtc && p.transport === "webrtc") p.startWebrtc();
+}
+
+function route() {
+  const name = hashCamera();
+  if (name && grid.tiles.has(name)) {
+    closeGrid();
+    watch(name);
+  } else {
+    openGrid();
+  }
+}
+
+async function pollStatus() {
+  try {
+    for (const camera of await fetchCameras()) {
+      const tile = grid.tiles.get(camera.name);
+      if (tile) showState(tile, camera);
+    }
+  } catch {
+    // Restarting, or the token is missing: device.js asks for it.
+  }
+}
+
+async function start() {
+  let cameras;
+  try {
+    cameras = await fetchCameras();
+  } catch {
+    setTimeout(start, RETRY_MS); // e.g. 401 until device.js has the token
+    return;
+  }
+  grid.cameras = cameras;
+  if (cameras.length < 2) return; // one camera: the page as it always was
+  grid.mode = cameras.length <= LIVE_TILES_MAX ? "live" : "snapshot";
+  buildGrid();
+  window.addEventListener("hashchange", route);
+  route();
+  setInterval(pollStatus, STATUS_MS);
+}
+
+start();

@@ -1,0 +1,86 @@
+"""The cameras grid in Debian's Chromium: every camera plays at once in its tile, a camera that
+delivers nothing shows as down on its tile, a click watches one large, and /#<camera> deep links
+straight to it."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.browser_netns import (
+    chromium,
+    inside_browser_netns,
+    prepare_namespace,
+    rerun_in_browser_netns,
+    running_server,
+    save_screenshot,
+    wait_for_page,
+)
+from tests.tooling import free_port
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+TILES_JS = """() => Array.from(document.querySelectorAll('.cam-tile')).map((t) => {
+  const v = t.querySelector('video');
+  const q = v && v.getVideoPlaybackQuality ? v.getVideoPlaybackQuality() : null;
+  return {camera: t.dataset.camera, up: t.dataset.up, problem: t.querySelector('.cam-problem')
+          .textContent, width: v ? v.videoWidth : 0, frames: q ? q.totalVideoFrames : 0};
+})"""
+
+
+def cameras(url: str) -> dict[str, Any]:
+    with urllib.request.urlopen(url + "api/cameras", timeout=10) as response:
+        return {row["name"]: row for row in json.load(response)["cameras"]}
+
+
+def wait_for_tiles(page: Any, condition: str, predicate: Any) -> list[dict[str, Any]]:
+    for _ in range(240):  # a bound for a broken run; nothing here measures time
+        tiles: list[dict[str, Any]] = page.evaluate(TILES_JS)
+        if predicate({t["camera"]: t for t in tiles}):
+            return tiles
+        page.wait_for_timeout(250)
+    raise AssertionError(f"the grid never showed {condition}: {tiles}")
+
+
+def test_grid_plays_every_camera_and_a_click_watches_one(
+        request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    if not inside_browser_netns():
+        rerun_in_browser_netns(request.node.nodeid)
+        return
+    prepare_namespace()
+    # "gate" is a network camera nobody answers for: down from the start, retried.
+    args = ["--camera", "front=synthetic", "--camera", "side=synthetic",
+            "--camera", f"gate=rtsp://127.0.0.1:{free_port()}/stream"]
+    with running_server(tmp_path, extra_args=args) as server, chromium() as browser:
+        page = browser.new_page()
+        page.goto(server.url)
+        page.wait_for_function("window.ruseonCameras && window.ruseonCameras.open")
+        first = wait_for_tiles(page, "both live cameras playing and gate down", lambda t: (
+            t["front"]["frames"] > 30 and t["side"]["frames"] > 30 and t["gate"]["up"] == "false"))
+        # At once: both tiles keep decoding while the other does.
+        later = wait_for_tiles(page, "both tiles still advancing", lambda t: all(
+            t[name]["frames"] > f["frames"] + 30 for f in first if (name := f["camera"]) != "gate"))
+        assert {t["camera"]: t["width"] for t in later}["front"] > 0
+        assert "no frame from the rtsp source" in {t["camera"]: t for t in later}["gate"]["problem"]
+        rows = cameras(server.url)
+        assert rows["front"]["viewers"] == rows["side"]["viewers"] == 1
+        save_screenshot(page, "browser-cameras-grid.png")
+
+        page.click(".cam-tile[data-camera=side]")
+        page.wait_for_function("location.hash === '#side' && window.ruseonCameras.open === false")
+        big = wait_for_page(page, "side playing large", lambda s: s["state"] == "live"
+                            and s["framesDecoded"] > 30)
+        assert big["videoWidth"] > 0
+        assert page.evaluate("window.ruseon.endpoint") == "/whep/side"
+        save_screenshot(page, "browser-cameras-one.png")
+
+        deep = browser.new_page()
+        deep.goto(server.url + "#front")
+        wait_for_page(deep, "a deep link playing front", lambda s: s["state"] == "live"
+                      and s["framesDecoded"] > 30)
+        assert deep.evaluate("window.ruseon.endpoint") == "/whep/front"
+        assert deep.evaluate("document.getElementById('camera-grid').hidden") is True
