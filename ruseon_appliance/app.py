@@ -33,6 +33,7 @@ from .relay import RtpRelay
 from .systemd_integration import SystemdNotifier, frames_flowing
 from .web.app import DEVICE_API, make_app
 from .web.controls import ControlsResource
+from .web.hls import HlsResource
 from .web.metrics import Exposition
 from .web.snapshot import KeyframeSnapshot
 from .webhooks import WebhookSender
@@ -66,6 +67,7 @@ class Appliance:
         # The relays' fan-out when the engine has none (send_path = "aiortc").
         self._relay_fanout: Fanout | None = None
         self.hls: HlsStream | None = None
+        self.hls_cameras: dict[str, HlsStream] = {}
         rec = config.recording
         self.recorder = Recorder(RecorderSettings(
             directory=rec.directory(config.state.dir), continuous=rec.continuous,
@@ -115,15 +117,19 @@ class Appliance:
         await self.recorder.start()
 
         if config.hls.enable:
-            self.hls = HlsStream(
-                self.capture.ring,
-                framerate=config.camera.framerate,
-                keyframe_interval=config.camera.keyframe_interval,
-                part_target_s=config.hls.part_duration_s,
-                window_s=config.hls.window_s,
-                max_waiting=config.hls.max_waiting_requests,
-            )
-            await self.hls.start()
+            for camera in self.cameras:
+                stream = HlsStream(
+                    camera.pipeline.ring,
+                    framerate=camera.config.framerate,
+                    keyframe_interval=camera.config.keyframe_interval,
+                    part_target_s=config.hls.part_duration_s,
+                    window_s=config.hls.window_s,
+                    max_waiting=config.hls.max_waiting_requests,
+                )
+                await stream.start()
+                self.hls_cameras[camera.name] = stream
+            # /hls/ is the first camera's (as it always was); /hls/<camera>/ is each camera's.
+            self.hls = self.hls_cameras[self.cameras.first.name]
 
         self.engine.add_listener(session_listener(self.events, lambda: len(self.engine.sessions)
                                                   if self.engine else 0))
@@ -134,6 +140,10 @@ class Appliance:
         app[DEVICE_API].status_sections["integrations"] = self._integrations_status
         app[DEVICE_API].metrics_sections.append(self._integrations_metrics)
         ControlsResource(self.controls).add_routes(app)
+        token_required = bool(config.auth.resolve_token())
+        for name, stream in self.hls_cameras.items():
+            HlsResource(stream, token_required=token_required,
+                        prefix=f"/hls/{name}/").add_routes(app)
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
         await self._runner.setup()
         tls = self._tls_context()
@@ -321,8 +331,8 @@ class Appliance:
         self.notifier.stopping()
         for task in self._tasks:
             task.cancel()
-        if self.hls is not None:
-            await self.hls.stop()  # wakes held HLS requests before the server waits for them
+        for stream in self.hls_cameras.values():
+            await stream.stop()  # wakes held HLS requests before the server waits for them
         if self.mqtt is not None:
             await self.mqtt.stop()
         for sender in self.webhooks:

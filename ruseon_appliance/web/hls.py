@@ -126,15 +126,17 @@ class HlsResource:
     """The ``/hls/`` routes over one :class:`HlsStream`."""
 
     def __init__(self, stream: HlsStream, *, token_required: bool,
-                 metrics: HlsMetrics | None = None) -> None:
+                 metrics: HlsMetrics | None = None, prefix: str = "/hls/") -> None:
         self.stream = stream
+        # Where this stream is served: /hls/ (the first camera), /hls/<camera>/ (each camera).
+        self.prefix = prefix
         self.token_required = token_required
         self.metrics = metrics or HlsMetrics()
 
     def add_routes(self, app: web.Application) -> None:
         """Register the routes (GET also answers HEAD)."""
-        app.router.add_get("/hls/index.m3u8", self.playlist)
-        app.router.add_get("/hls/{name}", self.media)
+        app.router.add_get(f"{self.prefix}index.m3u8", self.playlist)
+        app.router.add_get(self.prefix + "{name}", self.media)
 
     # -- caching ----------------------------------------------------------------------------
 

@@ -131,6 +131,28 @@ async def wait_until(predicate: Any, timeout: float = 60.0, what: str = "") -> N
         await asyncio.sleep(0.1)
 
 
+async def hls_size(http: aiohttp.ClientSession, base: str) -> tuple[int, int]:
+    """The picture size of the first part an HLS playlist lists (init segment + part)."""
+    for _ in range(200):  # a bound for a broken run; the window fills within seconds
+        async with http.get(base + "index.m3u8") as response:
+            assert response.status == 200, await response.text()
+            text = await response.text()
+        init = [ln.split('"')[1] for ln in text.splitlines() if ln.startswith("#EXT-X-MAP")]
+        parts = [ln.split('URI="')[1].split('"')[0] for ln in text.splitlines()
+                 if ln.startswith("#EXT-X-PART:") and "INDEPENDENT=YES" in ln]
+        if init and parts:
+            break
+        await asyncio.sleep(0.25)
+    data = b""
+    for name in (init[0], parts[0]):
+        async with http.get(base + name) as response:
+            assert response.status == 200
+            data += await response.read()
+    with av.open(io.BytesIO(data)) as container:
+        frame = next(container.decode(video=0))
+        return frame.width, frame.height
+
+
 @pytest.fixture
 async def appliance(tmp_path: Path) -> AsyncIterator[tuple[Appliance, str, Path]]:
     unplugged = tmp_path / "back-unplugged"
@@ -151,7 +173,7 @@ async def appliance(tmp_path: Path) -> AsyncIterator[tuple[Appliance, str, Path]
         webrtc=WebRtcConfig(listen=HostPort("127.0.0.1", 0), advertise=("127.0.0.1",),
                             pending_per_address=10),
         state=StateConfig(dir=str(tmp_path / "state")),
-        hls=HlsConfig(enable=False),
+        hls=HlsConfig(part_duration_s=0.5, window_s=6.0),
     )
     app = Appliance(config)
     await app.start()
@@ -205,6 +227,10 @@ async def test_each_camera_streams_its_own_picture_on_one_port_and_one_certifica
                 assert "front, side, back" in (await response.json())["detail"]
             async with http.get(f"{base}/snapshot/nope.jpg") as response:
                 assert response.status == 404
+
+            # HLS per camera under /hls/<camera>/ (and /hls/ is the first camera's).
+            for name, path in (("side", "/hls/side/"), ("front", "/hls/")):
+                assert await hls_size(http, base + path) == SIZES[name]
 
             async with http.get(f"{base}/metrics") as response:
                 metrics = await response.text()

@@ -6,7 +6,11 @@
 // device.js owns WebRTC; this module only takes the <video> over (player.stopWebrtc) and gives
 // it back (player.startWebrtc). window.ruseon.transport says which one plays.
 
-const PLAYLIST = "/hls/index.m3u8";
+// The camera device.js plays (cameras.js: /#<camera>), else the first camera's /hls/.
+function playlist() {
+  const p = player();
+  return p && p.camera ? `/hls/${encodeURIComponent(p.camera)}/index.m3u8` : "/hls/index.m3u8";
+}
 const HLS_SCRIPT = "/static/vendor/hls.min.js";
 const CHOICE_KEY = "ruseon.transport"; // "webrtc" | "hls" when chosen by hand (per tab)
 // WebRTC that has not shown a picture this long after it started trying is given up on.
@@ -91,7 +95,7 @@ async function playHls(reason) {
   try {
     if (useNative()) {
       state.native = true;
-      video.src = PLAYLIST + (token ? `?token=${encodeURIComponent(token)}` : "");
+      video.src = playlist() + (token ? `?token=${encodeURIComponent(token)}` : "");
       label("HLS", `native HLS: ${reason}`);
     } else {
       const Hls = await loadHlsJs();
@@ -104,7 +108,7 @@ async function playHls(reason) {
       });
       state.hls = hls;
       hls.on(Hls.Events.ERROR, (event, data) => onHlsError(Hls, hls, data));
-      hls.loadSource(PLAYLIST);
+      hls.loadSource(playlist());
       hls.attachMedia(video);
       label("LL-HLS", `hls.js ${Hls.version}: ${reason}`);
     }
