@@ -18,7 +18,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from .cameras import CameraSet
+from .cameras import Camera, CameraSet
 from .capture.controls import CameraControls, camera_with
 from .capture.pipeline import CapturePipeline
 from .capture.sources.base import SourceUnavailable
@@ -64,8 +64,8 @@ class Appliance:
         self.capture = self.cameras.first.pipeline
         self.engine: Engine | None = None
         self.relays: list[RtpRelay] = []
-        # The relays' fan-out when the engine has none (send_path = "aiortc").
-        self._relay_fanout: Fanout | None = None
+        # The relays' fan-outs (by camera) when the engine has none (send_path = "aiortc").
+        self._relay_fanouts: dict[str, Fanout] = {}
         self.hls: HlsStream | None = None
         self.hls_cameras: dict[str, HlsStream] = {}
         rec = config.recording
@@ -91,6 +91,15 @@ class Appliance:
         self.controls = CameraControls(self.capture.source, self._first_camera,
                                        Path(config.state.dir))
         self.controls.on_change = self._controls_changed
+        # Every camera's controls by name (the first camera's are self.controls, kept where a
+        # single camera always kept them; the others under <state>/cameras/<name>/).
+        self.camera_controls: dict[str, CameraControls] = {self.cameras.first.name: self.controls}
+        for camera in list(self.cameras)[1:]:
+            controls = CameraControls(camera.pipeline.source, camera.config,
+                                      Path(config.state.dir) / "cameras" / camera.name)
+            controls.on_change = (lambda changed, restarted, cam=camera, ctl=controls:
+                                  self._other_controls_changed(cam, ctl, changed, restarted))
+            self.camera_controls[camera.name] = controls
 
     async def start(self) -> None:
         """Start everything; returns once the appliance serves video."""
@@ -99,8 +108,13 @@ class Appliance:
         state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         passed = self.notifier.passed_sockets()
 
-        await self.controls.restore()
+        for name, controls in self.camera_controls.items():
+            if controls is not self.controls:
+                (state_dir / "cameras" / name).mkdir(parents=True, exist_ok=True, mode=0o700)
+            await controls.restore()
         self._follow_stream_controls()
+        for camera in list(self.cameras)[1:]:
+            follow_stream_controls(camera, self.camera_controls[camera.name])
         if len(self.cameras) == 1:
             await self.capture.start()  # fails start-up, as a single camera always did
         else:
@@ -140,6 +154,8 @@ class Appliance:
         app[DEVICE_API].status_sections["integrations"] = self._integrations_status
         app[DEVICE_API].metrics_sections.append(self._integrations_metrics)
         ControlsResource(self.controls).add_routes(app)
+        for name, controls in self.camera_controls.items():
+            ControlsResource(controls, path=f"/api/camera/{name}/controls").add_routes(app)
         token_required = bool(config.auth.resolve_token())
         for name, stream in self.hls_cameras.items():
             HlsResource(stream, token_required=token_required,
@@ -176,21 +192,25 @@ class Appliance:
         )
 
     async def _start_relays(self) -> None:
-        """One :class:`RtpRelay` per ``[[relay]]``, consumers of the engine's fan-out (or of one
-        of their own on the aiortc send path), so each frame is still packetized once."""
+        """One :class:`RtpRelay` per ``[[relay]]`` (of its ``camera``, default the first),
+        consumers of the engine's fan-out of that camera (or of one of their own on the aiortc
+        send path), so each frame is still packetized once."""
         if not self.config.relay:
             return
         assert self.engine is not None
-        camera = self.config.camera
-        fanout = self.engine.fanout
-        if fanout is None:
-            fanout = self._relay_fanout = Fanout(self.capture, lambda family: None,
-                                                 framerate=camera.framerate,
-                                                 min_bitrate=camera.bitrate)
-            fanout.start()
-        catch_up = max(3, -(-camera.framerate * camera.keyframe_request_interval_ms // 1000))
         for relay_config in self.config.relay:
-            relay = RtpRelay(relay_config, self.capture, fanout, framerate=camera.framerate,
+            cam = self.cameras.get(relay_config.camera) or self.cameras.first
+            camera, feed = cam.config, cam.pipeline
+            fanout = self.engine.fanout_for(feed)
+            if fanout is None:
+                fanout = self._relay_fanouts.get(cam.name)
+            if fanout is None:
+                fanout = self._relay_fanouts[cam.name] = Fanout(
+                    feed, lambda family: None, framerate=camera.framerate,
+                    min_bitrate=camera.bitrate)
+                fanout.start()
+            catch_up = max(3, -(-camera.framerate * camera.keyframe_request_interval_ms // 1000))
+            relay = RtpRelay(relay_config, feed, fanout, framerate=camera.framerate,
                              catch_up_max_frames=catch_up,
                              keyframe_interval_frames=camera.keyframe_interval)
             await relay.start()
@@ -264,6 +284,12 @@ class Appliance:
         self.capture.camera = camera_with(self._first_camera, {
             k: v for k, v in self.controls.values.items()
             if k in ("framerate", "bitrate", "resolution")})
+
+    def _other_controls_changed(self, camera: Camera, controls: CameraControls,
+                                changed: dict[str, object], restarted: bool) -> None:
+        follow_stream_controls(camera, controls)
+        self.events.publish("controls_changed", camera=camera.name, controls=changed,
+                            restarted=restarted)
 
     def _integrations_metrics(self) -> str:
         """Events, webhooks, MQTT and camera controls as ``/metrics`` families."""
@@ -343,13 +369,20 @@ class Appliance:
             await self._runner.cleanup()
         for relay in self.relays:
             relay.stop()
-        if self._relay_fanout is not None:
-            await self._relay_fanout.stop()
+        for fanout in self._relay_fanouts.values():
+            await fanout.stop()
         if self.engine is not None:
             await self.engine.stop()
         await self.recorder.stop()
         await self.cameras.stop()
         log.info("stopped", extra={"EVENT": "stopped"})
+
+
+def follow_stream_controls(camera: Camera, controls: CameraControls) -> None:
+    """Like :meth:`Appliance._follow_stream_controls` for any camera: its pipeline's ``camera``
+    follows the frame rate, bitrate and size set at run time (the engine reads it per viewer)."""
+    camera.pipeline.camera = camera_with(camera.config, {
+        k: v for k, v in controls.values.items() if k in ("framerate", "bitrate", "resolution")})
 
 
 async def serve(config: Config) -> int:

@@ -213,6 +213,8 @@ class RelayConfig:
     # Local address of the relay's UDP socket; port 0 = any free port.
     bind: HostPort = HostPort("0.0.0.0", 0)
     payload_type: int = 96
+    # Which camera's stream (a [[camera]] name); empty = the first camera.
+    camera: str = ""
 
     @property
     def target(self) -> HostPort:
@@ -705,6 +707,10 @@ def validate(config: Config) -> None:
     _check(rec.max_age_hours >= 0, "recording.max_age_hours", rec.max_age_hours,
            "0 (no limit) or more hours")
     validate_relays(config.relay)
+    names = [cam.name for cam in config.all_cameras]
+    for relay in config.relay:
+        _check(not relay.camera or relay.camera in names, f"relay {relay.name!r}: camera",
+               relay.camera, "the name of a camera: " + ", ".join(names))
     validate_mqtt(config.mqtt)
     validate_webhooks(config.webhook)
 

@@ -124,7 +124,8 @@ def make_app(
     CamerasResource(cameras, engine, whep, api.snapshot).add_routes(app, api)
 
     if relays:
-        relay_resource = RelayResource(relays, capture)
+        relay_resource = RelayResource(relays, capture, captures={
+            r.name: (cameras.get(r.config.camera) or cameras.first).pipeline for r in relays})
         relay_resource.add_routes(app)
         api.status_sections["relays"] = relay_resource.status
         api.metrics_sections.append(relay_resource.metrics)

@@ -24,13 +24,15 @@ PATH = "/api/camera/controls"
 class ControlsResource:
     """The HTTP face of :class:`CameraControls`."""
 
-    def __init__(self, controls: CameraControls) -> None:
+    def __init__(self, controls: CameraControls, *, path: str = PATH) -> None:
         self.controls = controls
+        # PATH is the first camera's; /api/camera/<name>/controls each camera's.
+        self.path = path
 
     def add_routes(self, app: web.Application) -> None:
         """Register GET (and HEAD) and PATCH."""
-        app.router.add_get(PATH, self.get)
-        app.router.add_patch(PATH, self.patch)
+        app.router.add_get(self.path, self.get)
+        app.router.add_patch(self.path, self.patch)
 
     async def get(self, request: web.Request) -> web.Response:
         """Current values, ranges, and live / restart per control."""

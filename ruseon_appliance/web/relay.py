@@ -30,9 +30,12 @@ _COUNTERS = (
 class RelayResource:
     """The relays as the web layer shows them."""
 
-    def __init__(self, relays: Sequence[RtpRelay], capture: CapturePipeline) -> None:
+    def __init__(self, relays: Sequence[RtpRelay], capture: CapturePipeline, *,
+                 captures: Mapping[str, CapturePipeline] | None = None) -> None:
         self.relays: Mapping[str, RtpRelay] = {r.name: r for r in relays}
         self.capture = capture
+        # Each relay's camera pipeline (by relay name) when there are several cameras.
+        self.captures: Mapping[str, CapturePipeline] = captures or {}
 
     def add_routes(self, app: web.Application) -> None:
         """Register ``GET /relay/{name}.sdp`` (behind the token, like the API: with SRTP the SDP
@@ -50,8 +53,9 @@ class RelayResource:
             retry = f"{RESOLVE_RETRY_S:.0f}"
             raise Problem(503, f"the relay target {relay.target[0]} does not resolve yet; "
                                f"the relay retries every {retry} s", headers={"Retry-After": retry})
-        info = self.capture.stream_info
-        sets = parameter_sets(self.capture.ring)
+        capture = self.captures.get(relay.name, self.capture)
+        info = capture.stream_info
+        sets = parameter_sets(capture.ring)
         if info is None or sets is None:
             raise Problem(503, "no keyframe from the camera yet", headers={"Retry-After": "1"})
         host, port = relay.target

@@ -8,11 +8,14 @@ loopback that decode what they receive.
 from __future__ import annotations
 
 import asyncio
+import base64
+import contextlib
 import io
 import itertools
 import os
 import shlex
 import signal
+import socket
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -34,9 +37,11 @@ from ruseon_appliance.config import (
     HlsConfig,
     HostPort,
     HttpConfig,
+    RelayConfig,
     StateConfig,
     WebRtcConfig,
 )
+from ruseon_appliance.relay import parameter_sets
 from ruseon_appliance.systemd_integration import frames_flowing
 from tests.capture.conftest import CAM_STREAM
 from tests.capture.test_sources import FAKE_RPICAM
@@ -155,6 +160,9 @@ async def hls_size(http: aiohttp.ClientSession, base: str) -> tuple[int, int]:
 
 @pytest.fixture
 async def appliance(tmp_path: Path) -> AsyncIterator[tuple[Appliance, str, Path]]:
+    relay_target = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    relay_target.bind(("127.0.0.1", 0))
+    relay_target.setblocking(False)
     unplugged = tmp_path / "back-unplugged"
     fake = (f"env FAKE_RPICAM_STREAM={shlex.quote(str(CAM_STREAM))} "
             f"FAKE_RPICAM_UNPLUGGED={shlex.quote(str(unplugged))} "
@@ -174,13 +182,18 @@ async def appliance(tmp_path: Path) -> AsyncIterator[tuple[Appliance, str, Path]
                             pending_per_address=10),
         state=StateConfig(dir=str(tmp_path / "state")),
         hls=HlsConfig(part_duration_s=0.5, window_s=6.0),
+        # A relay of the second camera (relays default to the first).
+        relay=(RelayConfig(name="side-out", camera="side",
+                           url=f"rtp://127.0.0.1:{relay_target.getsockname()[1]}"),),
     )
     app = Appliance(config)
     await app.start()
+    app.relay_target = relay_target  # type: ignore[attr-defined]
     try:
         yield app, f"http://127.0.0.1:{port}", unplugged
     finally:
         await app.stop()
+        relay_target.close()
 
 
 async def test_each_camera_streams_its_own_picture_on_one_port_and_one_certificate(
@@ -231,6 +244,30 @@ async def test_each_camera_streams_its_own_picture_on_one_port_and_one_certifica
             # HLS per camera under /hls/<camera>/ (and /hls/ is the first camera's).
             for name, path in (("side", "/hls/side/"), ("front", "/hls/")):
                 assert await hls_size(http, base + path) == SIZES[name]
+
+            # The relay names its camera: its SDP carries that camera's SPS, its RTP arrives.
+            async with http.get(f"{base}/relay/side-out.sdp") as response:
+                sdp = await response.text()
+            side = app.cameras.get("side")
+            assert side is not None
+            sets = parameter_sets(side.pipeline.ring)
+            assert sets is not None and base64.b64encode(sets[0]).decode() in sdp
+            received = 0
+            with contextlib.suppress(BlockingIOError):
+                while app.relay_target.recv(2048):  # type: ignore[attr-defined]
+                    received += 1
+            assert received > 10
+
+            # Controls per camera: a change to one leaves the others as they were.
+            async with http.patch(f"{base}/api/camera/side/controls",
+                                  json={"brightness": 0.3}) as response:
+                assert response.status == 200, await response.text()
+            async with http.get(f"{base}/api/camera/side/controls") as response:
+                assert (await response.json())["controls"]["brightness"]["value"] == 0.3
+            async with http.get(f"{base}/api/camera/controls") as response:  # the first's
+                assert (await response.json())["controls"]["brightness"]["value"] == 0.0
+            async with http.get(f"{base}/api/camera/nope/controls") as response:
+                assert response.status == 404
 
             async with http.get(f"{base}/metrics") as response:
                 metrics = await response.text()
