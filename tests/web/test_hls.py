@@ -139,22 +139,41 @@ async def test_blocking_reload_is_held_until_the_part_exists(
     assert stream.waits_satisfied >= 2
 
 
-@pytest.mark.parametrize("query", [
-    "?_HLS_msn=999999", "?_HLS_msn=0&_HLS_part=999", "?_HLS_part=1", "?_HLS_msn=abc",
-    "?_HLS_msn=-1", "?_HLS_msn=1234567890123", "?_HLS_msn=1&_HLS_part=x",
-])
-async def test_bad_or_far_ahead_blocking_requests_are_400(
-    hls: tuple[HlsStream, TestClient[Any, Any]], query: str,
-) -> None:
-    stream, client = hls
-    if query == "?_HLS_msn=0&_HLS_part=999":
-        query = f"?_HLS_msn={stream.window.position.msn}&_HLS_part=999"
-    started = stream.waits_satisfied + stream.waits_timed_out
-    response = await client.get("/hls/index.m3u8" + query)
-    assert response.status == 400, await response.text()
-    assert response.content_type == "application/problem+json"
-    assert response.headers["Cache-Control"] == "no-store"
-    assert stream.waits_satisfied + stream.waits_timed_out == started  # answered at once
+async def test_bad_or_far_ahead_blocking_requests_are_400(tmp_path: Path) -> None:
+    # One device for all of them, fed by hand so the live edge stands still: the limits are
+    # checked exactly at their boundaries (msn: newest + 2 is held, + 3 refused; part: the
+    # Advance Part Limit, 3 s of parts at PART-TARGET 0.25, is 12 past the newest).
+    async with hls_device(web_config(), tmp_path, fed_by_hand=True) as (stream, client):
+        stream.add_fragments(list(FakeCamera(gop=60).fragments(30)), b"init")
+        live = stream.window.position
+        assert stream.window.part_target_s == 0.25
+        for query in [
+            "?_HLS_msn=999999", f"?_HLS_msn={live.msn + 3}",
+            f"?_HLS_msn={live.msn}&_HLS_part={live.parts - 1 + 13}", "?_HLS_part=1",
+            "?_HLS_msn=abc", "?_HLS_msn=-1", "?_HLS_msn=1234567890123",
+            "?_HLS_msn=1&_HLS_part=x",
+        ]:
+            started = stream.waits_satisfied + stream.waits_timed_out
+            response = await client.get("/hls/index.m3u8" + query)
+            assert response.status == 400, (query, await response.text())
+            assert response.content_type == "application/problem+json"
+            assert response.headers["Cache-Control"] == "no-store"
+            assert stream.waits_satisfied + stream.waits_timed_out == started  # at once
+        # Just inside the limits: held (waiting for the live edge), not refused.
+        for query in [f"?_HLS_msn={live.msn + 2}",
+                      f"?_HLS_msn={live.msn}&_HLS_part={live.parts - 1 + 12}"]:
+            waiting = stream.waiting
+            request = asyncio.ensure_future(client.get("/hls/index.m3u8" + query))
+            for _ in range(1000):
+                if stream.waiting > waiting or request.done():
+                    break
+                await asyncio.sleep(0.01)
+            assert stream.waiting == waiting + 1 and not request.done(), query
+            request.cancel()
+            for _ in range(1000):  # the server lets go (at the latest when the hold times out)
+                if stream.waiting == waiting:
+                    break
+                await asyncio.sleep(0.01)
 
 
 async def test_unknown_names_traversal_and_long_queries_are_refused(
