@@ -95,6 +95,24 @@ def recording(index: int) -> Path:
     return path
 
 
+def snapshot_cost() -> dict[str, float]:
+    """Board CPU of one snapshot tile: ``/snapshot/<camera>.jpg`` decodes the newest 720p IDR
+    and encodes a JPEG (cached per keyframe); a tile refreshing every 3 s costs one of those per
+    3 s at most. Median CPU time of 20 (``time.process_time``)."""
+    from ruseon_appliance.capture.h264 import AccessUnitSplitter
+    from ruseon_appliance.web.snapshot import keyframe_to_jpeg
+
+    units = AccessUnitSplitter().split_all(recording(0).read_bytes())
+    idr = next(data for data, key in units if key)
+    times = []
+    for _ in range(20):
+        began = time.process_time()
+        keyframe_to_jpeg(idr)
+        times.append(time.process_time() - began)
+    ms = 1000 * statistics.median(times)
+    return {"snapshot_ms": ms, "snapshot_tile_core_percent": 100 * ms / 1000 / 3}
+
+
 def free_port(kind: int = socket.SOCK_STREAM) -> int:
     with socket.socket(socket.AF_INET, kind) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -411,6 +429,11 @@ def main() -> None:
     parser.add_argument("--idle", type=float, default=5.0, help="seconds of idle CPU first")
     args = parser.parse_args()
     r = run(args.cameras, args.viewers, args.hls, args.seconds, args.idle)
+    r.update(snapshot_cost())
+    # One WebRTC tile is one more viewer: the window's CPU over idle, shared by the viewers
+    # (HLS clients and REST polling are in it too, so this overstates a viewer's cost).
+    r["webrtc_tile_core_percent_at_most"] = (
+        (r["board_cpu_percent"] - r["board_idle_cpu_percent"]) / max(1, r["viewers"]))
     ours = (f"Sessions OK: {r['sessions_ok']} (err: {r['sessions_err']}) | RTP Packets: "
             f"{r['rtp_packets_sent']:,} | Egress: {r['egress_mb_s']:.2f} MB/s | Handshake Latency: "
             f"p50={r['answer_ms']['p50']:.2f}ms p95={r['answer_ms']['p95']:.2f}ms "
@@ -429,6 +452,9 @@ def main() -> None:
           f"{r['hls_latency']['p50']:.2f} s p95 {r['hls_latency']['p95']:.2f} s; REST: "
           f"{r['rest_requests']} requests ({r['rest_errors']} errors), p50 "
           f"{1000 * r['rest_latency']['p50']:.0f} ms p95 {1000 * r['rest_latency']['p95']:.0f} ms")
+    print(f"  grid tiles (board CPU): a snapshot tile {r['snapshot_ms']:.1f} ms per 720p keyframe "
+          f"JPEG, {r['snapshot_tile_core_percent']:.2f} % of a core at one per 3 s; a WebRTC tile "
+          f"at most {r['webrtc_tile_core_percent_at_most']:.2f} % (one viewer)")
     print(json.dumps({"bench": "seedload", **r}, default=str))
 
 

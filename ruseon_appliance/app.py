@@ -73,6 +73,15 @@ class Appliance:
             directory=rec.directory(config.state.dir), continuous=rec.continuous,
             segment_s=rec.segment_s, preroll_s=rec.preroll_s, max_bytes=rec.max_bytes,
             max_age_s=rec.max_age_hours * 3600), self.capture.ring)
+        # Every camera records; the first into recording.dir (where one camera always did), the
+        # others into recording.dir/cameras/<name>/ (the archive skips sub-directories).
+        self.recorders: dict[str, Recorder] = {self.cameras.first.name: self.recorder}
+        for camera in list(self.cameras)[1:]:
+            self.recorders[camera.name] = Recorder(RecorderSettings(
+                directory=rec.directory(config.state.dir) / "cameras" / camera.name,
+                continuous=rec.continuous, segment_s=rec.segment_s, preroll_s=rec.preroll_s,
+                max_bytes=rec.max_bytes, max_age_s=rec.max_age_hours * 3600),
+                camera.pipeline.ring)
         self._runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.started = time.time()
@@ -128,7 +137,8 @@ class Appliance:
         )
         await self.engine.start()
         await self._start_relays()
-        await self.recorder.start()
+        for recorder in self.recorders.values():
+            await recorder.start()
 
         if config.hls.enable:
             for camera in self.cameras:
@@ -150,7 +160,7 @@ class Appliance:
 
         app = make_app(config, self.engine, self.capture, started=self.started,
                        relays=self.relays, hls=self.hls, recorder=self.recorder,
-                       cameras=self.cameras)
+                       cameras=self.cameras, recorders=self.recorders)
         app[DEVICE_API].status_sections["integrations"] = self._integrations_status
         app[DEVICE_API].metrics_sections.append(self._integrations_metrics)
         ControlsResource(self.controls).add_routes(app)
@@ -373,7 +383,8 @@ class Appliance:
             await fanout.stop()
         if self.engine is not None:
             await self.engine.stop()
-        await self.recorder.stop()
+        for recorder in self.recorders.values():
+            await recorder.stop()
         await self.cameras.stop()
         log.info("stopped", extra={"EVENT": "stopped"})
 

@@ -8,7 +8,7 @@ headers to every answer, errors included), problem details (turns every error in
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -72,6 +72,7 @@ def make_app(
     hls: HlsStream | None = None,
     recorder: Recorder | None = None,
     cameras: CameraSet | None = None,
+    recorders: Mapping[str, Recorder] | None = None,
 ) -> web.Application:
     """The web application for one engine and one capture pipeline.
 
@@ -79,6 +80,7 @@ def make_app(
     ``relays`` get ``/relay/<name>.sdp`` and their part of the status and metrics; ``hls``, when
     given, is served under ``/hls/``.
     ``recorder`` adds the playback API and recording control (web/recordings.py).
+    ``recorders`` (by camera name, with several cameras) are chosen with ``?path=<camera>``.
     ``cameras`` (default: ``capture`` alone) get ``/whep/<camera>``, ``/snapshot/<camera>.jpg``
     and their part of status, metrics and health; ``capture`` is the first of them.
     """
@@ -138,7 +140,10 @@ def make_app(
         app[HLS] = hls_resource
 
     if recorder is not None:
-        recordings = RecordingsResource(recorder)
+        recordings = RecordingsResource(recorder, recorders=recorders)
+        if recorders and len(recorders) > 1:
+            api.status_sections["recordings"] = lambda: {
+                name: r.stats() for name, r in recorders.items()}
         recordings.add_routes(app)
         api.status_sections["recording"] = recorder.stats
         api.metrics_sections.append(recordings.metrics)

@@ -5,7 +5,8 @@
 - ``DELETE /recordings?start=&duration=`` → deletes that range (never the segment being written)
 - ``GET /api/recording``, ``POST /api/recording/start[?preroll=s]``, ``POST /api/recording/stop``
 
-``path`` (mediamtx's stream name) is accepted and ignored: this device has one camera.
+``path`` (mediamtx's stream name) names the camera when there are several (``?path=<camera>``;
+left out: the first camera); with one camera it is accepted and ignored, as it always was.
 Every route needs the token when auth is on (the app's auth middleware).
 """
 
@@ -16,6 +17,7 @@ import datetime as dt
 import math
 import re
 import urllib.parse
+from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
@@ -77,14 +79,29 @@ def _check_path(request: web.Request) -> None:
     path = request.query.get("path")
     if path is not None and not _PATH_NAME.fullmatch(path):
         raise Problem(400, "path must be a stream name (letters, digits, _ . ~ -); "
-                           "this device has one camera, so it may be left out")
+                           "left out, it means the first camera")
 
 
 class RecordingsResource:
     """HTTP handlers over one :class:`Recorder`."""
 
-    def __init__(self, recorder: Recorder) -> None:
+    def __init__(self, recorder: Recorder, *,
+                 recorders: Mapping[str, Recorder] | None = None) -> None:
         self.recorder = recorder
+        # Every camera's recorder by name when there are several (``recorder`` is the first's).
+        self.recorders: Mapping[str, Recorder] = recorders or {}
+
+    def _recorder(self, request: web.Request) -> Recorder:
+        """The recorder ``?path=`` names (several cameras), else the first camera's."""
+        _check_path(request)
+        path = request.query.get("path")
+        if path is None or len(self.recorders) < 2:
+            return self.recorder
+        recorder = self.recorders.get(path)
+        if recorder is None:
+            raise Problem(404, f"there is no camera named {path!r}; the cameras are "
+                               + ", ".join(self.recorders))
+        return recorder
 
     def add_routes(self, app: web.Application) -> None:
         """Register the playback and control routes."""
@@ -97,11 +114,11 @@ class RecordingsResource:
 
     async def list(self, request: web.Request) -> web.Response:
         """``GET /recordings/list``: continuous recorded ranges, oldest first."""
-        _check_path(request)
+        recorder = self._recorder(request)
         start = parse_time("start", request.query["start"]) if "start" in request.query else None
         end = parse_time("end", request.query["end"]) if "end" in request.query else None
         out: list[dict[str, Any]] = []
-        for lo, hi in self.recorder.archive.ranges(self.recorder.current_segment()):
+        for lo, hi in recorder.archive.ranges(recorder.current_segment()):
             if start is not None:
                 lo = max(lo, start)
             if end is not None:
@@ -109,14 +126,16 @@ class RecordingsResource:
             if hi <= lo:
                 continue
             seconds = (hi - lo) / 1e6
-            query = urllib.parse.urlencode({"start": rfc3339(lo), "duration": f"{seconds:.6f}"})
+            query = urllib.parse.urlencode({"start": rfc3339(lo), "duration": f"{seconds:.6f}",
+                                            **({"path": request.query["path"]}
+                                               if "path" in request.query else {})})
             out.append({"start": rfc3339(lo), "duration": round(seconds, 6),
                         "url": f"/recordings/get?{query}"})
         return web.json_response(out, headers={"Cache-Control": "no-store"})
 
     async def get(self, request: web.Request) -> web.StreamResponse:
         """``GET /recordings/get``: the clip as progressive MP4 (default) or fMP4, streamed."""
-        _check_path(request)
+        recorder = self._recorder(request)
         start = parse_time("start", request.query.get("start"))
         seconds = parse_seconds("duration", request.query.get("duration"), maximum=MAX_CLIP_S)
         fmt = request.query.get("format", "mp4")
@@ -124,7 +143,7 @@ class RecordingsResource:
             raise Problem(400, f"format = {fmt[:20]!r} is not valid: mp4 or fmp4")
         end = start + round(seconds * 1_000_000)
         # Every segment starts with an IDR, so the one holding `start` holds the IDR before it.
-        segments = self.recorder.archive.overlapping(start, end, self.recorder.current_segment())
+        segments = recorder.archive.overlapping(start, end, recorder.current_segment())
         if not segments:
             raise Problem(404, "nothing is recorded in that range")
         loop = asyncio.get_running_loop()
@@ -165,11 +184,11 @@ class RecordingsResource:
 
     async def delete(self, request: web.Request) -> web.Response:
         """``DELETE /recordings?start=&duration=``: delete that range from closed segments."""
-        _check_path(request)
+        recorder = self._recorder(request)
         start = parse_time("start", request.query.get("start"))
         seconds = parse_seconds("duration", request.query.get("duration"),
                                 maximum=100 * 365 * 86400)
-        result = await self.recorder.delete_range(start, start + round(seconds * 1_000_000))
+        result = await recorder.delete_range(start, start + round(seconds * 1_000_000))
 
         def describe(segments: list[Any]) -> list[dict[str, Any]]:
             return [{"start": rfc3339(s.start_us), "duration": s.duration_us / 1e6,
@@ -191,22 +210,25 @@ class RecordingsResource:
 
     async def status(self, request: web.Request) -> web.Response:
         """``GET /api/recording``."""
-        return web.json_response(self.recorder.stats(), headers={"Cache-Control": "no-store"})
+        recorder = self._recorder(request)
+        return web.json_response(recorder.stats(), headers={"Cache-Control": "no-store"})
 
     async def start(self, request: web.Request) -> web.Response:
         """``POST /api/recording/start[?preroll=seconds]``."""
+        recorder = self._recorder(request)
         preroll = None
         if "preroll" in request.query:
             preroll = parse_seconds("preroll", request.query["preroll"], maximum=60,
                                     allow_zero=True)
-        started = self.recorder.begin(preroll)
-        if not started and not self.recorder.active:
+        started = recorder.begin(preroll)
+        if not started and not recorder.active:
             # A stop is still closing the last recording (fsync, rename).
             raise Problem(409, "the last recording is still being closed; try again in a moment",
                           headers={"Retry-After": "1"})
-        return web.json_response({"started": started, **self.recorder.stats()})
+        return web.json_response({"started": started, **recorder.stats()})
 
     async def stop(self, request: web.Request) -> web.Response:
         """``POST /api/recording/stop``."""
-        stopped = await self.recorder.end()
-        return web.json_response({"stopped": stopped, **self.recorder.stats()})
+        recorder = self._recorder(request)
+        stopped = await recorder.end()
+        return web.json_response({"stopped": stopped, **recorder.stats()})

@@ -258,6 +258,25 @@ async def test_each_camera_streams_its_own_picture_on_one_port_and_one_certifica
                     received += 1
             assert received > 10
 
+            # Recording per camera: ?path=<camera> (mediamtx's stream name) picks it.
+            async with http.post(f"{base}/api/recording/start?path=side&preroll=1") as response:
+                assert response.status == 200 and (await response.json())["started"]
+            await asyncio.sleep(1.5)
+            async with http.post(f"{base}/api/recording/stop?path=side") as response:
+                assert (await response.json())["stopped"]
+            async with http.get(f"{base}/recordings/list?path=side") as response:
+                (clip,) = await response.json()
+            async with http.get(f"{base}/recordings/list") as response:
+                assert await response.json() == []  # the first camera recorded nothing
+            async with http.get(base + clip["url"]) as response:
+                assert response.status == 200
+                mp4 = await response.read()
+            with av.open(io.BytesIO(mp4)) as container:
+                frame = next(container.decode(video=0))
+                assert (frame.width, frame.height) == SIZES["side"]
+            async with http.get(f"{base}/recordings/list?path=nope") as response:
+                assert response.status == 404
+
             # Controls per camera: a change to one leaves the others as they were.
             async with http.patch(f"{base}/api/camera/side/controls",
                                   json={"brightness": 0.3}) as response:
