@@ -36,9 +36,15 @@ class FrameView:
 class RingBuffer:
     """Fixed arena plus fixed slot table; sequence numbers start at 0 and only grow.
 
-    Slot ``seq % slots`` holds the offset, length, pts, keyframe flag and capture time of frame
+    Slot ``seq % slots`` holds the start, length, pts, keyframe flag and capture time of frame
     ``seq``. Frames ``oldest_seq..newest_seq`` are intact; older ones were overwritten (by bytes or
     by slot reuse). ``write`` must be called on the event loop thread the readers await on.
+
+    A frame's start is an absolute position in the stream of bytes ever written (the tail skipped
+    at a wrap counts too), so its arena offset is ``start % arena_bytes`` and "which lap" is never
+    ambiguous: frame ``s`` is gone once a write ends past ``start[s] + arena_bytes``, whatever its
+    length. (With arena offsets alone, an empty frame at the write offset looked untouched, and
+    the oldest-first walk stopped there, before the overwritten frames behind it.)
     """
 
     def __init__(self, arena_bytes: int, slots: int) -> None:
@@ -48,12 +54,12 @@ class RingBuffer:
         self._view = memoryview(self._arena)
         self._slots = slots
         self._seq = array("q", [-1]) * slots
-        self._offset = array("q", [0]) * slots
+        self._start = array("q", [0]) * slots  # absolute position (see the class docstring)
         self._length = array("q", [0]) * slots
         self._pts = array("q", [0]) * slots
         self._capture = array("q", [0]) * slots
         self._keyframe = bytearray(slots)
-        self._head = 0  # arena offset of the next write
+        self._head = 0  # absolute position of the next write (arena offset: % arena_bytes)
         self._next_seq = 0
         self._oldest = 0  # oldest intact seq (== _next_seq when empty)
         self._newest_keyframe = -1
@@ -100,37 +106,38 @@ class RingBuffer:
                             "ones only counted", n, arena_size)
             return None
         seq = self._next_seq
-        off = self._head
-        wrapped = off + n > arena_size
-        if wrapped:
+        start = self._head
+        off = start % arena_size
+        if off + n > arena_size:
+            # A frame is never split: skip the tail, the next lap starts at offset 0.
+            start += arena_size - off
             off = 0
         end = off + n
-        # Invalidate, oldest first, every frame this write overlaps; on a wrap also the tail
-        # beyond the old head (those are the oldest of all and the next lap starts at 0).
+        stop = start + n
+        # Invalidate, oldest first, every frame this write overwrites: the arena held frame s at
+        # start[s]..start[s]+arena_bytes of the byte stream, and this write reaches ``stop``.
+        # Starts only grow with seq, so the first frame still intact ends the walk. An empty frame
+        # inside the overwritten region goes too (the ones after it were overwritten), and on a
+        # wrap so does the old lap's tail beyond the previous head (older than what is reused).
         oldest = self._oldest
-        old_head = self._head
         slots = self._slots
         if seq - oldest >= slots:
             oldest = seq - slots + 1
-        while oldest < seq:
-            i = oldest % slots
-            o = self._offset[i]
-            if (wrapped and o >= old_head) or (o < end and o + self._length[i] > off):
-                oldest += 1
-            else:
-                break
+        first_kept = stop - arena_size
+        while oldest < seq and self._start[oldest % slots] < first_kept:
+            oldest += 1
         self._oldest = oldest
         i = seq % slots
         self._view[off:end] = au.data
         self._seq[i] = seq
-        self._offset[i] = off
+        self._start[i] = start
         self._length[i] = n
         self._pts[i] = au.pts
         self._capture[i] = au.capture_time_us
         self._keyframe[i] = 1 if au.keyframe else 0
         if au.keyframe:
             self._newest_keyframe = seq
-        self._head = end
+        self._head = stop
         self._next_seq = seq + 1
         self.bytes_written += n
         self._wake()
@@ -148,7 +155,7 @@ class RingBuffer:
         if seq < self._oldest or seq >= self._next_seq:
             return None
         i = seq % self._slots
-        off = self._offset[i]
+        off = self._start[i] % len(self._arena)
         return FrameView(
             seq,
             self._view[off : off + self._length[i]],
@@ -189,11 +196,8 @@ class RingBuffer:
     def stats(self) -> dict[str, Any]:
         """Occupancy and counters for status pages."""
         frames = self._next_seq - self._oldest
-        used = 0
-        if frames:
-            first = self._offset[self._oldest % self._slots]
-            head = self._head
-            used = head - first if head > first else len(self._arena) - first + head
+        # From the oldest intact frame's start to the head (a skipped tail counts as used).
+        used = self._head - self._start[self._oldest % self._slots] if frames else 0
         return {
             "arena_bytes": len(self._arena),
             "slots": self._slots,

@@ -97,6 +97,45 @@ def test_wraparound_keeps_data_intact() -> None:
     assert ring.stats()["bytes_used"] <= 1000
 
 
+def test_an_empty_frame_at_the_write_offset_does_not_hide_overwritten_ones() -> None:
+    """Hypothesis found it: 14 empty AUs, an empty keyframe, a 1-byte AU, a 4096-byte AU, polling
+    after every second write. The 4096 bytes wrap to offset 0 and overwrite the 1-byte frame; the
+    empty frames in front of it (also at offset 0) once stopped the invalidation walk, and poll()
+    served seq 15 with the new frame's byte instead of lapping the reader."""
+    ring = RingBuffer(4096, 16)
+    reader = ring.reader()
+    writes = [(0, False)] * 14 + [(0, True), (1, False), (4096, False)]
+    served: list[tuple[int, bytes]] = []
+    for i, (size, key) in enumerate(writes):
+        assert ring.write(AccessUnit(bytes([i]) * size, i, key, i)) == i
+        if i % 2 == 0:
+            while (view := reader.poll()) is not None:
+                served.append((view.seq, bytes(view.data)))
+    assert served == [(14, b"")]  # 15 was overwritten before the next poll: lapped, not served
+    assert ring.oldest_seq == 16 and ring.frame(15) is None
+    assert reader.poll() is None  # lapped, waiting for a keyframe: not seq 15 with byte 16
+    assert reader.overruns == 1
+    assert ring.stats()["bytes_used"] == 4096 and ring.stats()["frames"] == 1
+
+
+def test_an_empty_frame_at_the_head_survives_the_next_write() -> None:
+    """The same offset in the current lap is not overwritten: no spurious overrun."""
+    ring = RingBuffer(100, 16)
+    reader = ring.reader()
+    ring.write(AccessUnit(b"k" * 60, 0, True, 0))
+    ring.write(AccessUnit(b"", 1, False, 1))  # empty, at offset 60
+    assert [v.seq for v in iter(reader.poll, None)] == [0, 1]
+    ring.write(AccessUnit(b"x" * 40, 2, False, 2))  # 60..100, exactly after the empty frame
+    assert ring.oldest_seq == 0 and bytes(ring.frame(0).data) == b"k" * 60  # type: ignore[union-attr]
+    ring.write(AccessUnit(b"", 3, False, 3))  # empty at the end of the arena
+    ring.write(AccessUnit(b"y", 4, False, 4))  # wraps: overwrites the keyframe's first byte
+    assert ring.oldest_seq == 1
+    assert [(v.seq, bytes(v.data)) for v in iter(reader.poll, None)] == [
+        (2, b"x" * 40), (3, b""), (4, b"y")]
+    assert reader.overruns == 0
+    assert ring.stats()["bytes_used"] == 41
+
+
 def test_oversized_unit_is_rejected_and_counted() -> None:
     ring = RingBuffer(1000, 16)
     assert ring.write(au(0, size=1001, keyframe=True)) is None
