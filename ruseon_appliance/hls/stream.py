@@ -28,6 +28,11 @@ from ruseon_appliance.segmenter import Fmp4Segmenter, Fragment, run_segmenter
 log = logging.getLogger(__name__)
 
 
+# After a segmenter failure, this long before reading the ring again (a fault that repeats on
+# every frame must not spin the event loop).
+RESTART_DELAY_S = 0.5
+
+
 class TooManyWaiting(Exception):
     """The bound on outstanding blocking requests is reached."""
 
@@ -66,6 +71,7 @@ class HlsStream:
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
         self.last_part_monotonic: float | None = None
+        self.failures = 0
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -85,11 +91,22 @@ class HlsStream:
         self._wake()
 
     async def _run(self) -> None:
-        reader = self.ring.reader("keyframe")
-        try:
-            await run_segmenter(reader, self.segmenter, self._sink)
-        finally:
-            reader.close()
+        while not self._stopped:
+            reader = self.ring.reader("keyframe")
+            try:
+                await run_segmenter(reader, self.segmenter, self._sink)
+                return  # the ring is closed
+            except Exception:
+                # Without this the task would end silently and every HLS request would be held
+                # and answered 503 until the service restarted.
+                self.failures += 1
+                log.exception("HLS segmenter failed (%d so far); starting again at the next "
+                              "keyframe", self.failures)
+            finally:
+                reader.close()
+            self.segmenter.reset()
+            self.window.mark_break()
+            await asyncio.sleep(RESTART_DELAY_S)
 
     def _sink(self, fragments: list[Fragment]) -> None:
         init = self.segmenter.init_segment
@@ -174,6 +191,7 @@ class HlsStream:
             "parts_added": window.parts_added,
             "discontinuities": window.discontinuities,
             "segments_split": window.segments_split,
+            "segmenter_failures": self.failures,
             "newest_capture_time_us": (newest.parts[-1].capture_time_us
                                        if newest and newest.parts else None),
             "codec": self.segmenter.codec,

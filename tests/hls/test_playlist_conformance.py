@@ -13,6 +13,7 @@ import asyncio
 import itertools
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -228,5 +229,44 @@ async def test_real_stream_through_ring_and_segmenter_survives_an_overrun() -> N
         assert (stream.segmenter.codec or "").startswith("avc1.42")  # Baseline, from the SPS
         assert all(p.duration <= after.part_target for s in after.segments for p in s.parts)
         assert fragment_max_for(0.25, FPS) < after.part_target
+    finally:
+        await stream.stop()
+
+
+async def test_a_segmenter_failure_is_counted_and_the_stream_goes_on() -> None:
+    """An exception in the segmenter (a bitstream it chokes on) must not end HLS for good: it
+    is counted, logged, and the stream starts again at the next keyframe after a discontinuity.
+    """
+    units = AccessUnitSplitter().split_all(CAM_STREAM.read_bytes())  # GOP 30
+    ring = RingBuffer(2 * 1024 * 1024, 256)
+    stream = HlsStream(ring, framerate=FPS, keyframe_interval=30, part_target_s=0.25,
+                       window_s=6.0)
+    push = stream.segmenter.push
+    calls = 0
+
+    def failing_once(*args: Any) -> list[Fragment]:
+        nonlocal calls
+        calls += 1
+        if calls == 45:
+            raise ValueError("a bitstream the segmenter chokes on")
+        return push(*args)
+
+    stream.segmenter.push = failing_once  # type: ignore[method-assign]
+    await stream.start()
+    try:
+        for i in range(len(units) * 4):
+            data, keyframe = units[i % len(units)]
+            ring.write(AccessUnit(data, i * FRAME, keyframe,
+                                  1_764_000_000_000_000 + i * 1_000_000 // FPS))
+            await asyncio.sleep(1 / FPS / 4)  # a quarter of real time: the restart waits 0.5 s
+        for _ in range(200):
+            if stream.window.parts_added > 0 and stream.stats()["segmenter_failures"] == 1 \
+                    and stream.window.discontinuities == 1 and stream.window.position.msn >= 3:
+                break
+            await asyncio.sleep(0.02)
+        assert calls > 45 and stream.stats()["segmenter_failures"] == 1, stream.stats()
+        assert stream.window.discontinuities == 1, stream.stats()
+        assert stream.window.position.msn >= 3, stream.stats()  # segments after the failure
+        parse(render(stream.window))
     finally:
         await stream.stop()
