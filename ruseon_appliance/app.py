@@ -28,6 +28,7 @@ from .engine.fanout import Fanout
 from .events import EventBus, RecordingWatcher, StallWatcher, session_listener
 from .hls import HlsStream
 from .mqtt import HomeAssistantMqtt, load_device_id
+from .mqtt.publisher import SnapshotSource
 from .recording import Recorder, RecorderSettings
 from .relay import RtpRelay
 from .systemd_integration import SystemdNotifier, frames_flowing
@@ -236,11 +237,18 @@ class Appliance:
             await sender.start()
         if not self.config.mqtt.url:
             return
-        snapshot = KeyframeSnapshot(self.capture)
+        def latest_jpeg_of(pipeline: CapturePipeline) -> SnapshotSource:
+            snapshot = KeyframeSnapshot(pipeline)
 
-        async def latest_jpeg() -> tuple[int, bytes] | None:
-            shot = await snapshot.latest()
-            return None if shot is None else (shot.keyframe_seq, shot.jpeg)
+            async def latest() -> tuple[int, bytes] | None:
+                shot = await snapshot.latest()
+                return None if shot is None else (shot.keyframe_seq, shot.jpeg)
+
+            return latest
+
+        latest_jpeg = latest_jpeg_of(self.capture)
+        # The other cameras: their own camera entity and sensors in the same HA device.
+        camera_snapshots = {c.name: latest_jpeg_of(c.pipeline) for c in list(self.cameras)[1:]}
 
         self.mqtt = HomeAssistantMqtt(
             self.config.mqtt,
@@ -251,6 +259,7 @@ class Appliance:
             configuration_url=self.urls()[0],
             record=self._toggle_recording,
             controls=self.controls,
+            camera_snapshots=camera_snapshots,
         )
         self.events.subscribe(self.mqtt.on_event)
         await self.mqtt.start()
@@ -266,7 +275,21 @@ class Appliance:
             "stalled": self.stall_watcher.stalled,
             "recording": self.recorder.active,
             "recording_state": self.recorder.state,
+            "cameras": self._cameras_state(),
         }
+
+    def _cameras_state(self) -> dict[str, dict[str, object]]:
+        """The other cameras' sensors (state document ``cameras``), by name."""
+        viewers: dict[int, int] = {}
+        for session in (self.engine.sessions.values() if self.engine else ()):
+            viewers[id(session.feed)] = viewers.get(id(session.feed), 0) + 1
+        out: dict[str, dict[str, object]] = {}
+        for camera in list(self.cameras)[1:]:
+            stats = camera.pipeline.stats()
+            out[camera.name] = {"fps": stats.get("fps"), "bitrate": stats.get("bitrate"),
+                                "viewers": viewers.get(id(camera.pipeline), 0),
+                                "up": camera.problem() is None}
+        return out
 
     async def _toggle_recording(self) -> None:
         """The Home Assistant record button: start an on-demand recording, or stop it."""

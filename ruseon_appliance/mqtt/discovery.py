@@ -10,7 +10,7 @@ See https://www.home-assistant.io/integrations/mqtt/#mqtt-discovery
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +47,10 @@ class Topics:
     def snapshot(self) -> str:
         """The camera entity's JPEG."""
         return f"{self.base}/snapshot"
+
+    def camera_snapshot(self, camera: str) -> str:
+        """Another camera's JPEG (the first camera's is :attr:`snapshot`)."""
+        return f"{self.base}/snapshot/{camera}"
 
     def command(self, name: str) -> str:
         """A button's command topic."""
@@ -98,7 +102,8 @@ class Discovery:
 
     def __init__(self, discovery_prefix: str, topics: Topics, *, name: str,
                  configuration_url: str = "", recording: bool = False,
-                 controls: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+                 controls: Mapping[str, Mapping[str, Any]] | None = None,
+                 cameras: Sequence[str] = ()) -> None:
         self.discovery_prefix = discovery_prefix
         self.topics = topics
         self.name = name
@@ -106,6 +111,9 @@ class Discovery:
         self.recording = recording
         # GET /api/camera/controls's "controls": each becomes a number, switch or select.
         self.controls = dict(controls or {})
+        # The cameras after the first (whose entities keep the ids one camera always had):
+        # each gets a camera entity and its own sensors, read from the state's "cameras".
+        self.cameras = list(cameras)
 
     def device(self) -> dict[str, Any]:
         """The shared ``device`` block (``identifiers`` ties every entity to one device)."""
@@ -146,7 +154,34 @@ class Discovery:
                                             "command_topic": topics.command("record"),
                                             "payload_press": PRESS}),
             ]
+        for camera in self.cameras:
+            entities += self._camera_entities(camera)
         return entities + [self._control(name, spec) for name, spec in self.controls.items()]
+
+    def _camera_entities(self, camera: str) -> list[Entity]:
+        """A further camera: its picture, frame rate, bitrate, viewers and a problem sensor."""
+        def value(key: str) -> str:
+            return f"{{{{ value_json.cameras['{camera}'].{key} }}}}"
+
+        return [
+            Entity("camera", f"camera_{camera}", {"name": f"Camera {camera}",
+                                                  "topic": self.topics.camera_snapshot(camera)}),
+            Entity("sensor", f"{camera}_fps", {
+                "name": f"{camera} frame rate", "value_template": value("fps"),
+                "unit_of_measurement": "fps", "state_class": "measurement",
+                "suggested_display_precision": 1}),
+            Entity("sensor", f"{camera}_bitrate", {
+                "name": f"{camera} bitrate", "value_template": value("bitrate"),
+                "unit_of_measurement": "bit/s", "device_class": "data_rate",
+                "state_class": "measurement"}),
+            Entity("sensor", f"{camera}_viewers", {
+                "name": f"{camera} viewers", "value_template": value("viewers"),
+                "state_class": "measurement", "icon": "mdi:eye"}),
+            Entity("binary_sensor", f"{camera}_down", {
+                "name": f"{camera} down", "device_class": "problem", "payload_on": "ON",
+                "payload_off": "OFF", "value_template":
+                f"{{{{ 'OFF' if value_json.cameras['{camera}'].up else 'ON' }}}}"}),
+        ]
 
     def _control(self, name: str, spec: Mapping[str, Any]) -> Entity:
         """A camera control as a ``config`` entity that reads the controls document and writes

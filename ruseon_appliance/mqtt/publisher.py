@@ -77,13 +77,17 @@ class HomeAssistantMqtt:
         configuration_url: str = "",
         record: Callable[[], Awaitable[Any]] | None = None,
         controls: CameraControlsPort | None = None,
+        camera_snapshots: Mapping[str, SnapshotSource] | None = None,
     ) -> None:
         self.config = config
         self.topics = Topics(config.topic_prefix, device_id)
         self.discovery = Discovery(config.discovery_prefix, self.topics, name=name,
                                    configuration_url=configuration_url,
                                    recording=record is not None,
-                                   controls=controls.describe()["controls"] if controls else None)
+                                   controls=controls.describe()["controls"] if controls else None,
+                                   cameras=list(camera_snapshots or {}))
+        # The other cameras' snapshots (the first camera's is ``snapshot``), by name.
+        self._camera_snapshots = dict(camera_snapshots or {})
         self._state = state
         self._snapshot = snapshot
         self._record = record
@@ -235,19 +239,23 @@ class HomeAssistantMqtt:
             await asyncio.sleep(gap)  # the throttle: bursts of events make one message
 
     async def _snapshot_loop(self, client: aiomqtt.Client) -> None:
-        last_seq: int | None = None
+        sources = {self.topics.snapshot: self._snapshot, **{
+            self.topics.camera_snapshot(name): source
+            for name, source in self._camera_snapshots.items()}}
+        last_seq: dict[str, int | None] = dict.fromkeys(sources)
         while True:
             self._snapshot_kick.clear()
             forced, self._snapshot_forced = self._snapshot_forced, False
-            try:
-                shot = await self._snapshot()
-            except Exception as exc:  # a snapshot that cannot be made is not a lost connection
-                log.debug("mqtt: no snapshot (%s)", exc)
-                shot = None
-            if shot is not None and (forced or shot[0] != last_seq):
-                await self._publish(client, self.topics.snapshot, shot[1])
-                last_seq = shot[0]
-                self.snapshots += 1
+            for topic, source in sources.items():
+                try:
+                    shot = await source()
+                except Exception as exc:  # a snapshot that cannot be made: not a lost connection
+                    log.debug("mqtt: no snapshot for %s (%s)", topic, exc)
+                    shot = None
+                if shot is not None and (forced or shot[0] != last_seq[topic]):
+                    await self._publish(client, topic, shot[1])
+                    last_seq[topic] = shot[0]
+                    self.snapshots += 1
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._snapshot_kick.wait(),
                                        self.config.snapshot_interval_s)
