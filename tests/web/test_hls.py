@@ -17,13 +17,14 @@ from typing import Any
 import aiohttp
 import av
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient, TestServer, make_mocked_request
 
 from ruseon_appliance.capture.pipeline import CapturePipeline
 from ruseon_appliance.capture.ring import RingBuffer
 from ruseon_appliance.config import Config
 from ruseon_appliance.engine.engine import Engine
 from ruseon_appliance.hls import HlsStream
+from ruseon_appliance.web import hls as hls_web
 from ruseon_appliance.web.app import make_app
 from tests.hls.m3u8 import MediaPlaylist, parse
 from tests.hls.test_playlist_conformance import FakeCamera
@@ -325,3 +326,21 @@ async def test_thousands_of_blocking_reloads_are_bounded_and_the_board_keeps_ans
         assert peak == 1000, peak
         assert statuses.count(503) == 500 and statuses.count(200) == 1000
         assert stream.waiting == 0 and stream.waits_satisfied >= 1000
+
+
+def test_requester_tracking_stays_bounded_under_a_flood(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Distinct addresses/user agents (a flood, or a botnet) cost at most the bound: the oldest
+    are forgotten, user agents are cut short, and expired requesters leave the count."""
+    monkeypatch.setattr(hls_web, "MAX_TRACKED_CLIENTS", 100)
+    now = [1000.0]
+    metrics = hls_web.HlsMetrics(clock=lambda: now[0])
+    for i in range(250):
+        request = make_mocked_request("GET", "/hls/index.m3u8",
+                                      headers={"User-Agent": f"flood-{i}-" + "x" * 10_000})
+        metrics.seen(request, "playlist")
+    assert metrics.clients() == 100 and len(metrics._clients) == 100
+    assert all(len(agent) <= 120 for _, agent in metrics._clients)
+    assert any(agent.startswith("flood-249-") for _, agent in metrics._clients)  # newest kept
+    now[0] += hls_web.CLIENT_WINDOW_S + 1
+    assert metrics.clients() == 0 and not metrics._clients
+    assert metrics.requests["playlist"] == 250
