@@ -14,6 +14,7 @@ import signal
 import socket
 import ssl
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from aiohttp import web
@@ -93,6 +94,12 @@ class Appliance:
         self.stall_watcher = StallWatcher(
             self.events, lambda: self.capture.last_frame_monotonic,
             framerate=self._first_camera.framerate, source=self.capture.source_kind)
+        # The other cameras' stalls and recoveries, their events naming the camera.
+        self.camera_stall_watchers = [
+            StallWatcher(self.events, last_frame_of(camera.pipeline),
+                         framerate=camera.config.framerate,
+                         source=camera.config.source_kind, camera=camera.name)
+            for camera in list(self.cameras)[1:]]
         self.recording_watcher = RecordingWatcher(
             self.events, lambda: self.recorder.active, lambda: self.recorder.state)
         self.webhooks = [WebhookSender(hook) for hook in config.webhook]
@@ -231,6 +238,8 @@ class Appliance:
         """The stall watcher, webhooks and MQTT: all event-bus consumers that never block the
         stream (bounded queues, background tasks)."""
         self.stall_watcher.start()
+        for watcher in self.camera_stall_watchers:
+            watcher.start()
         self.recording_watcher.start()
         for sender in self.webhooks:
             self.events.subscribe(sender.offer)
@@ -397,6 +406,8 @@ class Appliance:
         for sender in self.webhooks:
             await sender.stop()
         await self.stall_watcher.stop()
+        for watcher in self.camera_stall_watchers:
+            await watcher.stop()
         await self.recording_watcher.stop()
         if self._runner is not None:
             await self._runner.cleanup()
@@ -410,6 +421,11 @@ class Appliance:
             await recorder.stop()
         await self.cameras.stop()
         log.info("stopped", extra={"EVENT": "stopped"})
+
+
+def last_frame_of(pipeline: CapturePipeline) -> Callable[[], float | None]:
+    """``pipeline.last_frame_monotonic`` as a function (what the stall watcher polls)."""
+    return lambda: pipeline.last_frame_monotonic
 
 
 def follow_stream_controls(camera: Camera, controls: CameraControls) -> None:

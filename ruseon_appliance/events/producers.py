@@ -103,8 +103,11 @@ class StallWatcher:
         source: str,
         clock: Callable[[], float] = time.monotonic,
         poll_s: float = STALL_POLL_S,
+        camera: str = "",
     ) -> None:
         self._bus = bus
+        # With several cameras, each watcher's events name its camera (empty: the first's).
+        self._names = {"camera": camera} if camera else {}
         self._last_frame = last_frame
         self.limit_s = max(STALL_MIN_S, STALL_FRAME_INTERVALS / max(1, framerate))
         self._source = source
@@ -125,15 +128,16 @@ class StallWatcher:
             self.stalled = True
             self.stalls += 1
             self._stalled_since = last
-            log.warning("camera stalled: no frame from the %s source for %.1f s", self._source,
-                        age)
-            self._bus.publish("camera_stalled", source=self._source, frame_age_s=round(age, 3))
+            log.warning("camera %sstalled: no frame from the %s source for %.1f s",
+                        f"{self._names['camera']} " if self._names else "", self._source, age)
+            self._bus.publish("camera_stalled", source=self._source, frame_age_s=round(age, 3),
+                              **self._names)
         elif self.stalled and age <= self.limit_s:
             self.stalled = False
             gap = last - self._stalled_since
             log.info("camera recovered after %.1f s", gap)
             self._bus.publish("camera_recovered", source=self._source,
-                              stalled_for_s=round(gap, 3))
+                              stalled_for_s=round(gap, 3), **self._names)
 
     def start(self) -> None:
         """Begin watching on the running loop."""

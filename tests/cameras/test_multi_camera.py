@@ -323,6 +323,8 @@ async def test_a_camera_that_dies_fails_alone_and_comes_back(
                 async with http.get(f"{base}/api/status") as response:
                     return {row["name"]: row for row in (await response.json())["cameras"]}
 
+            events: list[tuple[str, Any]] = []
+            app.events.subscribe(lambda event: events.append((event.name, event.data)))
             unplugged.touch()
             assert isinstance(source, RpicamSource) and source._proc is not None
             os.kill(source._proc.pid, signal.SIGKILL)
@@ -349,6 +351,9 @@ async def test_a_camera_that_dies_fails_alone_and_comes_back(
 
             await wait_until(back_again, what="the back camera's viewer decoding again")
             assert back_viewer.sizes == {SIZES["back"]}
+            # Webhooks and MQTT hear of it, naming the camera.
+            stalls = [(n, d["camera"]) for n, d in events if n.startswith("camera_")]
+            assert ("camera_stalled", "back") in stalls
             async with http.get(f"{base}/healthz") as response:
                 assert response.status == 200 and await response.text() == "ok\n"
             assert front_viewer.sizes == {SIZES["front"]}
