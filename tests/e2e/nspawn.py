@@ -200,7 +200,8 @@ def _tree_digest(*roots: Path) -> str:
     h = hashlib.sha256()
     for root in roots:
         for path in sorted(root.rglob("*")):
-            if path.is_file() and "__pycache__" not in path.parts:
+            # Documentation does not change what is built.
+            if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".md":
                 h.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes())
     return h.hexdigest()[:12]
 
@@ -345,12 +346,13 @@ class Container:
     """A booted rootfs: ``systemd-nspawn -b`` in the caller's network namespace."""
 
     def __init__(self, rootfs: Path, *, log_path: Path | None = None,
-                 netns: Path | None = None) -> None:
+                 netns: Path | None = None, binds: Sequence[tuple[Path, str]] = ()) -> None:
         self.rootfs = rootfs
         self.log_path = log_path or (rootfs.parent / "console.log")
         self._log = self.log_path.open("wb")
         # Default: the caller's network namespace; ``netns``: one the caller made (a veth).
         network = [f"--network-namespace-path={netns}"] if netns else []
+        network += [f"--bind={src}:{dst}" for src, dst in binds]
         self.proc = subprocess.Popen(
             [
                 "systemd-nspawn", "-q", "-D", str(rootfs), "-b", "--register=no", "--keep-unit",
