@@ -11,6 +11,7 @@ from typing import Any
 
 from ..capture.pipeline import CapturePipeline
 from ..capture.sources.base import Deliver, SourceUnavailable
+from ..capture.sources.rtsp import redact
 from ..config import CameraConfig
 
 log = logging.getLogger(__name__)
@@ -91,8 +92,9 @@ class Camera:
         except Exception as exc:  # any source failure: this camera only
             self.start_failures += 1
             self.error = str(exc) or type(exc).__name__
-            log.error("camera %s: source %s failed to start: %s", self.name, self.config.source,
-                      self.error, extra={"EVENT": "camera_start_failed", "CAMERA": self.name})
+            log.error("camera %s: source %s failed to start: %s", self.name,
+                      redact(self.config.source), self.error,
+                      extra={"EVENT": "camera_start_failed", "CAMERA": self.name})
             with contextlib.suppress(Exception):
                 await self.pipeline.stop()  # so the next start() starts it again
             return False
@@ -123,7 +125,8 @@ class Camera:
     def problem(self) -> str | None:
         """Why this camera is down (start failure, no frame yet, no frame lately), else None."""
         if self.error is not None:
-            return f"source {self.config.source} failed to start ({self.error}); retrying"
+            return (f"source {redact(self.config.source)} failed to start ({self.error}); "
+                    "retrying")
         last = self.pipeline.last_frame_monotonic
         kind = self.pipeline.source_kind
         if last is None:
@@ -140,7 +143,7 @@ class Camera:
         problem = self.problem()
         return {
             "name": self.name,
-            "source": self.config.source,
+            "source": redact(self.config.source),  # an IP camera's URL may carry a password
             "kind": self.pipeline.source_kind,
             "up": problem is None,
             "problem": problem,

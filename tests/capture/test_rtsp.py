@@ -121,6 +121,20 @@ def test_redact_and_config() -> None:
     validate_camera(CameraConfig(name="gate", source="rtsp://192.0.2.3:554/s1"))
 
 
+async def test_a_refused_camera_is_retried_and_its_password_never_shown() -> None:
+    url = f"rtsp://admin:secret@127.0.0.1:{free_port()}/cam"
+    camera = CameraConfig(name="gate", source=url, framerate=FPS)
+    source = RtspSource(camera, url, backoff_s=(0.1, 0.2))
+    await source.start(lambda au: None)
+    try:
+        await wait_until(lambda: source.disconnects >= 2)  # refused, retried, refused again
+        stats = source.stats()
+        assert stats["connected"] is False and stats["last_error"]
+        assert "secret" not in str(stats) and "***@127.0.0.1" in stats["url"]
+    finally:
+        await source.stop()
+
+
 async def test_passes_the_cameras_h264_through_and_reconnects(
         server: RtspServer, recording: Path) -> None:
     url = f"rtsp://127.0.0.1:{server.port}/cam"

@@ -154,7 +154,9 @@ class RtspSource:
                 await asyncio.to_thread(self._read_stream, hand_over, current)
                 self.last_error = "the camera ended the stream"
             except Exception as exc:  # av.FFmpegError, OSError: the camera is unreachable
-                self.last_error = str(exc) or type(exc).__name__
+                # FFmpeg's messages quote the URL: never its password.
+                self.last_error = (str(exc) or type(exc).__name__).replace(
+                    self.url, redact(self.url))
             self.connected = False
             if not current():
                 return
