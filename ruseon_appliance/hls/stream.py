@@ -20,6 +20,7 @@ from ruseon_appliance.capture.ring import RingBuffer
 from ruseon_appliance.hls.window import (
     LiveWindow,
     Part,
+    first_msn_for,
     part_layout,
     target_duration_for,
 )
@@ -50,6 +51,7 @@ class HlsStream:
         window_s: float = 12.0,
         max_waiting: int = 1000,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.ring = ring
         self.framerate = framerate
@@ -59,6 +61,7 @@ class HlsStream:
             target_duration=target_duration_for(keyframe_interval, framerate),
             part_target_s=self.layout.part_target_s,
             window_s=window_s,
+            first_msn=first_msn_for(wall_clock()),
         )
         self.segmenter = Fmp4Segmenter(fragment_max_s=self.layout.fragment_max_s)
         self.max_waiting = max_waiting

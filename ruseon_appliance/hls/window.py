@@ -94,6 +94,7 @@ class LiveWindow:
         window_s: float,
         max_bytes: int = 64 * 1024 * 1024,
         run_id: str | None = None,
+        first_msn: int = 0,
     ) -> None:
         self.target_duration = max(1, target_duration)
         self.part_target_s = part_target_s
@@ -103,7 +104,7 @@ class LiveWindow:
         self.segments: deque[Segment] = deque()
         self.inits: dict[int, bytes] = {}
         self._parts_by_number: dict[int, Part] = {}
-        self._next_msn = 0
+        self._next_msn = first_msn
         self._next_part = 0
         self._expected_pts: int | None = None
         self._generation: int | None = None
@@ -145,7 +146,7 @@ class LiveWindow:
         if starts_segment:
             if open_segment is not None:
                 self._complete(open_segment)
-            first = self._next_msn == 0 and not self.segments
+            first = self.parts_added == 0
             open_segment = Segment(
                 msn=self._next_msn,
                 init_generation=fragment.init_generation,
@@ -219,7 +220,7 @@ class LiveWindow:
     def position(self) -> Position:
         """The live edge (the newest segment's MSN and its part count)."""
         if not self.segments:
-            return Position(-1, 0)
+            return Position(self._next_msn - 1, 0)
         newest = self.segments[-1]
         return Position(newest.msn, len(newest.parts))
 
@@ -230,8 +231,9 @@ class LiveWindow:
 
     @property
     def first_msn(self) -> int:
-        """The oldest segment's MSN (``EXT-X-MEDIA-SEQUENCE``)."""
-        return self.segments[0].msn if self.segments else 0
+        """The oldest segment's MSN (``EXT-X-MEDIA-SEQUENCE``); before the first part, the MSN
+        the first segment will get."""
+        return self.segments[0].msn if self.segments else self._next_msn
 
     @property
     def discontinuity_sequence(self) -> int:
@@ -292,6 +294,18 @@ class LiveWindow:
             edge += segment.duration_s
         for segment in self.segments:
             yield segment, segment.msn in listed
+
+
+# Media sequence numbers start from the wall clock (this many per second), not from 0: a
+# restarted service then numbers its segments above the previous run's (a player that lives
+# through the restart never sees the media sequence go back), and a cache in front, which keys
+# blocking reloads on ?_HLS_msn=, cannot answer one with a playlist of the previous run.
+MSN_PER_SECOND = 10
+
+
+def first_msn_for(wall_clock_s: float) -> int:
+    """The first media sequence number of a stream started at ``wall_clock_s``."""
+    return max(0, int(wall_clock_s * MSN_PER_SECOND))
 
 
 def nearest_second(duration_s: float) -> int:

@@ -270,3 +270,25 @@ async def test_a_segmenter_failure_is_counted_and_the_stream_goes_on() -> None:
         parse(render(stream.window))
     finally:
         await stream.stop()
+
+
+def test_media_sequence_starts_from_the_wall_clock_so_a_restart_never_goes_back() -> None:
+    """A restarted service numbers its segments above the previous run's: a player living
+    through the restart never sees EXT-X-MEDIA-SEQUENCE go back, and a cache keyed on
+    ?_HLS_msn= cannot hold a previous run's answer for a number the new run reuses."""
+    ring = RingBuffer(64 * 1024, 8)
+    started = 1_764_000_000.0
+    first = HlsStream(ring, framerate=FPS, keyframe_interval=60, wall_clock=lambda: started)
+    camera = FakeCamera()
+    first.add_fragments(list(camera.fragments(60)), b"init")  # ~14 s of segments
+    before = parse(render(first.window))
+    assert before.media_sequence >= 1, before.media_sequence
+    assert not any(s.discontinuity for s in before.segments)  # the first segment is no break
+    newest_before = before.media_sequence + len(before.segments) - 1
+    # The service restarts a second after that (a crash, an update).
+    again = HlsStream(ring, framerate=FPS, keyframe_interval=60, wall_clock=lambda: started + 15)
+    assert again.window.first_msn > newest_before
+    again.add_fragments(list(FakeCamera().fragments(12)), b"init")
+    after = parse(render(again.window))
+    assert after.media_sequence > newest_before
+    assert again.window.run_id != first.window.run_id

@@ -149,7 +149,7 @@ async def test_bad_or_far_ahead_blocking_requests_are_400(tmp_path: Path) -> Non
         live = stream.window.position
         assert stream.window.part_target_s == 0.25
         for query in [
-            "?_HLS_msn=999999", f"?_HLS_msn={live.msn + 3}",
+            f"?_HLS_msn={live.msn + 999_999}", f"?_HLS_msn={live.msn + 3}",
             f"?_HLS_msn={live.msn}&_HLS_part={live.parts - 1 + 13}", "?_HLS_part=1",
             "?_HLS_msn=abc", "?_HLS_msn=-1", "?_HLS_msn=1234567890123",
             "?_HLS_msn=1&_HLS_part=x",
