@@ -18,7 +18,9 @@ read.
 
 When the server is down the kernel reports ICMP port unreachable (``IP_RECVERR``): the relay logs
 it once, stops sending media, probes once every :data:`RETRY_S` and resumes at a keyframe when a
-probe goes unanswered by an ICMP error.
+probe goes unanswered by an ICMP error. The error queue says which destination refused: only the
+RTP port's refusals pause the media; a closed RTCP port (a mountpoint without ``rtcpport``) is
+logged once and counted, and errors about any other destination are ignored.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import asyncio
 import contextlib
 import errno
 import logging
+import os
 import random
 import secrets
 import socket
@@ -63,6 +66,9 @@ RESUME_AFTER_S = 0.3
 # Queued frames (seconds' worth) beyond which the relay skips to the next keyframe.
 MAX_BACKLOG_S = 0.5
 SEND_BUFFER_BYTES = 1 << 20
+# Sender reports refused in a row, with no RTP refusal between, before the RTCP port is said to
+# be closed (a server that is down refuses both, and the RTP warning says so).
+RTCP_REFUSALS_TO_WARN = 3
 # How often a target name that did not resolve is tried again.
 RESOLVE_RETRY_S = 5.0
 
@@ -143,8 +149,11 @@ class RtpRelay:
         self.remb_bps: int | None = None
         self.fraction_lost = 0.0
         self.outages = 0
-        self.errors: dict[str, int] = {"unreachable": 0, "send": 0, "dropped_full": 0,
-                                       "srtp": 0, "rtcp_malformed": 0}
+        self._rtcp_refusal_logged = False
+        self._rtcp_refusals_since_rtp = 0
+        self.errors: dict[str, int] = {"unreachable": 0, "rtcp_unreachable": 0, "icmp_other": 0,
+                                       "send": 0, "dropped_full": 0, "srtp": 0,
+                                       "rtcp_malformed": 0}
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -318,10 +327,19 @@ class RtpRelay:
                 self.errors["dropped_full"] += 1
                 continue
             except OSError as exc:
-                if self._refused(exc):
+                if exc.errno not in _REFUSED:
+                    self.errors["send"] += 1
+                    continue
+                # An earlier ICMP error reported now, and this packet was not sent: the error
+                # queue says whose it was (a closed RTCP port must not cost a media packet).
+                self._drain_errors(sock)
+                if self.state != "sending":
                     break
-                self.errors["send"] += 1
-                continue
+                try:
+                    sendto(view[:n], target)
+                except OSError:
+                    self.errors["send"] += 1
+                    continue
             octets += len(payload)
             wire += n
             self.packets_sent += 1
@@ -360,18 +378,19 @@ class RtpRelay:
             self.errors["dropped_full"] += 1
             return
         except OSError as exc:
-            if not self._refused(exc):
+            if exc.errno in _REFUSED:
+                self._drain_errors(sock)  # an earlier ICMP error; this report was not sent
+            else:
                 self.errors["send"] += 1
             return
         self.sender_reports += 1
 
     # -- the server is down ----------------------------------------------------------------------
 
-    def _refused(self, exc: OSError) -> bool:
-        """Note an ICMP error (True) or say it was something else (False)."""
-        if exc.errno not in _REFUSED:
-            return False
+    def _rtp_refused(self, why: str) -> None:
+        """The target's RTP port refused (an ICMP error about it): pause media, probe."""
         self.errors["unreachable"] += 1
+        self._rtcp_refusals_since_rtp = 0
         self._refused_at = time.monotonic()
         if self.state == "sending":
             self.state = "unreachable"
@@ -379,8 +398,24 @@ class RtpRelay:
             self._next_probe = self._refused_at + RETRY_S
             logger.warning(
                 "relay %s: %s:%d is not accepting (%s); media paused, retrying every %.0f s",
-                self.name, *self.target, exc.strerror or exc, RETRY_S)
-        return True
+                self.name, *self.target, why, RETRY_S)
+
+    def _rtcp_refused(self) -> None:
+        """The server's RTCP port refused a sender report: media goes on, say so once (when it
+        keeps refusing while the RTP port accepts: a server that is down refuses both, and
+        that is the RTP warning's to say)."""
+        self.errors["rtcp_unreachable"] += 1
+        if self.state == "unreachable":
+            self._refused_at = time.monotonic()  # the SR probe was refused: still down
+            return
+        self._rtcp_refusals_since_rtp += 1
+        if (not self._rtcp_refusal_logged and self.state == "sending"
+                and self._rtcp_refusals_since_rtp >= RTCP_REFUSALS_TO_WARN):
+            self._rtcp_refusal_logged = True
+            assert self.rtcp_target is not None
+            logger.warning(
+                "relay %s: RTCP port %s:%d is not accepting sender reports (media continues; "
+                "is it the mountpoint's rtcpport?)", self.name, *self.rtcp_target)
 
     def _while_unreachable(self, cursor: ViewerCursor[PacketizedFrame], sock: socket.socket,
                            now: float) -> None:
@@ -397,13 +432,19 @@ class RtpRelay:
             return
         self._next_probe = now + RETRY_S
         self._probe_at = now
-        if self.rtcp_target is not None:
+        # The probe is an SR (the server learns where to send its PLIs from it; a server that
+        # is down refuses it like the RTP), or a padding-only RTP packet when there is no RTCP
+        # port or it is known to be closed.
+        if self.rtcp_target is not None and not self._rtcp_refusal_logged:
             self.send_report(now)
             return
         try:
             sock.sendto(self._padding_packet(), self.target)
         except OSError as exc:
-            if not self._refused(exc):
+            self._probe_at = 0.0  # not sent: it proves nothing
+            if exc.errno in _REFUSED:
+                self._drain_errors(sock)  # an earlier ICMP error, reported now
+            else:
                 self.errors["send"] += 1
 
     # -- receiving (RTCP from the server, ICMP errors) -------------------------------------------
@@ -419,9 +460,10 @@ class RtpRelay:
             except BlockingIOError:
                 return
             except OSError as exc:
-                if not self._refused(exc):
+                if exc.errno not in _REFUSED:
                     self.errors["send"] += 1
                     return
+                self._drain_errors(sock)  # the pending error is an ICMP error: whose?
                 continue
             if address[0] != self.target[0]:
                 self.rtcp_ignored += 1
@@ -429,15 +471,28 @@ class RtpRelay:
             self._handle_rtcp(data)
 
     def _drain_errors(self, sock: socket.socket) -> None:
-        """Read the socket's error queue (``IP_RECVERR``); each entry is one ICMP error."""
+        """Read the socket's error queue (``IP_RECVERR``): each entry is one ICMP error, about
+        the destination of the datagram it answers (the message's address)."""
         for _ in range(64):
             try:
-                sock.recvmsg(64, 512, socket.MSG_ERRQUEUE)
-            except (BlockingIOError, InterruptedError):
+                _, ancillary, _, address = sock.recvmsg(64, 512, socket.MSG_ERRQUEUE)
+            except OSError:  # BlockingIOError: the queue is empty
                 return
-            except OSError:
-                return
-            self._refused(OSError(errno.ECONNREFUSED, "port unreachable"))
+            code = None
+            for level, kind, data in ancillary:
+                if ((level, kind) in ((socket.IPPROTO_IP, IP_RECVERR),
+                                      (socket.IPPROTO_IPV6, IPV6_RECVERR))
+                        and len(data) >= 4):
+                    code = struct.unpack_from("=I", data)[0]  # sock_extended_err.ee_errno
+            where = (str(address[0]), int(address[1])) if address else None
+            if code not in _REFUSED:
+                self.errors["icmp_other"] += 1
+            elif where == self.target:
+                self._rtp_refused(os.strerror(code) if code else "port unreachable")
+            elif self.rtcp_target is not None and where == self.rtcp_target:
+                self._rtcp_refused()
+            else:
+                self.errors["icmp_other"] += 1  # about no destination of ours (forged?)
 
     def _handle_rtcp(self, data: bytes) -> None:
         try:

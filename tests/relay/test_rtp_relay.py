@@ -346,3 +346,28 @@ async def test_the_sdp_of_a_relay_whose_name_does_not_resolve_yet_is_503_not_500
             assert "janus.invalid" in body["detail"]
     finally:
         await appliance.stop()
+
+
+async def test_a_closed_rtcp_port_does_not_stop_the_media(
+        live_camera: tuple[CapturePipeline, Fanout], caplog: pytest.LogCaptureFixture) -> None:
+    """A server that takes the RTP but has nothing on the configured rtcp_port (a mountpoint
+    without rtcpport, a typo): the sender reports are refused, the picture must still go out."""
+    capture, fanout = live_camera
+    receiver = RtpReceiver()
+    receiver.start()
+    closed = free_port(kind=socket.SOCK_DGRAM)
+    relay = make_relay(relay_config(receiver.port, rtcp_port=closed), capture, fanout)
+    caplog.set_level(logging.INFO, logger="ruseon_appliance.relay")
+    await relay.start()
+    try:
+        await wait_for(lambda: relay.errors["rtcp_unreachable"] >= 3,
+                       what="sender reports refused a few times")
+        mark = receiver.decoded
+        await wait_for(lambda: receiver.decoded >= mark + 30, what="the picture going on")
+        assert relay.state == "sending" and relay.outages == 0
+        assert relay.errors["unreachable"] == 0
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warnings) == 1 and "RTCP" in warnings[0], warnings
+    finally:
+        relay.stop()
+        receiver.close()
