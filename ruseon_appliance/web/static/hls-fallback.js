@@ -99,7 +99,8 @@ async function playHls(reason) {
       label("HLS", `native HLS: ${reason}`);
     } else {
       const Hls = await loadHlsJs();
-      if (generation !== state.generation) return;
+      // Stale: stopped or started again meanwhile, or recordings.js took the video ("playback").
+      if (generation !== state.generation || state.mode !== "hls") return;
       if (!Hls.isSupported()) throw new Error("this browser has neither WebRTC H.264 nor MSE");
       const hls = new Hls({
         lowLatencyMode: true,
@@ -114,7 +115,7 @@ async function playHls(reason) {
     }
     video.play().catch(() => {});
   } catch (error) {
-    if (generation !== state.generation) return;
+    if (generation !== state.generation || state.mode !== "hls") return;
     p.setState("error", `HLS is not available: ${error.message}`);
   }
   clearInterval(state.statsTimer);
