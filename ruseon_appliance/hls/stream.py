@@ -18,9 +18,12 @@ from typing import Any
 
 from ruseon_appliance.capture.ring import RingBuffer
 from ruseon_appliance.hls.window import (
+    TIMESCALE,
     LiveWindow,
     Part,
+    PartLayout,
     first_msn_for,
+    layout_fits,
     part_layout,
     target_duration_for,
 )
@@ -32,6 +35,10 @@ log = logging.getLogger(__name__)
 # After a segmenter failure, this long before reading the ring again (a fault that repeats on
 # every frame must not spin the event loop).
 RESTART_DELAY_S = 0.5
+
+
+class _Relayout(Exception):
+    """The camera's real frame rate calls for other parts than the configured one."""
 
 
 class TooManyWaiting(Exception):
@@ -54,9 +61,13 @@ class HlsStream:
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.ring = ring
-        self.framerate = framerate
-        # PART-TARGET follows whole frames (it may come out a little under part_target_s).
+        self.framerate: float = framerate
+        self.part_duration_s = part_target_s
+        # PART-TARGET follows whole frames (it may come out a little under part_target_s). The
+        # configured frame rate is a guess (an IP camera sends what it sends): the first
+        # fragment's real rate may still change the layout, before any part is published.
         self.layout = part_layout(part_target_s, framerate)
+        self._relayout: PartLayout | None = None
         self.window = LiveWindow(
             target_duration=target_duration_for(keyframe_interval, framerate),
             part_target_s=self.layout.part_target_s,
@@ -99,6 +110,8 @@ class HlsStream:
             try:
                 await run_segmenter(reader, self.segmenter, self._sink)
                 return  # the ring is closed
+            except _Relayout:
+                pass
             except Exception:
                 # Without this the task would end silently and every HLS request would be held
                 # and answered 503 until the service restarted.
@@ -107,11 +120,25 @@ class HlsStream:
                               "keyframe", self.failures)
             finally:
                 reader.close()
+            if self._relayout is not None:
+                # Nothing was published yet: start over at the next keyframe with parts cut
+                # for the real frame rate (PART-TARGET must not change once players saw it).
+                self.layout, self._relayout = self._relayout, None
+                self.window.part_target_s = self.layout.part_target_s
+                self.segmenter = Fmp4Segmenter(fragment_max_s=self.layout.fragment_max_s)
+                log.info("HLS: the camera sends %.2f fps, not the configured rate: parts of "
+                         "%d frames, PART-TARGET %.3f s", self.framerate, self.layout.frames,
+                         self.layout.part_target_s)
+                continue
             self.segmenter.reset()
             self.window.mark_break()
             await asyncio.sleep(RESTART_DELAY_S)
 
     def _sink(self, fragments: list[Fragment]) -> None:
+        if self._relayout is not None:
+            return  # cut for the wrong frame rate; the segmenter is being replaced
+        if self.window.parts_added == 0 and self._check_layout(fragments[0]):
+            raise _Relayout
         init = self.segmenter.init_segment
         for fragment in fragments:
             if init is not None and fragment.init_generation == self.segmenter.init_generation:
@@ -119,6 +146,18 @@ class HlsStream:
             self.window.add(fragment)
         self.last_part_monotonic = self.clock()
         self._wake()
+
+    def _check_layout(self, fragment: Fragment) -> bool:
+        """Does ``fragment`` (the first) show a frame rate that needs other parts? Then the new
+        layout is pending."""
+        if fragment.duration <= 0 or fragment.frames <= 0:
+            return False
+        measured = fragment.frames * TIMESCALE / fragment.duration
+        if layout_fits(self.layout, measured):
+            return False
+        self.framerate = measured
+        self._relayout = part_layout(self.part_duration_s, measured)
+        return True
 
     def add_fragments(self, fragments: list[Fragment], init: bytes) -> None:
         """Feed fragments directly (benchmarks and tests that bypass the ring)."""

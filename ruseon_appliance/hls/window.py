@@ -333,25 +333,39 @@ class PartLayout:
 # RFC 8216bis 4.4.4.9: a part lasts at most PART-TARGET and at least this share of it (but for
 # INDEPENDENT parts and a segment's final part).
 PART_MIN_SHARE = 0.85
+# Share of a bound that parts are cut to stay within (frame timing jitters).
+LAYOUT_SLACK = 0.98
 
 
-def part_layout(part_duration_s: float, framerate: int) -> PartLayout:
+def layout_fits(layout: PartLayout, framerate: float) -> bool:
+    """Would parts cut by ``layout`` at ``framerate`` stay within PART-TARGET and above 85% of
+    it (the segmenter closes a part once it holds ``fragment_max_s``)?"""
+    fps = max(1.0, framerate)
+    frames = max(1, math.ceil(layout.fragment_max_s * fps - 1e-9))
+    duration = frames / fps
+    return (PART_MIN_SHARE * layout.part_target_s / LAYOUT_SLACK <= duration
+            <= layout.part_target_s * LAYOUT_SLACK)
+
+
+def part_layout(part_duration_s: float, framerate: float) -> PartLayout:
     """Parts for a configured ``part_duration_s`` at ``framerate``.
 
-    Parts are whole frames: as many as stay strictly under ``part_duration_s`` (so a late frame
-    does not push a part over PART-TARGET). PART-TARGET is then ``part_duration_s`` unless the
-    frames fill less than 85% of it (0.25 s at 15 fps is 3 frames, 0.2 s), in which case it
-    shrinks to what those frames fill at 85%, still leaving them room for timing jitter.
+    Parts are whole frames: as many as fill at most 98% of ``part_duration_s`` (so a late frame,
+    or a camera a little slower than measured, does not push a part over PART-TARGET).
+    PART-TARGET is then ``part_duration_s`` unless the frames fill less than 85% of it (0.25 s
+    at 15 fps is 3 frames, 0.2 s), in which case it shrinks to what those frames fill at 85%
+    (with the same 2% to spare), still leaving them room for timing jitter.
     """
-    fps = max(1, framerate)
-    frames = max(1, math.ceil(part_duration_s * fps - 1e-9) - 1)
+    fps = max(1.0, framerate)
+    frames = max(1, math.floor(part_duration_s * fps * LAYOUT_SLACK + 1e-9))
     filled = frames / fps
-    part_target = min(part_duration_s, math.floor(filled / PART_MIN_SHARE * 1000) / 1000)
+    part_target = min(part_duration_s,
+                      math.floor(filled / PART_MIN_SHARE * LAYOUT_SLACK * 1000) / 1000)
     # The segmenter closes a fragment once it holds this much: half a frame short of the part.
     return PartLayout(frames, (frames - 0.5) / fps, max(filled, part_target))
 
 
-def fragment_max_for(part_target_s: float, framerate: int) -> float:
+def fragment_max_for(part_target_s: float, framerate: float) -> float:
     """What to ask of the segmenter so no part outgrows ``part_target_s`` (see
     :func:`part_layout`)."""
     return part_layout(part_target_s, framerate).fragment_max_s

@@ -22,7 +22,7 @@ from ruseon_appliance.capture.h264 import AccessUnitSplitter
 from ruseon_appliance.capture.ring import RingBuffer
 from ruseon_appliance.hls import HlsStream, LiveWindow, render
 from ruseon_appliance.hls.playlist import init_name
-from ruseon_appliance.hls.window import fragment_max_for, target_duration_for
+from ruseon_appliance.hls.window import fragment_max_for, layout_fits, target_duration_for
 from ruseon_appliance.segmenter import Fragment
 from tests.hls.m3u8 import ContinuityChecker, MediaPlaylist, parse
 
@@ -292,3 +292,32 @@ def test_media_sequence_starts_from_the_wall_clock_so_a_restart_never_goes_back(
     after = parse(render(again.window))
     assert after.media_sequence > newest_before
     assert again.window.run_id != first.window.run_id
+
+
+@pytest.mark.parametrize("real_fps", [15, 25, 60])
+async def test_parts_follow_the_cameras_real_frame_rate(real_fps: int) -> None:
+    """The config says 30 fps, the camera (an IP camera, say) sends ``real_fps``: parts must
+    still fit PART-TARGET (at 15 fps, parts cut for 30 fps would be 4 frames, 0.267 s > 0.25),
+    so the layout follows the first fragment's real rate before anything is published."""
+    units = AccessUnitSplitter().split_all(CAM_STREAM.read_bytes())  # GOP 30
+    ring = RingBuffer(2 * 1024 * 1024, 256)
+    stream = HlsStream(ring, framerate=30, keyframe_interval=60, part_target_s=0.25,
+                       window_s=8.0)
+    checker = ContinuityChecker()
+    await stream.start()
+    try:
+        for i in range(len(units) * 3):
+            data, keyframe = units[i % len(units)]
+            ring.write(AccessUnit(data, i * (90_000 // real_fps), keyframe,
+                                  1_764_000_000_000_000 + i * 1_000_000 // real_fps))
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+            if not stream.window.empty:
+                checker.add(parse(render(stream.window)))  # the parser checks part durations
+        playlist = parse(render(stream.window))
+        assert len([s for s in playlist.segments if s.uri]) >= 2, playlist
+        assert playlist.part_target <= 0.25
+        assert layout_fits(stream.layout, real_fps), (stream.layout, stream.framerate)
+        assert stream.window.discontinuities == 0 and stream.stats()["segmenter_failures"] == 0
+    finally:
+        await stream.stop()
