@@ -69,8 +69,10 @@ SEND_BUFFER_BYTES = 1 << 20
 # Sender reports refused in a row, with no RTP refusal between, before the RTCP port is said to
 # be closed (a server that is down refuses both, and the RTP warning says so).
 RTCP_REFUSALS_TO_WARN = 3
-# How often a target name that did not resolve is tried again.
+# How often a target name that did not resolve is tried again, and how long start-up waits
+# for the first answer before going on without it.
 RESOLVE_RETRY_S = 5.0
+RESOLVE_TIMEOUT_S = 2.0
 
 IP_RECVERR = getattr(socket, "IP_RECVERR", 11)
 IPV6_RECVERR = getattr(socket, "IPV6_RECVERR", 25)
@@ -166,11 +168,14 @@ class RtpRelay:
         """
         self._loop = asyncio.get_running_loop()
         try:
-            family, address = await self._resolve()
-        except OSError as exc:
+            # Bounded: a DNS server that does not answer would otherwise hold the whole start-up
+            # (and systemd's READY) for the resolver's timeouts, relay after relay.
+            family, address = await asyncio.wait_for(self._resolve(), RESOLVE_TIMEOUT_S)
+        except OSError as exc:  # TimeoutError included
             self.state = "unresolved"
+            why = str(exc) or f"no answer within {RESOLVE_TIMEOUT_S:.0f} s"
             logger.warning("relay %s: cannot resolve %s (%s); retrying every %.0f s",
-                           self.name, self.target[0], exc, RESOLVE_RETRY_S)
+                           self.name, self.target[0], why, RESOLVE_RETRY_S)
             self._resolver = self._loop.create_task(self._resolve_later())
             return
         self._open(family, address)

@@ -371,3 +371,33 @@ async def test_a_closed_rtcp_port_does_not_stop_the_media(
     finally:
         relay.stop()
         receiver.close()
+
+
+async def test_a_dns_server_that_does_not_answer_does_not_hold_start_up(
+        live_camera: tuple[CapturePipeline, Fanout], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The resolver's own timeouts (5 s x attempts x servers, per relay) would hold the appliance
+    (and systemd's READY) while DNS is down: start() goes on without the answer."""
+    capture, fanout = live_camera
+    receiver = RtpReceiver()
+    receiver.start()
+    relay = make_relay(relay_config(receiver.port), capture, fanout)
+    real_resolve = relay._resolve
+    calls = 0
+
+    async def hanging_once() -> tuple[int, tuple[str, int]]:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            await asyncio.sleep(3600)  # the query nobody answers
+        return await real_resolve()
+
+    monkeypatch.setattr(relay, "_resolve", hanging_once)
+    monkeypatch.setattr("ruseon_appliance.relay.rtp_relay.RESOLVE_RETRY_S", 0.1)
+    monkeypatch.setattr("ruseon_appliance.relay.rtp_relay.RESOLVE_TIMEOUT_S", 0.2)
+    try:
+        await asyncio.wait_for(relay.start(), 60)  # liveness bound, not a duration check
+        assert relay.state == "unresolved"
+        await wait_for(lambda: receiver.decoded >= 5, what="decoding once DNS answers")
+    finally:
+        relay.stop()
+        receiver.close()
