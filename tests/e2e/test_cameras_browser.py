@@ -37,6 +37,12 @@ def cameras(url: str) -> dict[str, Any]:
         return {row["name"]: row for row in json.load(response)["cameras"]}
 
 
+def get(url: str, path: str) -> dict[str, Any]:
+    with urllib.request.urlopen(url + path, timeout=10) as response:
+        document: dict[str, Any] = json.load(response)
+        return document
+
+
 def wait_for_tiles(page: Any, condition: str, predicate: Any) -> list[dict[str, Any]]:
     for _ in range(240):  # a bound for a broken run; nothing here measures time
         tiles: list[dict[str, Any]] = page.evaluate(TILES_JS)
@@ -77,6 +83,22 @@ def test_grid_plays_every_camera_and_a_click_watches_one(
         assert big["videoWidth"] > 0
         assert page.evaluate("window.ruseon.endpoint") == "/whep/side"
         save_screenshot(page, "browser-cameras-one.png")
+
+        # The settings panel and the Record button act on the camera on screen.
+        page.click("#btn-settings")
+        page.wait_for_selector("[data-control=brightness] input[type=range]")
+        page.eval_on_selector("[data-control=brightness] input", """(el) => {
+            el.value = "0.4"; el.dispatchEvent(new Event("change")); }""")
+        page.wait_for_function("window.ruseonControls.controls.brightness.value > 0.39")
+        assert get(server.url, "api/camera/side/controls")["controls"]["brightness"]["value"] \
+            == pytest.approx(0.4)
+        assert get(server.url, "api/camera/controls")["controls"]["brightness"]["value"] == 0
+        page.click("#btn-record")
+        page.wait_for_function("window.ruseonRecordings.state !== 'stopped'")
+        assert get(server.url, "api/recording?path=side")["state"] != "stopped"
+        assert get(server.url, "api/recording")["state"] == "stopped"  # the first camera's
+        page.click("#btn-record")
+        page.wait_for_function("window.ruseonRecordings.state === 'stopped'")
 
         deep = browser.new_page()
         deep.goto(server.url + "#front")

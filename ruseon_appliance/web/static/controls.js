@@ -5,7 +5,11 @@
 // which returns a control to the config file's value. This module owns the Settings button and
 // the panel; index.html only loads it.
 
-const URL = "/api/camera/controls";
+// The controls of the camera on screen (cameras.js: /#<camera>); the first camera's otherwise.
+function controlsUrl() {
+  const p = window.ruseon;
+  return p && p.camera ? `/api/camera/${encodeURIComponent(p.camera)}/controls` : "/api/camera/controls";
+}
 const $ = (id) => document.getElementById(id);
 const settings = { controls: {}, unsupported: [], source: "", error: null, open: false };
 window.ruseonControls = settings; // for diagnostics and the end-to-end tests
@@ -30,7 +34,7 @@ const LABELS = {
 };
 
 async function load() {
-  const resp = await fetch(URL, { headers: headers(), cache: "no-store" });
+  const resp = await fetch(controlsUrl(), { headers: headers(), cache: "no-store" });
   if (!resp.ok) throw new Error(resp.status === 401 ? "the access token is needed" : `HTTP ${resp.status}`);
   const data = await resp.json();
   settings.controls = data.controls;
@@ -39,7 +43,7 @@ async function load() {
 }
 
 async function change(name, value) {
-  const resp = await fetch(URL, {
+  const resp = await fetch(controlsUrl(), {
     method: "PATCH",
     headers: headers({ "Content-Type": "application/json" }),
     body: JSON.stringify({ [name]: value }),

@@ -32,6 +32,12 @@ const rec = {
 window.ruseonRecordings = rec; // for diagnostics and the end-to-end tests
 
 function player() { return window.ruseon; }
+// The camera on screen (cameras.js: /#<camera>) as the playback API's ?path=; none: the first.
+function camera() { const p = player(); return p && p.camera ? p.camera : ""; }
+function withPath(url) {
+  const name = camera();
+  return name ? `${url}${url.includes("?") ? "&" : "?"}path=${encodeURIComponent(name)}` : url;
+}
 function headers() {
   const p = player();
   const t = p && p.token ? p.token() : "";
@@ -59,7 +65,7 @@ function showPlayback(message) {
 async function refresh() {
   try {
     const [list, status] = await Promise.all([
-      fetch("/recordings/list", { headers: headers(), cache: "no-store" }),
+      fetch(withPath("/recordings/list"), { headers: headers(), cache: "no-store" }),
       fetch("/api/status", { headers: headers(), cache: "no-store" }),
     ]);
     if (list.ok) {
@@ -70,11 +76,14 @@ async function refresh() {
     }
     if (status.ok) {
       const doc = await status.json();
-      const r = doc.recording || {};
+      const name = camera();
+      const r = (name && doc.recordings && doc.recordings[name]) || doc.recording || {};
+      const row = name && doc.cameras ? doc.cameras.find((c) => c.name === name) : null;
       rec.state = r.state || "stopped";
       rec.reason = r.reason || "";
       rec.preroll = r.preroll_s || 0;
-      if (doc.source && doc.source.profile_level_id) rec.codec = `avc1.${doc.source.profile_level_id}`;
+      const plid = row ? row.profile_level_id : doc.source && doc.source.profile_level_id;
+      if (plid) rec.codec = `avc1.${plid}`;
     }
   } catch {
     // The service may be restarting; the next poll tries again.
@@ -160,7 +169,7 @@ async function play(at, seconds) {
   video.src = URL.createObjectURL(ms);
   try {
     await new Promise((resolve) => ms.addEventListener("sourceopen", resolve, { once: true }));
-    const url = `/recordings/get?start=${encodeURIComponent(iso(clipStart))}&duration=${duration.toFixed(3)}&format=fmp4`;
+    const url = withPath(`/recordings/get?start=${encodeURIComponent(iso(clipStart))}&duration=${duration.toFixed(3)}&format=fmp4`);
     const response = await fetch(url, { headers: headers(), signal: abort.signal });
     if (!response.ok) {
       let detail = `HTTP ${response.status}`;
@@ -281,7 +290,7 @@ $("btn-live").addEventListener("click", backToLive);
 $("btn-record").addEventListener("click", async () => {
   const recording = rec.state !== "stopped";
   try {
-    const response = await fetch(`/api/recording/${recording ? "stop" : "start"}`, { method: "POST", headers: headers() });
+    const response = await fetch(withPath(`/api/recording/${recording ? "stop" : "start"}`), { method: "POST", headers: headers() });
     if (!response.ok) throw new Error(`HTTP ${response.status}`);
     const doc = await response.json();
     rec.state = doc.state;
@@ -297,7 +306,7 @@ $("btn-download").addEventListener("click", async () => {
   const span = rec.selection || (rec.playing ? { start: rec.playing.clipStart, end: rec.playing.end } : null);
   if (!span) return;
   const seconds = Math.max(1, (span.end - span.start) / 1000);
-  const url = `/recordings/get?start=${encodeURIComponent(iso(span.start))}&duration=${seconds.toFixed(3)}`;
+  const url = withPath(`/recordings/get?start=${encodeURIComponent(iso(span.start))}&duration=${seconds.toFixed(3)}`);
   const name = `ruseon-${iso(span.start).replace(/[:.]/g, "-").slice(0, 19)}.mp4`;
   const auth = headers();
   const a = document.createElement("a");
