@@ -97,11 +97,12 @@ def rtx_received(viewer: StampedViewer) -> int:
 
 
 class CameraLog:
-    """The capture time of every frame the camera put into the ring, read by a ring reader of its
-    own; a decoded picture's stamp carries the same capture time."""
+    """The capture time of every frame the camera put into the ring from the newest keyframe on
+    (where a viewer joining now starts), read by a ring reader of its own; a decoded picture's
+    stamp carries the same capture time."""
 
     def __init__(self, feed: CapturePipeline) -> None:
-        self.reader = feed.ring.reader("next")
+        self.reader = feed.ring.reader("keyframe")
         self.times: list[int] = []
         self.task = asyncio.ensure_future(self._run())
 
@@ -286,7 +287,10 @@ async def test_a_lost_first_media_packet_is_recovered_by_nack(
             viewer = fanout_viewer(engine, v)
             assert viewer.retransmitted >= 1 and rtx_received(v) >= 1
             assert decode_errors.count == 0
-            assert gaps(v, camera) == [], gaps(v, camera)[:5]
+            # A join on a keyframe too old to catch up from shows it, then skips the stale
+            # P-frames to a fresh IDR (track.py); the machine's load decides which join it is.
+            start = 1 if viewer.join_mode == "keyframe-then-live" else 0
+            assert gaps(v, camera, start) == [], (viewer.join_mode, gaps(v, camera, start)[:5])
         finally:
             await v.close()
     finally:
