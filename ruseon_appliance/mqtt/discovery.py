@@ -205,11 +205,16 @@ class Discovery:
             return Entity("select", f"control_{name}", config)
         low, high = spec.get("min", 0), spec.get("max", 1)
         config.update(min=low, max=high,
-                      step=1 if kind == "int" else round((high - low) / 100, 6),
+                      # HA refuses a step under 0.001 (and the whole config with it).
+                      step=1 if kind == "int" else max(round((high - low) / 100, 6), 0.001),
                       mode="box" if high - low > 1000 else "slider")
         if spec.get("unit"):
             config["unit_of_measurement"] = spec["unit"]
         return Entity("number", f"control_{name}", config)
+
+    def config_topics(self) -> str:
+        """The wildcard matching every discovery topic of this device (ours and stale ones)."""
+        return f"{self.discovery_prefix}/+/{self.topics.device_id}/+/config"
 
     def configs(self) -> dict[str, str]:
         """``{discovery topic: JSON config}`` for every entity."""
@@ -221,7 +226,10 @@ class Discovery:
                 config["state_topic"] = self.topics.state
             config.update({
                 "unique_id": f"{self.topics.device_id}_{entity.object_id}",
-                "object_id": f"{self.topics.device_id}_{entity.object_id}",
+                # HA 2025.10 replaced object_id (gone in 2026.4) with default_entity_id,
+                # which names the domain too.
+                "default_entity_id": (f"{entity.component}.{self.topics.device_id}_"
+                                      f"{entity.object_id}"),
                 "availability_topic": self.topics.availability,
                 "payload_available": ONLINE,
                 "payload_not_available": OFFLINE,

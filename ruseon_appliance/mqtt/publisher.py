@@ -33,7 +33,9 @@ BACKOFF_MAX_S = 60.0
 KEEPALIVE_S = 30
 # Bounded queues in paho/aiomqtt: a stuck broker costs at most this many messages of memory.
 MAX_OUTGOING = 64
-MAX_INCOMING = 32
+# Incoming also carries this device's own retained discovery configs once per connect (checked
+# for stale entities), so it holds a few more than the largest device's entity count.
+MAX_INCOMING = 128
 PUBLISH_TIMEOUT_S = 10.0
 # Connecting and the DISCONNECT handshake (aiomqtt's default timeout); and how long stop() waits
 # for all of it before it leaves the connection to be torn down with the process.
@@ -92,6 +94,7 @@ class HomeAssistantMqtt:
         self._snapshot = snapshot
         self._record = record
         self._controls = controls
+        self._config_topics = frozenset(self.discovery.configs())
         self.control_errors = 0
         self._state_kick = asyncio.Event()
         self._snapshot_kick = asyncio.Event()
@@ -202,6 +205,10 @@ class HomeAssistantMqtt:
             await client.subscribe(self.topics.control_sets, qos=1)
         await client.subscribe(f"{self.config.discovery_prefix}/status", qos=1)
         await self._announce(client)
+        # Every retained config under this device id: what is not announced any more (a
+        # control the source lost, recording or a camera taken out of the config) is removed,
+        # or Home Assistant keeps showing it as an unavailable entity for ever.
+        await client.subscribe(self.discovery.config_topics(), qos=1)
         self.last_error = ""
         async with asyncio.TaskGroup() as group:
             group.create_task(self._state_loop(client))
@@ -269,6 +276,17 @@ class HomeAssistantMqtt:
                 if message.payload in (b"online", "online"):
                     await self._announce(client)
                 continue
+            if message.topic.matches(self.discovery.config_topics()):
+                if message.payload and topic not in self._config_topics:
+                    log.info("mqtt: removing the stale discovery config %s", topic)
+                    await self._publish(client, topic, b"", qos=1)
+                continue
+            if message.retain:
+                # A command is an action now, not a state: a retained one (published with
+                # retain by mistake, or by someone else) would re-run on every reconnect,
+                # toggling recording or a control each time the broker flaps.
+                log.warning("mqtt: ignoring the retained command on %s", topic)
+                continue
             self.commands += 1
             if topic.startswith(f"{self.topics.base}/control/") and topic.endswith("/set"):
                 await self._set_control(topic.split("/")[-2], message.payload)
@@ -278,7 +296,12 @@ class HomeAssistantMqtt:
                 self._snapshot_forced = True
                 self._snapshot_kick.set()
             elif command == "record" and self._record is not None:
-                task = asyncio.create_task(self._run_record())
+                if any(t.get_name() == "mqtt-record" for t in self._tasks):
+                    # A press while the last one still runs: a flood of presses must not
+                    # start and stop recording over and over, nor pile up tasks.
+                    log.info("mqtt: record pressed again while busy; ignored")
+                    continue
+                task = asyncio.create_task(self._run_record(), name="mqtt-record")
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
             else:

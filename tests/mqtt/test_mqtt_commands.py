@@ -1,0 +1,135 @@
+"""The MQTT side against Debian's mosquitto, in process: what another client on the broker can
+make the appliance do with its command topics, and what Home Assistant keeps of entities that
+no longer exist."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiomqtt
+
+from ruseon_appliance.config import MqttConfig
+from ruseon_appliance.mqtt.discovery import Discovery, Topics
+from ruseon_appliance.mqtt.publisher import HomeAssistantMqtt
+from tests.mqtt.broker import Mosquitto, Recorder
+from tests.tooling import free_port
+
+DEVICE = "ruseontest1"
+
+
+@asynccontextmanager
+async def broker(tmp_path: Path) -> AsyncIterator[Mosquitto]:
+    mosquitto = Mosquitto(tmp_path, free_port())
+    await asyncio.to_thread(mosquitto.start)
+    try:
+        yield mosquitto
+    finally:
+        await asyncio.to_thread(mosquitto.stop)
+
+
+async def no_snapshot() -> None:
+    return None
+
+
+@asynccontextmanager
+async def appliance(port: int, record: Callable[[], Awaitable[Any]] | None
+                    ) -> AsyncIterator[HomeAssistantMqtt]:
+    mqtt = HomeAssistantMqtt(MqttConfig(url=f"mqtt://127.0.0.1:{port}"), device_id=DEVICE,
+                             name="test", state=lambda: {"viewers": 0}, snapshot=no_snapshot,
+                             record=record)
+    await mqtt.start()
+    try:
+        yield mqtt
+    finally:
+        await mqtt.stop()
+
+
+async def publish(port: int, topic: str, payload: str, *, retain: bool = False,
+                  times: int = 1) -> None:
+    async with aiomqtt.Client("127.0.0.1", port) as client:
+        for _ in range(times):
+            await client.publish(topic, payload, qos=1, retain=retain)
+
+
+def configs(recorder: Recorder) -> Mapping[str, Any]:
+    return {t: m.payload for t, m in recorder.last.items() if t.endswith("/config")}
+
+
+async def test_retained_and_flooded_record_presses(tmp_path: Path) -> None:
+    """A retained press is not re-run on (re)connect; a flood of presses runs one at a time."""
+    topics = Topics("ruseon", DEVICE)
+    running = 0
+    most = 0
+    presses = 0
+
+    async def record() -> None:
+        nonlocal running, most, presses
+        presses += 1
+        running += 1
+        most = max(most, running)
+        await asyncio.sleep(0.3)
+        running -= 1
+
+    async with broker(tmp_path) as mosquitto:
+        # Someone left a retained press on the record topic before the appliance connected.
+        await publish(mosquitto.port, topics.command("record"), "PRESS", retain=True)
+        async with (Recorder(mosquitto.port, (topics.availability,)) as seen,
+                    appliance(mosquitto.port, record) as mqtt):
+            await seen.wait_for(lambda: topics.availability in seen.last
+                                and seen.last[topics.availability].payload == b"online",
+                                what="online")
+            await publish(mosquitto.port, topics.command("snapshot"), "PRESS")
+            await seen.wait_for(lambda: mqtt.commands >= 1, what="the snapshot command")
+            assert presses == 0, "a retained press ran on connect"
+            await publish(mosquitto.port, topics.command("record"), "PRESS", times=20)
+            await seen.wait_for(lambda: mqtt.commands >= 21, what="20 presses")
+            await seen.wait_for(lambda: running == 0, what="the record task")
+            assert presses >= 1
+            assert most == 1, f"{most} record() calls ran at once"
+
+
+async def test_stale_discovery_configs_are_removed(tmp_path: Path) -> None:
+    """Entities announced by an earlier run and gone now (recording turned off) are deleted
+    from the broker, so Home Assistant removes them; the current ones stay."""
+    async def record() -> None:
+        return None
+
+    topics = Topics("ruseon", DEVICE)
+    async with broker(tmp_path) as mosquitto:
+        async with (Recorder(mosquitto.port, ("homeassistant/#",)) as seen,
+                    appliance(mosquitto.port, record)):
+            with_recording = Discovery("homeassistant", topics, name="test", recording=True)
+            await seen.wait_for(lambda: set(with_recording.configs()) <= set(configs(seen)),
+                                what="the first run's configs")
+        now = Discovery("homeassistant", topics, name="test")
+        gone = set(with_recording.configs()) - set(now.configs())
+        assert gone  # the record button, recording sensors
+        async with (Recorder(mosquitto.port, ("homeassistant/#",)) as seen,
+                    appliance(mosquitto.port, None)):
+            await seen.wait_for(lambda: all(configs(seen).get(t) == b"" for t in gone),
+                                what="the stale configs emptied")
+        # A late subscriber (Home Assistant starting) gets exactly today's entities.
+        async with Recorder(mosquitto.port, ("homeassistant/#",)) as late:
+            await late.wait_for(lambda: set(configs(late)) == set(now.configs()),
+                                what="today's retained configs only")
+            assert all(json.loads(p) for p in configs(late).values())
+
+
+def test_discovery_keys_home_assistant_still_accepts() -> None:
+    """object_id was removed from MQTT discovery in HA 2026.4 (default_entity_id replaces it);
+    a number's step must be at least 0.001."""
+    controls = {"tiny": {"type": "float", "min": 0.0, "max": 0.01, "value": 0.0, "live": True}}
+    discovery = Discovery("homeassistant", Topics("ruseon", DEVICE), name="test",
+                          controls=controls)
+    for topic, text in discovery.configs().items():
+        config = json.loads(text)
+        component = topic.split("/")[1]
+        assert "object_id" not in config
+        assert config["default_entity_id"] == f"{component}.{config['unique_id']}"
+        if component == "number":
+            assert config["step"] >= 0.001
