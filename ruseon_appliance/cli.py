@@ -67,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_flags(serve)
     show = commands.add_parser("config", help="print the effective configuration as TOML")
     _add_config_flags(show)
+    show.add_argument("--show-secrets", action="store_true",
+                      help="print the token, passwords and keys instead of hiding them")
     check = commands.add_parser("check", help="diagnose this machine; exit 0 when healthy")
     _add_config_flags(check)
     return parser
@@ -106,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = config_from_args(args)
         if args.command == "config":
-            sys.stdout.write(to_toml(config))
+            sys.stdout.write(to_toml(config, hide_secrets=not args.show_secrets))
             return 0
         # Under systemd, stderr is the journal: send structured fields instead of text.
         handler, log_path = journal_handler()

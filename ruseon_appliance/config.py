@@ -877,8 +877,32 @@ def validate_relays(relays: tuple[RelayConfig, ...]) -> None:
                    "as Janus's srtpcrypto), e.g. from: head -c 30 /dev/urandom | base64")
 
 
-def to_toml(config: Config) -> str:
-    """Render the effective configuration as TOML (for ``ruseon config``)."""
+# Fields ``ruseon config`` hides unless asked (--show-secrets): the API token, the broker's
+# password, webhook HMAC keys, relay SRTP keys. URLs keep their user but lose any password.
+SECRET_FIELDS = frozenset({"token", "password", "secret", "srtp_key"})
+HIDDEN = "(hidden: ruseon config --show-secrets)"
+
+
+def _hide_url_password(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    authority, slash, path = rest.partition("/")
+    userinfo, at, host = authority.rpartition("@")
+    if not sep or not at or ":" not in userinfo:
+        return url
+    return f"{scheme}://{userinfo.split(':', 1)[0]}:***@{host}{slash}{path}"
+
+
+def to_toml(config: Config, *, hide_secrets: bool = False) -> str:
+    """Render the effective configuration as TOML (for ``ruseon config``); ``hide_secrets``
+    replaces every secret (:data:`SECRET_FIELDS`, passwords in URLs) that is set."""
+
+    def field_value(owner: Any, name: str) -> str:
+        value = getattr(owner, name)
+        if hide_secrets and isinstance(value, str) and value:
+            if name in SECRET_FIELDS:
+                return f'"{HIDDEN}"'
+            value = _hide_url_password(value)
+        return render(value)
 
     def render(value: Any) -> str:
         if isinstance(value, bool):
@@ -899,22 +923,22 @@ def to_toml(config: Config) -> str:
             for camera in config.cameras:
                 lines.append("[[camera]]")
                 for f in dataclasses.fields(camera):
-                    lines.append(f"{f.name} = {render(getattr(camera, f.name))}")
+                    lines.append(f"{f.name} = {field_value(camera, f.name)}")
                 lines.append("")
             continue
         lines.append(f"[{section.name}]")
         values = getattr(config, section.name)
         for f in dataclasses.fields(values):
-            lines.append(f"{f.name} = {render(getattr(values, f.name))}")
+            lines.append(f"{f.name} = {field_value(values, f.name)}")
         lines.append("")
     for relay in config.relay:
         lines.append("[[relay]]")
         for f in dataclasses.fields(relay):
-            lines.append(f"{f.name} = {render(getattr(relay, f.name))}")
+            lines.append(f"{f.name} = {field_value(relay, f.name)}")
         lines.append("")
     for hook in config.webhook:
         lines.append("[[webhook]]")
         for f in dataclasses.fields(hook):
-            lines.append(f"{f.name} = {render(getattr(hook, f.name))}")
+            lines.append(f"{f.name} = {field_value(hook, f.name)}")
         lines.append("")
     return "\n".join(lines)

@@ -114,3 +114,26 @@ def test_serve_with_an_unavailable_camera_says_what_to_install(tmp_path: Path) -
     assert result.returncode == 1
     assert "python3-picamera2" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_config_hides_secrets_unless_asked(tmp_path: Path) -> None:
+    """``ruseon config`` output lands in bug reports and forum posts: no token, password or
+    key in it unless --show-secrets asks."""
+    srtp = "QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVphYmNk"  # base64 of 30 bytes
+    secrets = ("tok3n-SECRET", "mqttPASS", "hookKEY", srtp, "camPASS")
+    path = tmp_path / "ruseon.toml"
+    path.write_text(
+        f'[auth]\ntoken = "{secrets[0]}"\n'
+        f'[mqtt]\nurl = "mqtt://broker:1883"\nusername = "cam"\npassword = "{secrets[1]}"\n'
+        f'[[webhook]]\nurl = "http://127.0.0.1:9/hook"\nsecret = "{secrets[2]}"\n'
+        f'[[relay]]\nurl = "rtp://127.0.0.1:5004"\nsrtp_key = "{secrets[3]}"\n'
+        f'[[camera]]\nname = "gate"\nsource = "rtsp://admin:{secrets[4]}@192.0.2.30/s1"\n')
+    hidden = ruseon("config", "--config", str(path))
+    assert hidden.returncode == 0, hidden.stderr
+    assert not [s for s in secrets if s in hidden.stdout], hidden.stdout
+    assert hidden.stdout.count("(hidden") == 4
+    assert 'source = "rtsp://admin:***@192.0.2.30/s1"' in hidden.stdout
+    assert 'username = "cam"' in hidden.stdout  # not a secret
+    shown = ruseon("config", "--config", str(path), "--show-secrets")
+    assert shown.returncode == 0, shown.stderr
+    assert all(s in shown.stdout for s in secrets), shown.stdout

@@ -148,7 +148,8 @@ def test_first_boot_applied_hostname_token_and_key(booted_image: BootedImage) ->
     assert c.run("cat", "/etc/hostname").stdout.strip() == HOSTNAME
     stat = c.run("stat", "-c", "%a %U %G", "/etc/ruseon/ruseon.toml").stdout.split()
     assert stat == ["640", "root", "ruseon"]
-    config = c.run("/opt/ruseon/bin/ruseon", "config", "--config", "/etc/ruseon/ruseon.toml")
+    config = c.run("/opt/ruseon/bin/ruseon", "config", "--config", "/etc/ruseon/ruseon.toml",
+                    "--show-secrets")
     assert f'token = "{TOKEN}"' in config.stdout
     assert 'source = "synthetic"' in config.stdout
     # The keys went to the image's real (locked) login user, not to root or a missing "admin".
