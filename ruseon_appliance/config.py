@@ -279,7 +279,8 @@ class WebhookConfig:
     url: str = ""
     # Event names to send; empty = all of WEBHOOK_EVENTS.
     events: tuple[str, ...] = ()
-    # HMAC-SHA256 key; when set every POST carries X-Ruseon-Signature: sha256=<hex of the body>.
+    # HMAC-SHA256 key; when set every POST carries X-Ruseon-Timestamp and X-Ruseon-Signature:
+    # sha256=<hex HMAC of "<timestamp>.<body>"> (see docs/home-assistant.md).
     secret: str = ""
     timeout_s: float = 5.0
     # Attempts after the first one, with doubling back-off from retry_delay_s.

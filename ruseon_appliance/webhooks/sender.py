@@ -28,6 +28,10 @@ from ..events import Event
 log = logging.getLogger(__name__)
 
 SIGNATURE_HEADER = "X-Ruseon-Signature"
+# Unix seconds when this attempt was sent; signed with the body, so a receiver can refuse a
+# captured request replayed later (older than a few minutes) without trusting any clock but its
+# own and ours.
+TIMESTAMP_HEADER = "X-Ruseon-Timestamp"
 # Longest wait between two attempts, whatever retry_delay_s doubles to.
 MAX_RETRY_DELAY_S = 60.0
 # A failing target is logged at most this often.
@@ -35,9 +39,11 @@ LOG_INTERVAL_S = 60.0
 _RETRY_STATUSES = frozenset({408, 425, 429})
 
 
-def sign(secret: str, body: bytes) -> str:
-    """The signature header's value: ``sha256=`` + hex HMAC-SHA256 of the exact body bytes."""
-    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+def sign(secret: str, timestamp: str, body: bytes) -> str:
+    """The signature header's value: ``sha256=`` + hex HMAC-SHA256 of ``<timestamp>.<body>``
+    (the timestamp header's exact text, a dot, the exact body bytes)."""
+    message = timestamp.encode() + b"." + body
+    return "sha256=" + hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()
 
 
 class WebhookSender:
@@ -118,21 +124,22 @@ class WebhookSender:
             else:
                 self.failed += 1
 
-    def body(self, event: Event) -> bytes:
-        """The exact bytes POSTed (and signed) for ``event``."""
-        return json.dumps(event.to_json(), separators=(",", ":"), sort_keys=True).encode()
+    def body(self, event: Event, delivery: str) -> bytes:
+        """The exact bytes POSTed (and signed) for ``event``; ``delivery`` is in the body so
+        the id a receiver drops duplicates by is signed too."""
+        document = {**event.to_json(), "delivery": delivery}
+        return json.dumps(document, separators=(",", ":"), sort_keys=True).encode()
 
     async def _deliver(self, event: Event) -> bool:
         """POST ``event`` with retries; True once the target answered 2xx."""
-        body = self.body(event)
+        delivery = secrets.token_hex(8)
+        body = self.body(event, delivery)
         headers = {
             "Content-Type": "application/json",
             "X-Ruseon-Event": event.name,
             # The same id on every attempt, so a receiver can drop a duplicate.
-            "X-Ruseon-Delivery": secrets.token_hex(8),
+            "X-Ruseon-Delivery": delivery,
         }
-        if self.config.secret:
-            headers[SIGNATURE_HEADER] = sign(self.config.secret, body)
         delay = self.config.retry_delay_s
         for attempt in range(self.config.retries + 1):
             if attempt:
@@ -149,6 +156,10 @@ class WebhookSender:
     async def _post(self, body: bytes, headers: dict[str, str], name: str) -> bool | None:
         """One attempt: None on success, True when worth retrying, False when not."""
         assert self._session is not None
+        if self.config.secret:  # signed per attempt: a retry carries its own send time
+            timestamp = str(int(time.time()))
+            headers = {**headers, TIMESTAMP_HEADER: timestamp,
+                       SIGNATURE_HEADER: sign(self.config.secret, timestamp, body)}
         try:
             async with self._session.post(self.config.url, data=body, headers=headers) as resp:
                 self.last_status = resp.status

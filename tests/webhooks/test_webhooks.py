@@ -11,7 +11,8 @@ import hashlib
 import hmac
 import json
 import socket
-from collections.abc import AsyncIterator, Callable
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +31,18 @@ from ruseon_appliance.config import (
     WebhookConfig,
     WebRtcConfig,
 )
-from ruseon_appliance.webhooks import SIGNATURE_HEADER
+from ruseon_appliance.webhooks import SIGNATURE_HEADER, TIMESTAMP_HEADER
 from tests.tooling import free_port
 from tests.web.conftest import Viewer
 
 SECRET = "s3cret"
+
+
+def verified(secret: str, headers: Mapping[str, str], body: bytes) -> bool:
+    """The check docs/home-assistant.md gives receivers, written from the docs."""
+    message = headers.get(TIMESTAMP_HEADER, "").encode() + b"." + body
+    expected = "sha256=" + hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()
+    return hmac.compare_digest(headers.get(SIGNATURE_HEADER, ""), expected)
 
 
 class Receiver:
@@ -52,9 +60,15 @@ class Receiver:
         self.attempts[delivery] = self.attempts.get(delivery, 0) + 1
         if self.attempts[delivery] <= self.fail_first:
             return web.Response(status=503)
-        expected = "sha256=" + hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
-        signed = hmac.compare_digest(request.headers.get(SIGNATURE_HEADER, ""), expected)
-        self.accepted.append((json.loads(body), signed))
+        signed = verified(SECRET, request.headers, body)
+        # The timestamp is signed: the same request with another time does not verify (a
+        # receiver refusing old timestamps therefore refuses a captured request replayed).
+        replayed = {**request.headers, TIMESTAMP_HEADER: str(int(time.time()) + 3600)}
+        document = json.loads(body)
+        signed = (signed and not verified(SECRET, replayed, body)
+                  and abs(time.time() - int(request.headers[TIMESTAMP_HEADER])) < 300
+                  and document["delivery"] == delivery)
+        self.accepted.append((document, signed))
         self.changed.set()
         return web.Response(status=204)
 
