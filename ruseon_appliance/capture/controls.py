@@ -61,7 +61,8 @@ class ControlSpec:
 
     def coerce(self, value: Any) -> Any:
         """``value`` as this control's type, or :class:`ControlError` naming the range."""
-        bad = ControlError(self.name, f"{self.name} = {value!r} is not valid: expected "
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+        bad = ControlError(self.name, f"{self.name} = {shown} is not valid: expected "
                                       f"{self.range_text()}")
         if self.kind == "bool":
             if not isinstance(value, bool):
@@ -73,6 +74,12 @@ class ControlSpec:
             return value
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise bad
+        assert self.minimum is not None and self.maximum is not None
+        # Compared before any conversion: JSON integers have no size limit, and float() or
+        # math.isfinite() of a 400-digit one raises OverflowError (a 500, not a 422).
+        if isinstance(value, int) and not self.minimum <= value <= self.maximum:
+            raise ControlError(self.name, f"{self.name} = {shown} is out of range: "
+                                          f"{self.range_text()}")
         if not math.isfinite(value):
             raise bad
         if self.kind == "int":
@@ -81,7 +88,6 @@ class ControlSpec:
             value = int(value)
         else:
             value = float(value)
-        assert self.minimum is not None and self.maximum is not None
         if not self.minimum <= value <= self.maximum:
             raise ControlError(self.name, f"{self.name} = {value!r} is out of range: "
                                           f"{self.range_text()}")

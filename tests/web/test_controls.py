@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -179,6 +180,28 @@ async def test_bad_changes_are_422_and_change_nothing(tmp_path: Path, body: Any,
             data = await patch(http, url, body, status=status)
         for word in words:
             assert word in data["detail"], data
+        assert appliance.controls.values["brightness"] == 0.0
+        assert not (Path(appliance.config.state.dir) / CONTROLS_FILE).exists()
+
+
+async def test_numbers_json_can_spell_are_422_not_500(tmp_path: Path) -> None:
+    """JSON has integers of any length, NaN and Infinity (Python's json reads them), and
+    true/false are not 1/0: each is a 422 naming the control, never a 500."""
+    huge = 10 ** 400
+    rows: list[tuple[str, dict[str, Any]]] = [
+        ("brightness", {"brightness": huge}), ("brightness", {"brightness": -huge}),
+        ("framerate", {"framerate": huge}), ("brightness", {"brightness": "NaN"}),
+        ("brightness", {"brightness": "Infinity"}), ("hflip", {"hflip": 1}),
+        ("framerate", {"framerate": True}),
+    ]
+    async with appliance_at(config_for(tmp_path)) as (appliance, http, url):
+        for name, body in rows:
+            text = json.dumps(body).replace('"NaN"', "NaN").replace('"Infinity"', "Infinity")
+            async with http.patch(url, data=text, headers={
+                    **AUTH, "Content-Type": "application/json"}) as resp:
+                data = await resp.json(content_type=None)
+                assert resp.status == 422, (body, data)
+            assert name in data["detail"], data
         assert appliance.controls.values["brightness"] == 0.0
         assert not (Path(appliance.config.state.dir) / CONTROLS_FILE).exists()
 
