@@ -250,6 +250,10 @@ class MqttConfig:
     # Shortest time between two state messages (throttle), and the snapshot image's period.
     state_interval_s: float = 5.0
     snapshot_interval_s: float = 30.0
+    # Any client the broker lets publish under <topic_prefix>/ can press the buttons and set
+    # camera controls; false = state only (no buttons, no control entities, nothing subscribed
+    # but Home Assistant's status). Otherwise restrict those topics with the broker's ACL.
+    commands: bool = True
 
     def endpoint(self) -> tuple[str, int, bool]:
         """``(host, port, tls)`` of :attr:`url`; ``ValueError`` when it is not a broker URL."""

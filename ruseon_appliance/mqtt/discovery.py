@@ -103,7 +103,7 @@ class Discovery:
     def __init__(self, discovery_prefix: str, topics: Topics, *, name: str,
                  configuration_url: str = "", recording: bool = False,
                  controls: Mapping[str, Mapping[str, Any]] | None = None,
-                 cameras: Sequence[str] = ()) -> None:
+                 cameras: Sequence[str] = (), commands: bool = True) -> None:
         self.discovery_prefix = discovery_prefix
         self.topics = topics
         self.name = name
@@ -114,6 +114,8 @@ class Discovery:
         # The cameras after the first (whose entities keep the ids one camera always had):
         # each gets a camera entity and its own sensors, read from the state's "cameras".
         self.cameras = list(cameras)
+        # False: no entity that sends commands (buttons, camera controls).
+        self.commands = commands
 
     def device(self) -> dict[str, Any]:
         """The shared ``device`` block (``identifiers`` ties every entity to one device)."""
@@ -156,7 +158,10 @@ class Discovery:
             ]
         for camera in self.cameras:
             entities += self._camera_entities(camera)
-        return entities + [self._control(name, spec) for name, spec in self.controls.items()]
+        entities += [self._control(name, spec) for name, spec in self.controls.items()]
+        if not self.commands:
+            return [e for e in entities if "command_topic" not in e.config]
+        return entities
 
     def _camera_entities(self, camera: str) -> list[Entity]:
         """A further camera: its picture, frame rate, bitrate, viewers and a problem sensor."""

@@ -23,7 +23,7 @@ import aiomqtt
 
 from ..config import MqttConfig
 from ..events import Event
-from .discovery import OFFLINE, ONLINE, Discovery, Topics
+from .discovery import OFFLINE, ONLINE, PRESS, Discovery, Topics
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,8 @@ class HomeAssistantMqtt:
                                    configuration_url=configuration_url,
                                    recording=record is not None,
                                    controls=controls.describe()["controls"] if controls else None,
-                                   cameras=list(camera_snapshots or {}))
+                                   cameras=list(camera_snapshots or {}),
+                                   commands=config.commands)
         # The other cameras' snapshots (the first camera's is ``snapshot``), by name.
         self._camera_snapshots = dict(camera_snapshots or {})
         self._state = state
@@ -200,9 +201,10 @@ class HomeAssistantMqtt:
 
     async def _session(self, client: aiomqtt.Client) -> None:
         """One connection's work: announce, then state, snapshots and commands until it drops."""
-        await client.subscribe(self.topics.commands, qos=1)
-        if self._controls is not None:
-            await client.subscribe(self.topics.control_sets, qos=1)
+        if self.config.commands:
+            await client.subscribe(self.topics.commands, qos=1)
+            if self._controls is not None:
+                await client.subscribe(self.topics.control_sets, qos=1)
         await client.subscribe(f"{self.config.discovery_prefix}/status", qos=1)
         await self._announce(client)
         # Every retained config under this device id: what is not announced any more (a
@@ -292,7 +294,10 @@ class HomeAssistantMqtt:
                 await self._set_control(topic.split("/")[-2], message.payload)
                 continue
             command = topic.rsplit("/", 1)[-1]
-            if command == "snapshot":
+            if message.payload not in (PRESS, PRESS.encode()):
+                log.debug("mqtt: ignoring %r on %s (a press is %s)", message.payload, topic,
+                          PRESS)
+            elif command == "snapshot":
                 self._snapshot_forced = True
                 self._snapshot_kick.set()
             elif command == "record" and self._record is not None:

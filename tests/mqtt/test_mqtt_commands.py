@@ -133,3 +133,40 @@ def test_discovery_keys_home_assistant_still_accepts() -> None:
         assert config["default_entity_id"] == f"{component}.{config['unique_id']}"
         if component == "number":
             assert config["step"] >= 0.001
+
+
+async def test_commands_off_and_presses_that_are_not_presses(tmp_path: Path) -> None:
+    """A button acts on its PRESS payload only; with ``commands = false`` there are no command
+    entities and nothing a broker client publishes under the prefix does anything."""
+    presses = 0
+
+    async def record() -> None:
+        nonlocal presses
+        presses += 1
+
+    topics = Topics("ruseon", DEVICE)
+    async with broker(tmp_path) as mosquitto:
+        async with (Recorder(mosquitto.port, ("homeassistant/#",)) as seen,
+                    appliance(mosquitto.port, record) as mqtt):
+            await seen.wait_for(lambda: len(configs(seen)) >= 10, what="discovery")
+            await publish(mosquitto.port, topics.command("record"), "garbage")
+            await publish(mosquitto.port, topics.command("snapshot"), "PRESS")
+            await seen.wait_for(lambda: mqtt.commands >= 2, what="both commands")
+            assert presses == 0
+        config = MqttConfig(url=f"mqtt://127.0.0.1:{mosquitto.port}", commands=False)
+        off = HomeAssistantMqtt(config, device_id=DEVICE, name="test", state=lambda: {},
+                                snapshot=no_snapshot, record=record)
+        await off.start()
+        try:
+            async with Recorder(mosquitto.port, ("homeassistant/#",)) as late:
+                await late.wait_for(
+                    lambda: set(configs(late)) == set(off.discovery.configs()), what="configs")
+                assert not [t for t in configs(late) if "/button/" in t]
+            await publish(mosquitto.port, topics.command("record"), "PRESS")
+            await publish(mosquitto.port, f"{topics.base}/status-probe", "x")
+            async with Recorder(mosquitto.port, (f"{topics.base}/#",)) as probe:
+                await probe.wait_for(lambda: f"{topics.base}/availability" in probe.last,
+                                     what="availability")
+            assert off.commands == 0 and presses == 0
+        finally:
+            await off.stop()
