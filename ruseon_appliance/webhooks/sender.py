@@ -161,9 +161,13 @@ class WebhookSender:
             headers = {**headers, TIMESTAMP_HEADER: timestamp,
                        SIGNATURE_HEADER: sign(self.config.secret, timestamp, body)}
         try:
-            async with self._session.post(self.config.url, data=body, headers=headers) as resp:
+            # No redirects: a 307/308 would re-POST the signed event wherever the receiver (or
+            # whoever answers at its address) points, e.g. at a service on the appliance's own
+            # network. The answer's body is not read: only its status matters, and a receiver
+            # answering with gigabytes must not make us hold them.
+            async with self._session.post(self.config.url, data=body, headers=headers,
+                                          allow_redirects=False) as resp:
                 self.last_status = resp.status
-                await resp.read()
                 if 200 <= resp.status < 300:
                     return None
                 self._log_failure(name, f"HTTP {resp.status}")

@@ -31,7 +31,8 @@ from ruseon_appliance.config import (
     WebhookConfig,
     WebRtcConfig,
 )
-from ruseon_appliance.webhooks import SIGNATURE_HEADER, TIMESTAMP_HEADER
+from ruseon_appliance.events import Event
+from ruseon_appliance.webhooks import SIGNATURE_HEADER, TIMESTAMP_HEADER, WebhookSender
 from tests.tooling import free_port
 from tests.web.conftest import Viewer
 
@@ -192,3 +193,26 @@ async def test_dead_receiver_neither_slows_the_stream_nor_grows_the_queue(
             assert stats["queued"] == 9
             assert stats["sent"] == 0
             reader.close()
+
+
+async def test_redirects_are_not_followed(tmp_path: Path) -> None:
+    """A receiver answering 307 elsewhere gets a final failure; the signed event is never
+    re-POSTed to where it points."""
+    elsewhere = Receiver(fail_first=0)
+
+    async def bounce(request: web.Request) -> web.Response:
+        raise web.HTTPTemporaryRedirect(target)
+
+    async with serve(elsewhere.handle) as target, serve(bounce) as url:
+        sender = WebhookSender(WebhookConfig(url=url, secret=SECRET, retries=1,
+                                             retry_delay_s=0.05))
+        await sender.start()
+        try:
+            sender.offer(Event("viewer_joined", time.time(), {"viewers": 1}))
+            deadline = time.monotonic() + 60
+            while sender.failed + sender.sent == 0 and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            assert (sender.failed, sender.sent, sender.last_status) == (1, 0, 307)
+            assert elsewhere.attempts == {}
+        finally:
+            await sender.stop()
