@@ -265,8 +265,12 @@ class CameraControls:
         tmp = self._path.with_suffix(".tmp")
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            # O_CREAT's mode only applies to a new file: a .tmp left by a crash keeps its own.
+            os.fchmod(fd, 0o600)
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
                 json.dump({"values": changed}, fh, indent=1, sort_keys=True)
+                fh.flush()
+                os.fsync(fh.fileno())  # else a power cut after the rename can leave it empty
             os.replace(tmp, self._path)
         except OSError as exc:
             log.warning("cannot save camera controls to %s: %s", self._path, exc)

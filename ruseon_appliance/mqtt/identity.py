@@ -25,6 +25,7 @@ def load_device_id(state_dir: Path, configured: str = "") -> str:
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     tmp = path.with_suffix(".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # a .tmp left by a crash keeps its own mode otherwise
     with os.fdopen(fd, "w", encoding="ascii") as fh:
         fh.write(device_id + "\n")
     os.replace(tmp, path)

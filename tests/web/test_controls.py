@@ -206,6 +206,29 @@ async def test_numbers_json_can_spell_are_422_not_500(tmp_path: Path) -> None:
         assert not (Path(appliance.config.state.dir) / CONTROLS_FILE).exists()
 
 
+async def test_a_bad_saved_file_does_not_stop_start_up(tmp_path: Path) -> None:
+    """Whatever the state dir holds (half a file, nonsense values, a leftover temporary file
+    from a crash with loose permissions), the appliance starts on the config's values and the
+    next save is 0600."""
+    config = config_for(tmp_path)
+    state = Path(config.state.dir)
+    state.mkdir(parents=True, exist_ok=True)
+    saved = state / CONTROLS_FILE
+    for text in ('{"values": {"brightness": 0.', '[1, 2]', '{"values": 7}',
+                 '{"values": {"brightness": 9, "zoom": 1, "hflip": 1, "framerate": NaN}}'):
+        saved.write_text(text)
+        async with appliance_at(config) as (appliance, http, url):
+            assert appliance.controls.values["brightness"] == 0.0, text
+            assert appliance.controls.values["hflip"] is False
+    leftover = saved.with_suffix(".tmp")
+    leftover.write_text("{}")
+    leftover.chmod(0o644)
+    async with appliance_at(config) as (appliance, http, url):
+        await patch(http, url, {"brightness": 0.25})
+    assert saved.stat().st_mode & 0o777 == 0o600
+    assert json.loads(saved.read_text())["values"] == {"brightness": 0.25}
+
+
 async def test_restart_requiring_control_keeps_the_viewer_playing(tmp_path: Path) -> None:
     async with appliance_at(config_for(tmp_path)) as (appliance, http, url):
         assert appliance.engine is not None
