@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 import socket
 import ssl
 import time
@@ -32,6 +31,7 @@ from .mqtt import HomeAssistantMqtt, load_device_id
 from .mqtt.publisher import SnapshotSource
 from .recording import Recorder, RecorderSettings
 from .relay import RtpRelay
+from .shutdown import StopSignals, bounded, until_stopped
 from .systemd_integration import SystemdNotifier, frames_flowing
 from .web.app import DEVICE_API, make_app
 from .web.controls import ControlsResource
@@ -44,8 +44,12 @@ log = logging.getLogger("ruseon")
 
 # How long start-up waits for the camera's first frame before giving up (a Pi camera takes ~1 s).
 FIRST_FRAME_TIMEOUT_S = 20.0
-# Graceful shutdown budget; systemd's TimeoutStopSec in the unit is larger.
+# Graceful shutdown budget; then the process ends anyway SHUTDOWN_HARD_S after the signal
+# (systemd's TimeoutStopSec in the unit is larger, so our own log says what was stuck).
 SHUTDOWN_TIMEOUT_S = 10.0
+SHUTDOWN_HARD_S = 15.0
+# How long a start-up cancelled by a signal may take to unwind before the stop begins.
+START_CANCEL_GRACE_S = 2.0
 # How often STATUS= is refreshed for `systemctl status`.
 STATUS_INTERVAL_S = 5.0
 
@@ -436,28 +440,30 @@ def follow_stream_controls(camera: Camera, controls: CameraControls) -> None:
 
 
 async def serve(config: Config) -> int:
-    """Run the appliance until SIGTERM or SIGINT; return the exit status."""
+    """Run the appliance until SIGTERM or SIGINT; return the exit status.
+
+    A signal is honoured at any phase: during start-up it cancels the start and stops what was
+    started. The stop gets ``SHUTDOWN_TIMEOUT_S``; ``SHUTDOWN_HARD_S`` after the signal the
+    process ends whatever still runs, naming it (``shutdown.StopSignals``).
+    """
     try:
         appliance = Appliance(config)
     except SourceUnavailable as exc:
         log.error("%s", exc, extra={"EVENT": "startup_failed"})
         return 1
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
+    signals = StopSignals(asyncio.get_running_loop(), hard_s=SHUTDOWN_HARD_S)
+    signals.install()
     try:
-        await appliance.start()
+        started = await until_stopped(appliance.start(), signals.requested,
+                                      grace_s=START_CANCEL_GRACE_S)
     except (OSError, RuntimeError) as exc:
         log.error("start-up failed: %s", exc, extra={"EVENT": "startup_failed"})
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(appliance.stop(), SHUTDOWN_TIMEOUT_S)
+            await bounded(appliance.stop(), SHUTDOWN_TIMEOUT_S, "the stop after start-up failed")
         return 1
-    await stop.wait()
-    log.info("shutting down", extra={"EVENT": "stopping"})
-    try:
-        await asyncio.wait_for(appliance.stop(), SHUTDOWN_TIMEOUT_S)
-    except TimeoutError:
-        log.warning("shutdown took longer than %.0f s", SHUTDOWN_TIMEOUT_S)
+    if started:
+        await signals.requested.wait()
+    log.info("shutting down (%s%s)", signals.signal_name, "" if started else " during start-up",
+             extra={"EVENT": "stopping"})
+    await bounded(appliance.stop(), SHUTDOWN_TIMEOUT_S, "shutdown")
     return 0
-

@@ -23,10 +23,14 @@ class ApplianceProcess:
                     **(env or {})}
         self.log = state_dir / "appliance.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        self._log_start = 0
 
     def start(self, timeout: float = 90.0) -> None:
         """Start and wait for the ready line."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        # The log is appended to across restarts: only this run's lines count, or a restart would
+        # "see" the previous run's ready line and return while the new process is starting.
+        self._log_start = self.log.stat().st_size if self.log.exists() else 0
         out = self.log.open("ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "ruseon_appliance", "serve", "--config", "/dev/null",
@@ -37,7 +41,7 @@ class ApplianceProcess:
         out.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if "ready: open" in self.output():
+            if b"ready: open" in self.log.read_bytes()[self._log_start:]:
                 return
             if self.proc.poll() is not None:
                 raise AssertionError("the appliance exited:\n" + self.output())
