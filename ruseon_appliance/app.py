@@ -458,6 +458,7 @@ async def serve(config: Config) -> int:
                                       grace_s=START_CANCEL_GRACE_S)
     except (OSError, RuntimeError) as exc:
         log.error("start-up failed: %s", exc, extra={"EVENT": "startup_failed"})
+        signals.arm(f"still running {SHUTDOWN_HARD_S:.0f} s after start-up failed")
         with contextlib.suppress(Exception):
             await bounded(appliance.stop(), SHUTDOWN_TIMEOUT_S, "the stop after start-up failed")
         return 1

@@ -67,12 +67,12 @@ class StopSignals:
     the process ends within ``hard_s`` of it whatever still runs."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, *, hard_s: float,
-                 exit: Callable[[int], Any] = os._exit) -> None:
+                 exit_process: Callable[[int], Any] = os._exit) -> None:
         self.loop = loop
         self.hard_s = hard_s
         self.requested = asyncio.Event()
         self.signal_name = ""
-        self._exit = exit
+        self._exit = exit_process
         self._deadline: threading.Timer | None = None
 
     def install(self) -> None:
@@ -87,8 +87,14 @@ class StopSignals:
             return
         self.signal_name = name
         self.requested.set()
-        self._deadline = threading.Timer(
-            self.hard_s, self.force, (f"still running {self.hard_s:.0f} s after {name}",))
+        self.arm(f"still running {self.hard_s:.0f} s after {name}")
+
+    def arm(self, why: str) -> None:
+        """Start the deadline: ``hard_s`` from now the process ends (once; on the loop's
+        thread, which must be the main thread for SIGALRM)."""
+        if self._deadline is not None:
+            return
+        self._deadline = threading.Timer(self.hard_s, self.force, (why,))
         self._deadline.name = "shutdown-deadline"
         self._deadline.daemon = True
         self._deadline.start()
@@ -112,14 +118,6 @@ class StopSignals:
             with contextlib.suppress(Exception):
                 handler.flush()
         self._exit(FORCED_EXIT_STATUS)
-
-    def disarm(self) -> None:
-        """The process is about to end by itself (not used after a signal: the deadline also
-        covers asyncio.run's teardown and the interpreter's exit)."""
-        if self._deadline is not None:
-            self._deadline.cancel()
-        if hasattr(signal, "alarm"):
-            signal.alarm(0)
 
 
 async def until_stopped(work: Awaitable[None], stop: asyncio.Event, *,
