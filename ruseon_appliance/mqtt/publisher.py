@@ -16,6 +16,7 @@ import json
 import logging
 import random
 import ssl
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
@@ -30,6 +31,10 @@ log = logging.getLogger(__name__)
 # Reconnect back-off: doubles from the first to the cap, with +-20 % jitter.
 BACKOFF_FIRST_S = 1.0
 BACKOFF_MAX_S = 60.0
+# A connection must last this long before the back-off starts from the first delay again: a
+# broker that accepts and drops at once (flapping, or refusing us after CONNACK) would otherwise
+# be reconnected to, and sent every discovery config, once a second for ever.
+STABLE_CONNECTION_S = 30.0
 KEEPALIVE_S = 30
 # Bounded queues in paho/aiomqtt: a stuck broker costs at most this many messages of memory.
 MAX_OUTGOING = 64
@@ -104,6 +109,8 @@ class HomeAssistantMqtt:
         self._stopping = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self.connected = False
+        # The wait before the next connection attempt (doubling while attempts fail).
+        self.retry_delay_s = BACKOFF_FIRST_S
         self.connects = 0
         self.disconnects = 0
         self.published = 0
@@ -165,13 +172,14 @@ class HomeAssistantMqtt:
         )
 
     async def _run(self) -> None:
-        delay = BACKOFF_FIRST_S
+        self.retry_delay_s = delay = BACKOFF_FIRST_S
         while not self._stopping:
+            connected_at: float | None = None
             try:
                 async with self._client() as client:
                     self.connected = True
                     self.connects += 1
-                    delay = BACKOFF_FIRST_S
+                    connected_at = time.monotonic()
                     log.info("mqtt: connected to %s:%d as %s", *self.config.endpoint()[:2],
                              self.topics.device_id)
                     try:
@@ -196,6 +204,9 @@ class HomeAssistantMqtt:
                 self.disconnects += 1
             if self._stopping:
                 return
+            if connected_at is not None and time.monotonic() - connected_at >= STABLE_CONNECTION_S:
+                delay = BACKOFF_FIRST_S
+            self.retry_delay_s = delay
             await asyncio.sleep(delay * random.uniform(0.8, 1.2))
             delay = min(delay * 2, BACKOFF_MAX_S)
 

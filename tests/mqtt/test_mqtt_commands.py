@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import aiomqtt
+import pytest
 
 from ruseon_appliance.config import MqttConfig
+from ruseon_appliance.mqtt import publisher
 from ruseon_appliance.mqtt.discovery import Discovery, Topics
 from ruseon_appliance.mqtt.publisher import HomeAssistantMqtt
 from tests.mqtt.broker import Mosquitto, Recorder
@@ -170,3 +172,30 @@ async def test_commands_off_and_presses_that_are_not_presses(tmp_path: Path) -> 
             assert off.commands == 0 and presses == 0
         finally:
             await off.stop()
+
+
+async def test_a_broker_that_drops_every_connection_gets_backed_off(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A broker that answers CONNACK and hangs up at once: each short-lived connection still
+    doubles the wait (it used to start again from the first delay on every connect, so such
+    a broker was reconnected to, and sent every discovery config, once a second for ever)."""
+    monkeypatch.setattr(publisher, "BACKOFF_FIRST_S", 0.01)
+
+    async def connack_then_close(reader: asyncio.StreamReader,
+                                 writer: asyncio.StreamWriter) -> None:
+        await reader.read(1024)  # CONNECT
+        writer.write(b"\x20\x02\x00\x00")  # CONNACK, accepted
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(connack_then_close, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with appliance(port, None) as mqtt:
+            deadline = asyncio.get_running_loop().time() + 60
+            while mqtt.connects < 6:
+                assert asyncio.get_running_loop().time() < deadline, mqtt.stats()
+                await asyncio.sleep(0.01)
+            assert mqtt.retry_delay_s >= 0.01 * 2 ** 4, mqtt.retry_delay_s
+    finally:
+        server.close()
