@@ -50,6 +50,15 @@ async def test_metrics_parse_and_keep_every_family(tmp_path: Path) -> None:
         finally:
             await viewer.close()
     found = families(text)
+    # The body joins several sections; a family twice is a failed scrape for Prometheus
+    # ("second TYPE line for metric name"), though the Python parser merges it quietly.
+    types = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")]
+    assert len(types) == len(set(types)), sorted(t for t in types if types.count(t) > 1)
+    # Label values are reasons, statuses, names: never a session id or a viewer's address,
+    # which would add series for ever.
+    values = {v for f in text_string_to_metric_families(text) for s in f.samples
+              for v in s.labels.values()}
+    assert not [v for v in values if "127.0.0.1" in v or len(v) > 40], values
     if os.environ.get("RUSEON_DUMP_FAMILIES"):
         BEFORE.write_text("".join(f"{n} {t}\n" for n, t in sorted(found.items())))
     before = dict(line.split() for line in BEFORE.read_text().splitlines() if line.strip())
