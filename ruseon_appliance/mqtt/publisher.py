@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import aiomqtt
 
-from ..config import MqttConfig
+from ..config import ConfigError, MqttConfig
 from ..events import Event
 from .discovery import OFFLINE, ONLINE, PRESS, Discovery, Topics
 
@@ -197,6 +197,14 @@ class HomeAssistantMqtt:
                 elif not self.last_error:
                     log.warning("mqtt: cannot reach the broker (%s); retrying with back-off",
                                 why)
+                self.last_error = why
+                self.disconnects += 1
+            except* ConfigError as group:
+                # mqtt.password_file unreadable: say so once, not with a traceback per attempt
+                # (the file may appear or get its permissions fixed; attempts go on).
+                why = str(group.exceptions[0])
+                if self.last_error != why:
+                    log.error("mqtt: %s; retrying with back-off", why)
                 self.last_error = why
                 self.disconnects += 1
             except* Exception:  # a bug here must not end MQTT for good, nor streaming

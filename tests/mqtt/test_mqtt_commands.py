@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -199,3 +200,25 @@ async def test_a_broker_that_drops_every_connection_gets_backed_off(
             assert mqtt.retry_delay_s >= 0.01 * 2 ** 4, mqtt.retry_delay_s
     finally:
         server.close()
+
+
+async def test_unreadable_password_file_is_one_line_not_a_traceback_per_attempt(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(publisher, "BACKOFF_FIRST_S", 0.01)
+    config = MqttConfig(url="mqtt://127.0.0.1:1", username="cam",
+                        password_file=str(tmp_path / "missing"))
+    mqtt = HomeAssistantMqtt(config, device_id=DEVICE, name="test", state=lambda: {},
+                             snapshot=no_snapshot)
+    with caplog.at_level(logging.INFO, logger="ruseon_appliance.mqtt"):
+        await mqtt.start()
+        try:
+            deadline = asyncio.get_running_loop().time() + 60
+            while mqtt.disconnects < 3:
+                assert asyncio.get_running_loop().time() < deadline
+                await asyncio.sleep(0.01)
+        finally:
+            await mqtt.stop()
+    records = [r for r in caplog.records if r.name.startswith("ruseon_appliance.mqtt")]
+    assert len(records) == 1 and "mqtt.password_file" in records[0].getMessage(), records
+    assert records[0].exc_info is None
