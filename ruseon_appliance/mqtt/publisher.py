@@ -48,6 +48,9 @@ CONNECT_TIMEOUT_S = 5.0
 STOP_TIMEOUT_S = 5.0
 # Events (a viewer joined, the camera stalled) push a state update at most this often.
 MIN_STATE_GAP_S = 0.5
+# Home Assistant's "online" re-announces at most this often: anyone may publish it, and each
+# one costs every discovery config again (they are retained anyway).
+MIN_ANNOUNCE_GAP_S = 10.0
 
 # A JPEG of the newest keyframe and its ring sequence number (to publish only on change).
 SnapshotSource = Callable[[], Awaitable[tuple[int, bytes] | None]]
@@ -111,6 +114,7 @@ class HomeAssistantMqtt:
         self.connected = False
         # The wait before the next connection attempt (doubling while attempts fail).
         self.retry_delay_s = BACKOFF_FIRST_S
+        self._announced_at = -MIN_ANNOUNCE_GAP_S
         self.connects = 0
         self.disconnects = 0
         self.published = 0
@@ -243,6 +247,7 @@ class HomeAssistantMqtt:
 
     async def _announce(self, client: aiomqtt.Client) -> None:
         """Availability and every discovery config, retained (again on every connect)."""
+        self._announced_at = time.monotonic()
         for topic, config in self.discovery.configs().items():
             await self._publish(client, topic, config, qos=1)
         await self._publish(client, self.topics.availability, ONLINE, qos=1)
@@ -294,7 +299,8 @@ class HomeAssistantMqtt:
             topic = str(message.topic)
             if topic == ha_status:
                 # Home Assistant (re)started: it asks everyone to announce again.
-                if message.payload in (b"online", "online"):
+                if (message.payload in (b"online", "online") and time.monotonic()
+                        - self._announced_at >= MIN_ANNOUNCE_GAP_S):
                     await self._announce(client)
                 continue
             if message.topic.matches(self.discovery.config_topics()):
