@@ -227,14 +227,14 @@ async def test_unreadable_password_file_is_one_line_not_a_traceback_per_attempt(
 async def test_a_flood_of_home_assistant_online_does_not_republish_everything(
         tmp_path: Path) -> None:
     topics = Topics("ruseon", DEVICE)
-    async with broker(tmp_path) as mosquitto:
-        async with (Recorder(mosquitto.port, (topics.availability,)) as seen,
-                    appliance(mosquitto.port, None) as mqtt):
-            await seen.wait_for(lambda: topics.availability in seen.last, what="online")
-            configs_count = len(mqtt.discovery.configs())
-            before = mqtt.published
-            await publish(mosquitto.port, "homeassistant/status", "online", times=50)
-            await publish(mosquitto.port, topics.command("snapshot"), "PRESS")
-            await seen.wait_for(lambda: mqtt.commands >= 1, what="the command after them")
-            # At most one re-announcement (plus state updates), not fifty.
-            assert mqtt.published - before < 3 * configs_count, mqtt.published - before
+    async with (broker(tmp_path) as mosquitto,
+                Recorder(mosquitto.port, (topics.availability,)) as seen,
+                appliance(mosquitto.port, None) as mqtt):
+        await seen.wait_for(lambda: topics.availability in seen.last, what="online")
+        configs_count = len(mqtt.discovery.configs())
+        before = mqtt.published
+        await publish(mosquitto.port, "homeassistant/status", "online", times=50)
+        await publish(mosquitto.port, topics.command("snapshot"), "PRESS")
+        await seen.wait_for(lambda: mqtt.commands >= 1, what="the command after them")
+        # At most one re-announcement (plus state updates), not fifty.
+        assert mqtt.published - before < 3 * configs_count, mqtt.published - before
