@@ -815,6 +815,11 @@ def validate_mqtt(mqtt: MqttConfig) -> None:
         except ValueError:
             raise ConfigError(f"mqtt.url = {mqtt.url!r} is not valid: expected mqtt://HOST[:PORT] "
                               "or mqtts://HOST[:PORT]") from None
+        # Credentials in the URL were ignored (the appliance connected without them); and a
+        # URL is what logs, `ps` and status show. They go in username/password(_file).
+        _check("@" not in mqtt.url, "mqtt.url", "(credentials hidden)",
+               "mqtt://HOST[:PORT] without user:password@ (use mqtt.username and "
+               "mqtt.password or mqtt.password_file)")
     topic_chars = RELAY_NAME_CHARS | frozenset("/")
     for key in ("topic_prefix", "discovery_prefix"):
         value = getattr(mqtt, key)

@@ -32,6 +32,7 @@ def test_mqtt_and_webhooks_from_a_file(tmp_path: Path) -> None:
     ('[mqtt]\nurl = "http://broker"\n', "mqtt.url"),
     ('[mqtt]\nurl = "mqtt://broker:99999"\n', "mqtt.url"),
     ('[mqtt]\nurl = "mqtt://"\n', "mqtt.url"),
+    ('[mqtt]\nurl = "mqtt://cam:s3cret@broker"\n', "mqtt.username"),
     ('[mqtt]\ntopic_prefix = "a/#"\n', "mqtt.topic_prefix"),
     ('[mqtt]\nstate_interval_s = 0\n', "mqtt.state_interval_s"),
     ('[mqtt]\nbroker = "x"\n', "mqtt.broker"),
