@@ -357,6 +357,9 @@ class HomeAssistantMqtt:
         except (ValueError, TypeError, UnicodeDecodeError) as exc:
             self.control_errors += 1
             log.warning("mqtt: camera control %s refused: %s", name, exc)
+        except Exception:  # the camera failed to apply it: not a reason to drop the connection
+            self.control_errors += 1
+            log.exception("mqtt: camera control %s could not be applied", name)
         self._state_kick.set()  # publish the values (changed, or unchanged after a refusal)
 
     async def _run_record(self) -> None:

@@ -238,3 +238,39 @@ async def test_a_flood_of_home_assistant_online_does_not_republish_everything(
         await seen.wait_for(lambda: mqtt.commands >= 1, what="the command after them")
         # At most one re-announcement (plus state updates), not fifty.
         assert mqtt.published - before < 3 * configs_count, mqtt.published - before
+
+
+class FailingCamera:
+    """Camera controls whose camera fails to apply a change (a sensor that will not
+    reconfigure): the hardware stand-in."""
+
+    def __init__(self) -> None:
+        self.updates = 0
+
+    def describe(self) -> dict[str, Any]:
+        return {"controls": {"brightness": {"type": "float", "min": -1.0, "max": 1.0,
+                                            "value": 0.0, "live": True}}}
+
+    async def update(self, changes: Mapping[str, Any]) -> bool:
+        self.updates += 1
+        raise RuntimeError("the camera did not come back")
+
+
+async def test_a_control_the_camera_fails_to_apply_keeps_the_connection(tmp_path: Path) -> None:
+    topics = Topics("ruseon", DEVICE)
+    camera = FailingCamera()
+    async with broker(tmp_path) as mosquitto:
+        mqtt = HomeAssistantMqtt(MqttConfig(url=f"mqtt://127.0.0.1:{mosquitto.port}"),
+                                 device_id=DEVICE, name="test", state=lambda: {},
+                                 snapshot=no_snapshot, controls=camera)
+        await mqtt.start()
+        try:
+            async with Recorder(mosquitto.port, (topics.availability,)) as seen:
+                await seen.wait_for(lambda: topics.availability in seen.last, what="online")
+                for _ in range(2):
+                    await publish(mosquitto.port, topics.control_set("brightness"), "0.5")
+                await seen.wait_for(lambda: mqtt.control_errors >= 2, what="both refused")
+            assert camera.updates == 2
+            assert (mqtt.connects, mqtt.disconnects, mqtt.connected) == (1, 0, True)
+        finally:
+            await mqtt.stop()
