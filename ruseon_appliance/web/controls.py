@@ -11,12 +11,15 @@ what is allowed, and nothing changes. Both need the Bearer token when auth is on
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from aiohttp import web
 
 from ruseon_appliance.capture.controls import CameraControls, ControlError
 from ruseon_appliance.web.problem import Problem
+
+log = logging.getLogger(__name__)
 
 PATH = "/api/camera/controls"
 
@@ -54,5 +57,10 @@ class ControlsResource:
             restarted = await self.controls.update(changes)  # one change at a time
         except ControlError as exc:
             raise Problem(422, str(exc)) from None
+        except Exception as exc:  # the camera failed (a sensor that will not reconfigure)
+            log.exception("camera controls: %s could not be applied", ", ".join(map(str, changes)))
+            raise Problem(503, f"the camera could not apply {', '.join(map(str, changes))}: "
+                               f"{exc}; the previous values stay",
+                          headers={"Retry-After": "5"}) from None
         return web.json_response({**self.controls.describe(), "restarted": restarted},
                                  headers={"Cache-Control": "no-store"})

@@ -229,6 +229,20 @@ async def test_a_bad_saved_file_does_not_stop_start_up(tmp_path: Path) -> None:
     assert json.loads(saved.read_text())["values"] == {"brightness": 0.25}
 
 
+async def test_a_camera_that_fails_to_apply_is_503_not_500(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    async with appliance_at(config_for(tmp_path)) as (appliance, http, url):
+        async def refuses(values: Any) -> bool:
+            raise RuntimeError("sensor did not come back")
+
+        monkeypatch.setattr(appliance.capture.source, "apply_controls", refuses)
+        async with http.patch(url, json={"framerate": 10}, headers=AUTH) as resp:
+            data = await resp.json(content_type=None)
+            assert resp.status == 503, data
+        assert "framerate" in data["detail"] and "sensor did not come back" in data["detail"]
+        assert appliance.controls.values["framerate"] == appliance.config.camera.framerate
+
+
 async def test_restart_requiring_control_keeps_the_viewer_playing(tmp_path: Path) -> None:
     async with appliance_at(config_for(tmp_path)) as (appliance, http, url):
         assert appliance.engine is not None
