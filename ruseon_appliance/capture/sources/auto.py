@@ -21,7 +21,6 @@ from .file import FileSource
 from .picamera import PicameraSource, camera_present, load_picamera2
 from .rpicam import RpicamSource, command_output
 from .rtsp import RtspSource
-from .synthetic import SyntheticSource
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +53,15 @@ async def choose_source(camera: CameraConfig) -> Source:
     log.info("camera.source = auto: no camera found (picamera2 %s, %s %s); using the synthetic "
              "test camera", "importable" if api else "not importable", camera.rpicam_command,
              "present" if argv and shutil.which(argv[0]) else "absent")
+    return synthetic_source(camera)
+
+
+def synthetic_source(camera: CameraConfig) -> Source:
+    """The synthetic test camera, imported only when chosen: it draws its pictures with numpy
+    and encodes them with PyAV, which a camera or file source never needs (numpy alone is
+    ~20 MiB of RSS)."""
+    from .synthetic import SyntheticSource
+
     return SyntheticSource(camera)
 
 
@@ -103,7 +111,7 @@ def create_source(camera: CameraConfig) -> Source:
     """
     kind = camera.source_kind  # picamera:1 -> picamera (the index is camera.sensor_index)
     if kind == "synthetic":
-        return SyntheticSource(camera)
+        return synthetic_source(camera)
     if kind.startswith("file:"):
         return FileSource(camera, Path(kind[5:]))
     if kind.startswith(("rtsp://", "rtsps://")):
