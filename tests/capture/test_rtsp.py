@@ -4,9 +4,13 @@ by the test on loopback inside the test run's network namespace)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fractions
+import os
 import signal
+import socket
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -176,3 +180,46 @@ async def test_passes_the_cameras_h264_through_and_reconnects(
         assert source.stats()["connected"] is True
     finally:
         await pipeline.stop()
+
+
+def test_cameras_that_never_answer_neither_starve_the_executor_nor_hold_up_exit() -> None:
+    """An RTSP server that accepts TCP and never answers (a hung camera): more such cameras than
+    the default executor has workers all try at once, the executor stays free for everyone else,
+    and stop() plus asyncio.run's exit (which waits for the default executor) return long before
+    FFmpeg's open timeout would let go."""
+    count = min(32, (os.cpu_count() or 1) + 4) + 2  # one more than the default executor's workers
+    listener = socket.create_server(("127.0.0.1", 0), backlog=count)
+    port = listener.getsockname()[1]
+    accepted: list[socket.socket] = []
+
+    def accept() -> None:  # read nothing, answer nothing
+        with contextlib.suppress(OSError):
+            while True:
+                accepted.append(listener.accept()[0])
+
+    threading.Thread(target=accept, daemon=True).start()
+    outcome: dict[str, object] = {}
+
+    async def scenario() -> None:
+        url = f"rtsp://user:pw@127.0.0.1:{port}/cam"
+        sources = [RtspSource(CameraConfig(name=f"c{i}", source=url), url,
+                              timeout_s=(600.0, 600.0)) for i in range(count)]
+        for source in sources:
+            await source.start(lambda au: None)
+        await wait_until(lambda: len(accepted) >= count)  # every camera is connecting at once
+        outcome["executor"] = await asyncio.wait_for(asyncio.to_thread(lambda: "free"), 30)
+        await asyncio.wait_for(asyncio.gather(*(s.stop() for s in sources)), 60)
+        outcome["stopped"] = True
+        outcome["connected"] = any(s.connected for s in sources)
+
+    def run() -> None:
+        asyncio.run(scenario())
+        outcome["exited"] = True
+
+    runner = threading.Thread(target=run, daemon=True)
+    runner.start()
+    runner.join(120)  # far below the 600 s FFmpeg would wait for the answer
+    assert outcome == {"executor": "free", "stopped": True, "connected": False, "exited": True}
+    listener.close()
+    for conn in accepted:
+        conn.close()  # the left-over readers fail and end

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -29,6 +30,10 @@ log = logging.getLogger(__name__)
 # Seconds to wait for the camera to answer (connect, DESCRIBE/SETUP/PLAY) and for each packet.
 OPEN_TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 5.0
+# How long stop() waits for the reader thread to let go of the connection (it does at its next
+# packet). A thread blocked connecting to a camera that never answers cannot be interrupted
+# (FFmpeg gives it up at OPEN_TIMEOUT_S): stop() does not wait for it, and it hands over nothing.
+STOP_JOIN_S = 1.0
 SPS, PPS, IDR = 7, 8, 5
 
 
@@ -73,14 +78,22 @@ class RtspSource:
     """Pulls H.264 from ``rtsp://`` (or ``rtsps://``) and delivers it without re-encoding.
 
     ``backoff_s`` is the first and the largest delay between reconnects.
+
+    Each connection is read on a thread of its own, never the loop's default executor: a
+    reader holds its thread for as long as the camera streams, so a few RTSP cameras would
+    otherwise take every worker of the executor that snapshots, file reads and the engine's
+    certificate share (and ``asyncio.run`` waits for that executor at exit).
     """
 
     kind = "rtsp"
 
     def __init__(self, camera: CameraConfig, url: str, *,
                  backoff_s: tuple[float, float] = (0.5, 10.0),
-                 transport: str = "tcp") -> None:
+                 transport: str = "tcp",
+                 timeout_s: tuple[float, float] = (OPEN_TIMEOUT_S, READ_TIMEOUT_S)) -> None:
         self._camera = camera
+        self._timeout = timeout_s
+        self._thread: threading.Thread | None = None
         self.url = url
         self._backoff = backoff_s
         self._transport = transport
@@ -115,6 +128,16 @@ class RtspSource:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self.connected = False
+        thread = self._thread
+        if thread is not None:
+            # A streaming reader sees the new generation at its next packet and closes the
+            # connection (TEARDOWN); one still connecting is left to FFmpeg's open timeout.
+            deadline = time.monotonic() + STOP_JOIN_S
+            while thread.is_alive() and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            if thread.is_alive():
+                log.debug("rtsp source %s: the reader is still connecting; left to time out",
+                          redact(self.url))
 
     def request_keyframe(self) -> None:
         """RTSP has no standard way to ask for an IDR; viewers wait for the camera's next."""
@@ -151,7 +174,7 @@ class RtspSource:
         while current():
             began = loop.time()
             try:
-                await asyncio.to_thread(self._read_stream, hand_over, current)
+                await self._in_thread(loop, hand_over, current)
                 self.last_error = "the camera ended the stream"
             except Exception as exc:  # av.FFmpegError, OSError: the camera is unreachable
                 # FFmpeg's messages quote the URL: never its password.
@@ -168,6 +191,35 @@ class RtspSource:
             await asyncio.sleep(delay)
             delay = min(delay * 2, self._backoff[1])
 
+    async def _in_thread(self, loop: asyncio.AbstractEventLoop,
+                         hand_over: Callable[[bytes, bool], None],
+                         current: Callable[[], bool]) -> None:
+        """Run one connection's :meth:`_read_stream` on a daemon thread of its own and wait
+        for it (a cancelled wait leaves the thread to end by itself; see :meth:`stop`)."""
+        done: asyncio.Future[None] = loop.create_future()
+
+        def settle(exc: BaseException | None) -> None:
+            if done.done():
+                return
+            if exc is None:
+                done.set_result(None)
+            else:
+                done.set_exception(exc)
+
+        def run() -> None:
+            failure: BaseException | None = None
+            try:
+                self._read_stream(hand_over, current)
+            except Exception as exc:  # handed to the loop as the connection's outcome
+                failure = exc
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                loop.call_soon_threadsafe(settle, failure)
+
+        thread = threading.Thread(target=run, name=f"rtsp-{self._camera.name}", daemon=True)
+        self._thread = thread
+        thread.start()
+        await done
+
     def _read_stream(self, hand_over: Callable[[bytes, bool], None],
                      current: Callable[[], bool]) -> None:
         """On a worker thread: connect, then hand over each access unit until the stream ends,
@@ -175,11 +227,15 @@ class RtspSource:
         import av
 
         options = {"rtsp_transport": self._transport, "fflags": "nobuffer"}
-        container = av.open(self.url, options=options, timeout=(OPEN_TIMEOUT_S, READ_TIMEOUT_S))
+        container = av.open(self.url, options=options, timeout=self._timeout)
         try:
+            if not current():
+                return  # stopped while connecting: no connect counted, nothing handed over
             streams = [s for s in container.streams.video if s.codec_context.name == "h264"]
             if not streams:
-                raise ValueError("the camera offers no H.264 video stream")
+                offered = ", ".join(f"{s.type} {s.codec_context.name}"
+                                    for s in container.streams) or "no stream"
+                raise ValueError(f"the camera offers no H.264 video stream ({offered})")
             stream = streams[0]
             parameter_sets = avcc_to_annex_b(bytes(stream.codec_context.extradata or b""))
             self.connects += 1
