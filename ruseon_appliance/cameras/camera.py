@@ -130,11 +130,20 @@ class Camera:
         last = self.pipeline.last_frame_monotonic
         kind = self.pipeline.source_kind
         if last is None:
-            return f"no frame from the {kind} source yet"
+            return f"no frame from the {kind} source yet" + self._source_error()
         age = self._clock() - last
         if age > stale_after_s(self.config.framerate):
-            return f"no frame from the {kind} source for {age:.1f} s"
+            return f"no frame from the {kind} source for {age:.1f} s" + self._source_error()
         return None
+
+    def _source_error(self) -> str:
+        """The source's own last error (an IP camera refusing, timing out, sending no H.264),
+        redacted by the source, as a suffix; empty when it has none."""
+        try:
+            error = self.pipeline.source.stats().get("last_error")
+        except Exception:  # stats are best effort; the problem line must not fail
+            return ""
+        return f" ({error})" if error else ""
 
     def status(self, viewers: int) -> dict[str, Any]:
         """This camera's part of ``/api/status``."""

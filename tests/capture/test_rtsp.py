@@ -223,3 +223,22 @@ def test_cameras_that_never_answer_neither_starve_the_executor_nor_hold_up_exit(
     listener.close()
     for conn in accepted:
         conn.close()  # the left-over readers fail and end
+
+
+async def test_a_down_ip_camera_says_why_in_its_problem() -> None:
+    """status/healthz name the camera's own error (refused, timed out, no H.264), not only
+    'no frame yet': an RTSP source never fails its start, so this is all the user sees."""
+    from ruseon_appliance.cameras import Camera
+
+    url = f"rtsp://admin:secret@127.0.0.1:{free_port()}/cam"
+    config = CameraConfig(name="gate", source=url, framerate=FPS)
+    source = RtspSource(config, url, backoff_s=(0.1, 0.2))
+    camera = Camera(config, pipeline=CapturePipeline(config, source=source))
+    assert await camera.start()
+    try:
+        await wait_until(lambda: source.disconnects >= 1)
+        problem = camera.problem()
+        assert problem is not None and source.last_error in problem
+        assert "secret" not in problem and "secret" not in str(camera.status(0))
+    finally:
+        await camera.stop()
