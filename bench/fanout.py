@@ -15,6 +15,13 @@ Packets/s per core is 1e6 / that. Everything stays on 127.0.0.1.
     .venv/bin/python bench/fanout.py            # N = 1, 10, 30 (--quick, the default)
     .venv/bin/python bench/fanout.py --full     # N = 1, 10, 30, 100
     .venv/bin/python bench/fanout.py --viewers 1 10 --window 8 --loop uvloop
+    .venv/bin/python bench/fanout.py --viewers 20 30 --paths fanout \
+        --baseline /tmp/base-tree --aes-mask both     # issue 19: against an older tree
+
+``--baseline DIR`` adds a row served by another checkout's code (``DIR/bench/fanout.py``, e.g.
+``git archive <commit> | tar -x -C DIR``), measured in the same run, interleaved with ours;
+``--aes-mask on|both`` runs the server with OpenSSL's AES-NI and PCLMUL masked
+(``OPENSSL_ia32cap=~0x200000200000000``), a stand-in for a Pi 4's crypto cost.
 """
 
 from __future__ import annotations
@@ -52,6 +59,8 @@ from ruseon_appliance.engine import Engine, OfferError, aiortc_internals  # noqa
 
 WIDTH, HEIGHT, FPS, BITRATE, GOP, SECONDS = 1280, 720, 30, 2_000_000, 60, 10
 STREAM = ROOT / ".cache" / f"bench-{HEIGHT}p{FPS}-{BITRATE // 1000}k.h264"
+# OpenSSL without AES-NI and PCLMULQDQ: roughly a Pi 4's AES cost (issue 19).
+AES_MASK = "~0x200000200000000"
 
 
 def recorded_stream() -> Path:
@@ -270,14 +279,24 @@ class Server:
     """A server subprocess with its stats endpoint."""
 
     def __init__(self, send_path: str, *, max_viewers: int = 200, loop: str = "asyncio",
-                 record_dir: str = "") -> None:
+                 record_dir: str = "", tree: Path = ROOT, aes_mask: bool = False) -> None:
+        import os
+
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        env = dict(os.environ)
+        if aes_mask:
+            env["OPENSSL_ia32cap"] = AES_MASK
+        if tree != ROOT:  # the other tree's bench reads the same cached recording
+            (tree / ".cache").mkdir(exist_ok=True)
+            target = tree / ".cache" / STREAM.name
+            if not target.exists():
+                target.symlink_to(STREAM)
         self.proc = subprocess.Popen(
-            [sys.executable, __file__, "serve", "--send-path", send_path, "--port",
-             str(self.port), "--max-viewers", str(max_viewers), "--loop", loop,
-             "--record-dir", record_dir],
-            stdout=subprocess.PIPE, text=True)
+            [sys.executable, str(tree / "bench" / "fanout.py"), "serve", "--send-path",
+             send_path, "--port", str(self.port), "--max-viewers", str(max_viewers), "--loop",
+             loop, "--record-dir", record_dir],
+            stdout=subprocess.PIPE, text=True, env=env)
         assert self.proc.stdout is not None
         if self.proc.stdout.readline().strip() != "ready":
             raise RuntimeError("server did not start")
@@ -336,8 +355,8 @@ def churn(url: str, cycles: int, batch: int, workers: int = 2) -> None:
 
 
 def measure(send_path: str, viewers: int, window: float, loop: str,
-            record_dir: str = "") -> dict[str, Any]:
-    server = Server(send_path, loop=loop, record_dir=record_dir)
+            record_dir: str = "", tree: Path = ROOT, aes_mask: bool = False) -> dict[str, Any]:
+    server = Server(send_path, loop=loop, record_dir=record_dir, tree=tree, aes_mask=aes_mask)
     try:
         time.sleep(1.0)
         a = server.stats()
@@ -359,7 +378,8 @@ def measure(send_path: str, viewers: int, window: float, loop: str,
     packets = s1["packets"] - s0["packets"]
     net = max(0.0, cpu - idle_rate * wall)
     us = net / packets * 1e6 if packets else float("nan")
-    return {"send_path": send_path, "viewers": viewers, "loop": loop,
+    return {"send_path": send_path if tree == ROOT else f"{send_path}@base",
+            "viewers": viewers, "loop": loop, "aes_mask": aes_mask,
             "window_s": round(wall, 2), "server_cpu_s": round(cpu, 3),
             "idle_cpu_per_s": round(idle_rate, 4), "packets": packets,
             "packets_per_s": round(packets / wall), "cpu_us_per_packet_per_viewer": round(us, 2),
@@ -384,6 +404,11 @@ def main() -> None:
     parser.add_argument("--window", type=float, default=5.0)
     parser.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio")
     parser.add_argument("--record-dir", default="", help="serve: also record into this dir")
+    parser.add_argument("--paths", nargs="*", default=["aiortc", "fanout"],
+                        help="send paths to measure (default: aiortc fanout)")
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="another checkout: its fan-out measured beside ours")
+    parser.add_argument("--aes-mask", choices=["off", "on", "both"], default="off")
     args = parser.parse_args()
     if args.role == "serve":
         if args.loop == "uvloop":
@@ -398,22 +423,34 @@ def main() -> None:
         return
     recorded_stream()
     counts = args.viewers or ([1, 10, 30, 100] if args.full else [1, 10, 30])
+    masks = {"off": [False], "on": [True], "both": [False, True]}[args.aes_mask]
     rows: list[dict[str, Any]] = []
     for n in counts:
-        pair = {path: measure(path, n, args.window, args.loop) for path in ("aiortc", "fanout")}
-        stock, fan = pair["aiortc"], pair["fanout"]
-        ratio = stock["cpu_us_per_packet_per_viewer"] / fan["cpu_us_per_packet_per_viewer"]
-        for row in (stock, fan):
-            print(f"N={n:<3} {row['send_path']:6} loop={row['loop']:7} "
-                  f"{row['cpu_us_per_packet_per_viewer']:7.1f} µs/packet/viewer  "
-                  f"{row['packets_per_s_per_core']:>7} packets/s/core  "
-                  f"({row['packets_per_s']} packets/s, server load {row['server_cpu_load']:.2f}, "
-                  f"skips {row['keyframe_skips']})", flush=True)
-            print(json.dumps({"figure": "fanout", **row}), flush=True)
-        print(f"N={n:<3} stock/fanout CPU per packet ratio {ratio:.2f}x", flush=True)
-        print(json.dumps({"figure": "fanout_ratio", "viewers": n, "ratio": round(ratio, 2),
-                          "loop": args.loop}), flush=True)
-        rows.extend(pair.values())
+        for mask in masks:
+            runs: list[tuple[str, str, Path]] = [(p, p, ROOT) for p in args.paths]
+            if args.baseline is not None:
+                runs.insert(0, ("fanout@base", "fanout", args.baseline.resolve()))
+            pair = {label: measure(path, n, args.window, args.loop, tree=tree, aes_mask=mask)
+                    for label, path, tree in runs}
+            for row in pair.values():
+                print(f"N={n:<3} {row['send_path']:11} aes_mask={mask!s:5} "
+                      f"{row['cpu_us_per_packet_per_viewer']:7.2f} µs/packet/viewer  "
+                      f"{row['packets_per_s_per_core']:>7} packets/s/core  "
+                      f"({row['packets_per_s']} packets/s, server load "
+                      f"{row['server_cpu_load']:.2f}, skips {row['keyframe_skips']}, "
+                      f"connected {row['connected']})", flush=True)
+                print(json.dumps({"figure": "fanout", **row}), flush=True)
+            ours = pair.get("fanout")
+            for label, row in pair.items():
+                if ours is None or row is ours:
+                    continue
+                ratio = row["cpu_us_per_packet_per_viewer"] / ours["cpu_us_per_packet_per_viewer"]
+                print(f"N={n:<3} {label}/fanout CPU per packet ratio {ratio:.2f}x "
+                      f"(aes_mask={mask})", flush=True)
+                print(json.dumps({"figure": "fanout_ratio", "viewers": n, "against": label,
+                                  "ratio": round(ratio, 2), "loop": args.loop,
+                                  "aes_mask": mask}), flush=True)
+            rows.extend(pair.values())
 
 
 if __name__ == "__main__":
