@@ -82,8 +82,13 @@ def config_from_args(args: argparse.Namespace) -> Config:
         if value is not None:
             flags.setdefault(section, {})[key] = value
 
+    if args.camera and args.source is not None:
+        # One rule, whatever the count: --source would otherwise quietly replace the source
+        # a single --camera just named.
+        raise ConfigError("--source and --camera cannot be used together: give each camera "
+                          "its source as --camera NAME=SOURCE")
     if args.camera:
-        flags["cameras"] = {"flags": args.camera}  # before camera.*: --source then applies to it
+        flags["cameras"] = {"flags": args.camera}
     put("camera", "source", args.source)
     put("http", "listen", args.http)
     put("webrtc", "listen", args.rtc)

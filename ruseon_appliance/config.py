@@ -570,7 +570,22 @@ def load_toml(path: Path) -> dict[str, Any]:
     except OSError as exc:
         raise ConfigError(f"config file {path} cannot be read: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
+        if _mixes_camera_forms(path):
+            raise ConfigError(f"config file {path} has both a [camera] section and [[camera]] "
+                              "tables: use one (several cameras: a [[camera]] table each, "
+                              "with a name)") from None
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+
+
+def _mixes_camera_forms(path: Path) -> bool:
+    """Whether the file has a ``[camera]`` header and a ``[[camera]]`` header (TOML's own
+    message for that is only 'Cannot overwrite a value')."""
+    try:
+        headers = {line.split("#", 1)[0].strip()
+                   for line in path.read_text(errors="replace").splitlines()}
+    except OSError:
+        return False
+    return "[camera]" in headers and "[[camera]]" in headers
 
 
 def _env_overrides(env: Mapping[str, str]) -> dict[str, dict[str, str]]:

@@ -73,7 +73,14 @@ def ruseon(*args: str) -> subprocess.CompletedProcess[str]:
     ("", ("--camera", "a/b=synthetic"), "camera.name = 'a/b' is not valid"),
     ("", ("--camera", "synthetic"), "expected NAME=SOURCE"),
     ("", ("--camera", "a=synthetic", "--camera", "b=synthetic", "--source", "rpicam"),
-     "camera.source in the command line cannot apply to 2 cameras: use --camera NAME=SOURCE"),
+     "--source and --camera cannot be used together"),
+    # One --camera and --source: the source is not silently swapped under the named camera.
+    ("", ("--camera", "a=synthetic", "--source", "rpicam"),
+     "--source and --camera cannot be used together"),
+    ('[camera]\nsource = "synthetic"\n[[camera]]\nname = "a"\n', (),
+     "has both a [camera] section and [[camera]] tables: use one"),
+    ('[[camera]]\nname = "a"\n[camera]\nwidth = 640\n', (),
+     "has both a [camera] section and [[camera]] tables: use one"),
 ])
 def test_bad_camera_names_exit_2_with_one_line(tmp_path: Path, text: str,
                                                args: tuple[str, ...], names: str) -> None:
