@@ -33,7 +33,7 @@ from .recording import Recorder, RecorderSettings
 from .relay import RtpRelay
 from .shutdown import StopSignals, bounded, until_stopped
 from .systemd_integration import SystemdNotifier, frames_flowing
-from .web.app import DEVICE_API, make_app
+from .web.app import CAMERAS, DEVICE_API, make_app
 from .web.controls import ControlsResource
 from .web.hls import HlsResource
 from .web.metrics import Exposition
@@ -182,6 +182,7 @@ class Appliance:
         for name, stream in self.hls_cameras.items():
             HlsResource(stream, token_required=token_required,
                         prefix=f"/hls/{name}/").add_routes(app)
+        app[CAMERAS].add_fallback_routes(app)  # last: after every camera's own routes
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
         await self._runner.setup()
         tls = self._tls_context()

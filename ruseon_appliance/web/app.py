@@ -46,6 +46,7 @@ WEB_METRICS: web.AppKey[WebMetrics] = web.AppKey("web_metrics", WebMetrics)
 WHEP: web.AppKey[WhepResource] = web.AppKey("whep", WhepResource)
 DEVICE_API: web.AppKey[DeviceApi] = web.AppKey("device_api", DeviceApi)
 HLS: web.AppKey[HlsResource] = web.AppKey("hls", HlsResource)
+CAMERAS: web.AppKey[CamerasResource] = web.AppKey("cameras", CamerasResource)
 
 
 def needs_token(request: web.Request) -> bool:
@@ -123,7 +124,8 @@ def make_app(
     app[DEVICE_API] = api
     if cameras is None:
         cameras = CameraSet([Camera(capture.camera, pipeline=capture)])
-    CamerasResource(cameras, engine, whep, api.snapshot).add_routes(app, api)
+    app[CAMERAS] = CamerasResource(cameras, engine, whep, api.snapshot)
+    app[CAMERAS].add_routes(app, api)
 
     if relays:
         relay_resource = RelayResource(relays, capture, captures={

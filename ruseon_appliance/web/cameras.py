@@ -48,6 +48,19 @@ class CamerasResource:
         if len(self.cameras) > 1:
             api.cameras_down = lambda: (len(self.cameras), self.cameras.down())
 
+    def add_fallback_routes(self, app: web.Application) -> None:
+        """After every camera's own HLS and controls routes: an unknown camera there is the
+        same 404 listing the names as on ``/whep/<camera>`` (not aiohttp's bare 'Not Found').
+        Registered last because aiohttp takes the first route that matches."""
+        app.router.add_get("/hls/{camera}/{tail:.*}", self.not_here)
+        app.router.add_get("/api/camera/{camera}/controls", self.not_here)
+        app.router.add_patch("/api/camera/{camera}/controls", self.not_here)
+
+    async def not_here(self, request: web.Request) -> web.Response:
+        """404: no such camera (listing the names), or nothing at this path for a known one."""
+        camera = self.camera(request)
+        raise Problem(404, f"camera {camera.name!r} has nothing at {request.path}")
+
     def camera(self, request: web.Request) -> Camera:
         """The camera the path names, or a 404 listing the names there are."""
         name = request.match_info["camera"]

@@ -238,8 +238,15 @@ async def test_each_camera_streams_its_own_picture_on_one_port_and_one_certifica
                                  headers={"Content-Type": "application/sdp"}) as response:
                 assert response.status == 404
                 assert "front, side, back" in (await response.json())["detail"]
-            async with http.get(f"{base}/snapshot/nope.jpg") as response:
-                assert response.status == 404
+            # Every per-camera route: an unknown camera is a 404 listing the names.
+            for method, path in (("GET", "/snapshot/nope.jpg"), ("GET", "/hls/nope/index.m3u8"),
+                                 ("GET", "/hls/nope/part0.m4s"),
+                                 ("GET", "/api/camera/nope/controls"),
+                                 ("PATCH", "/api/camera/nope/controls"),
+                                 ("GET", "/recordings/list?path=nope")):
+                async with http.request(method, base + path, json={}) as response:
+                    assert response.status == 404, path
+                    assert "front, side, back" in (await response.json())["detail"], path
 
             # HLS per camera under /hls/<camera>/ (and /hls/ is the first camera's).
             for name, path in (("side", "/hls/side/"), ("front", "/hls/")):
