@@ -75,9 +75,11 @@ class Appliance:
         self.hls: HlsStream | None = None
         self.hls_cameras: dict[str, HlsStream] = {}
         rec = config.recording
+        # recording.max_bytes bounds the whole recording disk: each camera keeps its share.
+        share = rec.max_bytes // len(self.cameras) if rec.max_bytes > 0 else 0
         self.recorder = Recorder(RecorderSettings(
             directory=rec.directory(config.state.dir), continuous=rec.continuous,
-            segment_s=rec.segment_s, preroll_s=rec.preroll_s, max_bytes=rec.max_bytes,
+            segment_s=rec.segment_s, preroll_s=rec.preroll_s, max_bytes=share,
             max_age_s=rec.max_age_hours * 3600), self.capture.ring)
         # Every camera records; the first into recording.dir (where one camera always did), the
         # others into recording.dir/cameras/<name>/ (the archive skips sub-directories).
@@ -86,7 +88,7 @@ class Appliance:
             self.recorders[camera.name] = Recorder(RecorderSettings(
                 directory=rec.directory(config.state.dir) / "cameras" / camera.name,
                 continuous=rec.continuous, segment_s=rec.segment_s, preroll_s=rec.preroll_s,
-                max_bytes=rec.max_bytes, max_age_s=rec.max_age_hours * 3600),
+                max_bytes=share, max_age_s=rec.max_age_hours * 3600),
                 camera.pipeline.ring)
         self._runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
