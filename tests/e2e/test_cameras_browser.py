@@ -75,6 +75,13 @@ def test_grid_plays_every_camera_and_a_click_watches_one(
         rows = cameras(server.url)
         assert rows["front"]["viewers"] == rows["side"]["viewers"] == 1
         save_screenshot(page, "browser-cameras-grid.png")
+        # A link to a camera there is not keeps the grid, and its tiles their one session each
+        # (a second openGrid started a new session per tile and never closed the first).
+        page.evaluate("location.hash = '#nope'")
+        page.wait_for_timeout(3000)  # room for any extra session to connect on loopback
+        rows = cameras(server.url)
+        assert rows["front"]["viewers"] == rows["side"]["viewers"] == 1, rows
+        assert page.evaluate("window.ruseonCameras.open") is True
 
         page.click(".cam-tile[data-camera=side]")
         page.wait_for_function("location.hash === '#side' && window.ruseonCameras.open === false")
@@ -83,6 +90,13 @@ def test_grid_plays_every_camera_and_a_click_watches_one(
         assert big["videoWidth"] > 0
         assert page.evaluate("window.ruseon.endpoint") == "/whep/side"
         save_screenshot(page, "browser-cameras-one.png")
+        # Leaving the grid closed its tiles: no viewer place held for front any more.
+        for _ in range(120):  # a bound for a broken run; nothing here measures time
+            rows = cameras(server.url)
+            if rows["front"]["viewers"] == 0 and rows["side"]["viewers"] == 1:
+                break
+            page.wait_for_timeout(250)
+        assert (rows["front"]["viewers"], rows["side"]["viewers"]) == (0, 1), rows
 
         # The settings panel and the Record button act on the camera on screen.
         page.click("#btn-settings")

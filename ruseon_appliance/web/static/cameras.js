@@ -45,7 +45,7 @@ function makeTile(camera) {
   label.querySelector(".cam-name").textContent = camera.name;
   tile.append(media, label);
   tile.addEventListener("click", () => { location.hash = `#${encodeURIComponent(camera.name)}`; });
-  return { camera: camera.name, element: tile, media, client: null, timer: 0, frames: 0 };
+  return { camera: camera.name, element: tile, media, client: null, timer: 0, frames: 0, run: 0 };
 }
 
 function showState(tile, camera) {
@@ -54,6 +54,9 @@ function showState(tile, camera) {
 }
 
 async function startLive(tile) {
+  // Never two sessions for one tile: each holds one of the board's viewer places.
+  clearTimeout(tile.timer);
+  if (tile.client) tile.client.close();
   const client = new WhepClient(`/whep/${encodeURIComponent(tile.camera)}`, { token: token() });
   tile.client = client;
   try {
@@ -76,7 +79,8 @@ function retryLive(tile) {
   tile.timer = setTimeout(() => { if (grid.open) startLive(tile); }, RETRY_MS);
 }
 
-async function refreshSnapshot(tile) {
+async function refreshSnapshot(tile, run = ++tile.run) {
+  clearTimeout(tile.timer);
   try {
     const url = `/snapshot/${encodeURIComponent(tile.camera)}.jpg`;
     const response = await fetch(url, { headers: headers(), cache: "no-store" });
@@ -89,11 +93,13 @@ async function refreshSnapshot(tile) {
   } catch {
     // The next refresh tries again; the tile's state line says why a camera is down.
   }
-  if (grid.open) tile.timer = setTimeout(() => refreshSnapshot(tile), SNAPSHOT_MS);
+  // Only the newest chain goes on (a close and reopen while a fetch was out started another).
+  if (grid.open && run === tile.run) tile.timer = setTimeout(() => refreshSnapshot(tile, run), SNAPSHOT_MS);
 }
 
 function stopTile(tile) {
   clearTimeout(tile.timer);
+  tile.run++;
   if (tile.client) tile.client.close();
   tile.client = null;
   if (tile.media.srcObject) tile.media.srcObject = null;
@@ -131,6 +137,7 @@ function buildGrid() {
 }
 
 function openGrid() {
+  if (grid.open) return; // e.g. /#<unknown> while the grid shows: its tiles play already
   const p = player();
   if (p && p.stopWebrtc) p.stopWebrtc(); // the big picture waits while the grid shows
   if (p && p.setState) p.setState("grid", "");
