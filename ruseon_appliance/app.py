@@ -33,7 +33,7 @@ from .recording import Recorder, RecorderSettings
 from .relay import RtpRelay
 from .shutdown import StopSignals, bounded, until_stopped
 from .systemd_integration import SystemdNotifier, frames_flowing
-from .web.app import CAMERAS, DEVICE_API, make_app
+from .web.app import CAMERAS, DEVICE_API, HLS, make_app
 from .web.controls import ControlsResource
 from .web.hls import HlsResource
 from .web.metrics import Exposition
@@ -182,8 +182,10 @@ class Appliance:
             ControlsResource(controls, path=f"/api/camera/{name}/controls").add_routes(app)
         token_required = bool(config.auth.resolve_token())
         for name, stream in self.hls_cameras.items():
-            HlsResource(stream, token_required=token_required,
-                        prefix=f"/hls/{name}/").add_routes(app)
+            # Requests to every camera's HLS count in the one hls status/metrics (the board's
+            # load); the stream figures there stay the first camera's.
+            HlsResource(stream, token_required=token_required, prefix=f"/hls/{name}/",
+                        metrics=app[HLS].metrics if HLS in app else None).add_routes(app)
         app[CAMERAS].add_fallback_routes(app)  # last: after every camera's own routes
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
         await self._runner.setup()

@@ -251,6 +251,9 @@ async def test_each_camera_streams_its_own_picture_on_one_port_and_one_certifica
             # HLS per camera under /hls/<camera>/ (and /hls/ is the first camera's).
             for name, path in (("side", "/hls/side/"), ("front", "/hls/")):
                 assert await hls_size(http, base + path) == SIZES[name]
+                if name == "side":  # every camera's HLS requests count in status and metrics
+                    async with http.get(f"{base}/api/status") as response:
+                        assert sum((await response.json())["hls"]["requests"].values()) >= 2
 
             # The relay names its camera: its SDP carries that camera's SPS, its RTP arrives.
             async with http.get(f"{base}/relay/side-out.sdp") as response:
