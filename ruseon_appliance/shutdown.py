@@ -13,7 +13,7 @@ Three things can keep a Python service alive after SIGTERM, and each has happene
 :class:`StopSignals` makes the first signal a stop request (an :class:`asyncio.Event`) and arms a
 deadline on a daemon thread: if the process is still alive ``hard_s`` later, it logs the
 asyncio tasks and the threads still running (with their stacks) and ends the process with
-``os._exit``. A second signal ends it at once the same way. ``SIGALRM`` is the last resort for
+``os._exit``. ``SIGALRM`` is the last resort for
 the one case a Python thread cannot act in (the interpreter finalizing or a C call holding the
 GIL): the kernel ends the process a little after the deadline.
 """
@@ -33,7 +33,7 @@ from typing import Any
 
 log = logging.getLogger("ruseon")
 
-# Exit status when the deadline (or a second signal) ends the process without a clean stop.
+# Exit status when the deadline ends the process without a clean stop.
 FORCED_EXIT_STATUS = 1
 # The kernel's SIGALRM backstop fires this long after the deadline.
 ALARM_MARGIN_S = 3
@@ -83,7 +83,10 @@ class StopSignals:
     def _on_signal(self, signum: int) -> None:
         name = signal.Signals(signum).name
         if self.requested.is_set():
-            self.force(f"a second signal ({name}) while stopping")
+            # Not an immediate exit: the tests saw a second SIGTERM handled right after the
+            # first for a single kill (cause not pinned down); the deadline bounds it anyway.
+            log.info("%s again while stopping; the stop goes on (at most %.0f s)", name,
+                     self.hard_s)
             return
         self.signal_name = name
         self.requested.set()
