@@ -122,6 +122,8 @@ async def wait_until(predicate: object, timeout: float = 30) -> None:
 
 def test_redact_and_config() -> None:
     assert redact("rtsp://admin:secret@192.0.2.3:554/s1") == "rtsp://***@192.0.2.3:554/s1"
+    assert redact("rtsp://admin:p@ss@192.0.2.3/s1") == "rtsp://***@192.0.2.3/s1"
+    assert redact("rtsp://192.0.2.3/s1?user=a@b") == "rtsp://192.0.2.3/s1?user=a@b"
     validate_camera(CameraConfig(name="gate", source="rtsp://192.0.2.3:554/s1"))
 
 

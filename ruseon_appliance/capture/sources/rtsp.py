@@ -68,10 +68,11 @@ def avcc_to_annex_b(extradata: bytes) -> bytes:
 def redact(url: str) -> str:
     """The URL without credentials, for logs and status."""
     scheme, sep, rest = url.partition("://")
-    host = rest.split("/", 1)[0]
-    if "@" in host:
-        rest = "***@" + rest.split("@", 1)[1]
-    return scheme + sep + rest
+    authority, slash, path = rest.partition("/")
+    if "@" in authority:
+        # The last '@' ends the credentials: a password may carry an '@' of its own.
+        authority = "***@" + authority.rpartition("@")[2]
+    return scheme + sep + authority + slash + path
 
 
 class RtspSource:
