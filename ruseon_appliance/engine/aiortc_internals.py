@@ -41,8 +41,8 @@ What is relied upon, and why:
 - The fan-out send path: ``RTCRtpSender.send`` is replaced per sender so aiortc never starts its
   RTP/RTCP loops; the engine registers its own RTCP sink on the DTLS transport's router
   (``_register_rtp_sender``), encrypts with the transport's ``_tx_srtp`` session, reads the
-  sender's ``_ssrc`` / ``_rtx_ssrc`` and the ICE connection's nominated pair, and packetizes with
-  ``H264Encoder._split_bitstream`` / ``_packetize``.
+  sender's ``_ssrc`` / ``_rtx_ssrc`` and the ICE connection's nominated pair. (It packetizes
+  with its own ``engine/h264_rtp.py``, which cuts FU-A fragments to equal sizes for UDP GSO.)
 """
 
 from __future__ import annotations
@@ -64,7 +64,6 @@ from aioice import Candidate, Connection
 from aioice.ice import StunProtocol
 from aiortc import RTCCertificate, RTCPeerConnection, RTCRtpSender
 from aiortc.codecs import CODECS
-from aiortc.codecs.h264 import H264Encoder
 from aiortc.rtcrtpparameters import RTCRtpCodecParameters, RTCRtpSendParameters
 from aiortc.sdp import SessionDescription
 from pylibsrtp import _binding as _srtp_binding
@@ -628,13 +627,6 @@ def nominated_pair(connection: Connection) -> tuple[Any, tuple[str, int]] | None
     if pair is None:
         return None
     return pair.protocol, pair.remote_addr
-
-
-def packetize_h264(annexb: bytes) -> list[bytes]:
-    """RTP payloads (single NAL, STAP-A, FU-A; at most 1300 bytes) of one Annex B access unit,
-    exactly as aiortc's sender would make them."""
-    payloads: list[bytes] = H264Encoder._packetize(H264Encoder._split_bitstream(annexb))
-    return payloads
 
 
 def tap_received_rtp(pc: RTCPeerConnection, on_packet: Callable[[Any], None]) -> None:

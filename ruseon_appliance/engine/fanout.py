@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import random
 import socket
@@ -49,6 +50,7 @@ from aiortc.rtp import (
 
 from ruseon_appliance.capture.ring import FrameView
 from ruseon_appliance.engine import aiortc_internals
+from ruseon_appliance.engine.h264_rtp import equal_runs, packetize
 from ruseon_appliance.engine.track import VideoFeed, ViewerCursor
 
 logger = logging.getLogger(__name__)
@@ -72,6 +74,14 @@ _HEADER = struct.Struct("!BHII")  # byte 1 (marker|PT), sequence number, timesta
 # The payload of a padding-only RTP packet (RFC 3550 5.1: the last octet counts the padding).
 _LEADING_PADDING = b"\x00\x00\x00\x04"
 _ABS = struct.Struct("!I")
+
+# UDP generic segmentation offload (Linux >= 4.18): one sendmsg, many datagrams of one size.
+UDP_SEGMENT = 103
+# The kernel's UDP_MAX_SEGMENTS (64 up to Linux 6.x) and the largest UDP payload over IPv4.
+GSO_MAX_SEGMENTS = 64
+GSO_MAX_BYTES = 65_000
+# Errors meaning the kernel or the route will not segment for us: send datagram by datagram.
+_GSO_REFUSED = (errno.EIO, errno.EINVAL, errno.ENOPROTOOPT, errno.EOPNOTSUPP)
 
 
 def ntp_now() -> int:
@@ -98,6 +108,8 @@ class PacketizedFrame:
     created: float
     keyframe: bool
     size: int
+    # Index one past each batch of equal-sized payloads (see ``h264_rtp.equal_runs``).
+    ends: list[int]
 
 
 class PacketHistory:
@@ -117,10 +129,10 @@ class PacketHistory:
         """The shared packetization of ``view`` (made on first request)."""
         frame = self._frames.get(view.seq)
         if frame is None:
-            payloads = aiortc_internals.packetize_h264(bytes(view.data))
+            payloads = packetize(bytes(view.data))
             now = time.monotonic()
             frame = PacketizedFrame(view.seq, payloads, now, view.keyframe,
-                                    sum(len(p) for p in payloads))
+                                    sum(len(p) for p in payloads), equal_runs(payloads))
             self._frames[view.seq] = frame
             self.frames_packetized += 1
             self.packets_packetized += len(payloads)
@@ -199,6 +211,10 @@ class FanoutViewer:
         self.rtx_payload_type: int | None = None
         self._cname = ""
         self._header = bytearray(12)
+        # The whole header in one pack_into: first byte, M|PT, seq, timestamp, SSRC, extensions.
+        self._hstruct = struct.Struct("!BBHII0s")
+        self._b0 = 0x80
+        self._ext = b""
         self._abs_offset = -1
         self._seq = random.randrange(0, 32768)  # lower half, as aiortc: no early SRTP ROC wrap
         self._rtx_seq = random.randrange(0, 32768)
@@ -318,6 +334,9 @@ class FanoutViewer:
             body += b"\x00" * (-len(body) % 4)
             header += struct.pack("!HH", 0xBEDE if one_byte else 0x1000, len(body) // 4) + body
         self._header = header
+        self._b0 = header[0]
+        self._ext = bytes(header[12:])
+        self._hstruct = struct.Struct(f"!BBHII{len(self._ext)}s")
 
     # -- sending ---------------------------------------------------------------------------------
 
@@ -372,6 +391,7 @@ class FanoutViewer:
         buffer = self._fanout.buffer
         view = buffer.view
         header = self._header
+        self._stamp_abs_send_time(header)
         hl = len(header)
         view[0:hl] = header
         view[0] = header[0] | 0x20  # P bit: the payload is all padding
@@ -387,32 +407,40 @@ class FanoutViewer:
         self._seq = (self._seq + 1) & 0xFFFF
         self.packets_sent += 1
 
+    def _stamp_abs_send_time(self, header: bytearray) -> None:
+        if self._abs_offset >= 0:
+            at = self._abs_offset
+            header[at:at + 3] = ((ntp_now() >> 14) & 0xFFFFFF).to_bytes(3, "big")
+
     def _send_frame(self, current: tuple[PacketizedFrame, int, int], sock: socket.socket,
                     addr: tuple[str, int], now: float) -> bool:
         """Send the rest of ``current`` within budget; True if the whole frame is out.
 
-        The hot loop: per packet, four header fields packed into the shared buffer (the rest
-        of the header, extensions included, is written once per frame and libsrtp leaves it in
-        clear), the payload copied behind it, protected in place, sent from a view.
+        The hot loop. Packets are written one behind the other into the fan-out's batch buffer
+        (the whole header in one ``pack_into``, the payload copied behind it), protected in
+        place, and every batch of equal-sized packets (``frame.ends``) leaves in one
+        ``sendmsg`` with ``UDP_SEGMENT`` set to their protected size: one syscall per batch
+        instead of one per packet. Without GSO each packet goes out with ``sendto``.
         """
         frame, timestamp, start = current
         payloads = frame.payloads
         last = len(payloads) - 1
-        header = self._header
+        fanout = self._fanout
+        ext = self._ext
         if self._abs_offset >= 0:
-            abs_time = (ntp_now() >> 14) & 0xFFFFFF
-            header[self._abs_offset:self._abs_offset + 3] = abs_time.to_bytes(3, "big")
-        buffer = self._fanout.buffer
+            # abs-send-time: 24 bits of NTP time (6.18 fixed point), written once per frame.
+            at = self._abs_offset - 12
+            ext = ext[:at] + ((ntp_now() >> 14) & 0xFFFFFF).to_bytes(3, "big") + ext[at + 3:]
+        buffer = fanout.batch
         view = buffer.view
         cdata = buffer.cdata
         length = buffer.length
         protect = aiortc_internals.srtp_protect_in_place
         handle = self._srtp_handle
         ok = aiortc_internals.SRTP_OK
-        sendto = sock.sendto
-        pack_into = _HEADER.pack_into
-        hl = len(header)
-        view[0:hl] = header
+        pack_into = self._hstruct.pack_into
+        b0 = self._b0
+        hl = self._hstruct.size
         pt = self.payload_type
         ssrc = self._ssrc
         seq = self._seq
@@ -420,28 +448,43 @@ class FanoutViewer:
         tokens = self._tokens
         octets = 0
         i = start
-        while i <= last:
-            payload = payloads[i]
-            size = len(payload)
-            if tokens < size:
+        starved = False
+        for end in frame.ends:
+            # One batch of equal-sized packets: i .. end-1, in as many sends as it takes.
+            while i < end:
+                offset = 0
+                count = 0
+                segment = 0
+                while i < end and count < GSO_MAX_SEGMENTS:
+                    payload = payloads[i]
+                    size = len(payload)
+                    if tokens < size:
+                        starved = True
+                        break
+                    n = offset + hl + size
+                    if n + 32 > GSO_MAX_BYTES:
+                        break
+                    pack_into(view, offset, b0, (0x80 | pt) if i == last else pt, seq,
+                              timestamp, ssrc, ext)
+                    view[offset + hl:n] = payload
+                    length[0] = n - offset
+                    if protect(handle, cdata + offset, length) == ok:
+                        if not count:
+                            segment = length[0]
+                        offset += length[0]
+                        count += 1
+                    else:
+                        self.send_errors += 1  # lost like on the wire: a NACK recovers it
+                    tokens -= size
+                    octets += size
+                    seq = (seq + 1) & 0xFFFF
+                    i += 1
+                if count:
+                    fanout.send_batch(self, sock, addr, view, offset, segment, count)
+                if starved:
+                    break
+            if starved:
                 break
-            n = hl + size
-            pack_into(view, 1, (0x80 | pt) if i == last else pt, seq, timestamp, ssrc)
-            view[hl:n] = payload
-            length[0] = n
-            if protect(handle, cdata, length) == ok:
-                try:
-                    sendto(view[:length[0]], addr)
-                except BlockingIOError:
-                    self.send_dropped_full += 1  # lost like on the wire: a NACK recovers it
-                except OSError:
-                    self.send_errors += 1
-            else:
-                self.send_errors += 1
-            tokens -= size
-            octets += size
-            seq = (seq + 1) & 0xFFFF
-            i += 1
         sent = i - start
         self._tokens = tokens
         self._seq = seq
@@ -491,6 +534,7 @@ class FanoutViewer:
             self.nack_over_budget += 1
             return False
         header = bytearray(self._header)
+        self._stamp_abs_send_time(header)
         if self.rtx_payload_type is not None:
             _HEADER.pack_into(header, 1, marker | self.rtx_payload_type, self._rtx_seq,
                               run.timestamp, self.rtx_ssrc)
@@ -618,12 +662,20 @@ class Fanout:
     """The engine's one send loop: wakes on each ring write and services every viewer."""
 
     def __init__(self, feed: VideoFeed, socket_for: Callable[[int], socket.socket | None], *,
-                 framerate: int, min_bitrate: int, history_s: float = HISTORY_S) -> None:
+                 framerate: int, min_bitrate: int, history_s: float = HISTORY_S,
+                 gso: bool = True) -> None:
         self._feed = feed
         self.socket_for = socket_for
         self.history = PacketHistory(history_s)
-        # One packet buffer for every viewer: the loop is single-threaded and sends at once.
+        # Packet buffers shared by every viewer: the loop is single-threaded and sends at once.
         self.buffer = aiortc_internals.SrtpPacketBuffer()
+        self.batch = aiortc_internals.SrtpPacketBuffer(GSO_MAX_BYTES + 4096)
+        # UDP_SEGMENT until the kernel refuses it once (then datagram by datagram for good).
+        self.gso = gso
+        self.gso_refused: str | None = None
+        self._segment_cmsg: dict[int, list[tuple[int, int, bytes]]] = {}
+        self.gso_sends = 0
+        self.datagram_sends = 0
         self.max_backlog_frames = max(2, round(framerate * MAX_BACKLOG_S))
         self.min_byte_rate = min_bitrate / 8
         self._viewers: list[FanoutViewer] = []
@@ -670,6 +722,45 @@ class Fanout:
         if consumer in self._consumers:
             self._consumers.remove(consumer)
 
+    def send_batch(self, viewer: FanoutViewer, sock: socket.socket, addr: tuple[str, int],
+                   view: memoryview, size: int, segment: int, count: int) -> None:
+        """Send ``view[:size]``: ``count`` protected packets of ``segment`` bytes each, laid
+        end to end (the last may be shorter), in one ``UDP_SEGMENT`` send when the kernel
+        allows it, else one ``sendto`` each."""
+        if count > 1 and self.gso:
+            cmsg = self._segment_cmsg.get(segment)
+            if cmsg is None:
+                cmsg = [(socket.SOL_UDP, UDP_SEGMENT, struct.pack("H", segment))]
+                self._segment_cmsg[segment] = cmsg
+            try:
+                sock.sendmsg((view[:size],), cmsg, 0, addr)
+                self.gso_sends += 1
+                return
+            except BlockingIOError:
+                viewer.send_dropped_full += count  # lost like on the wire: NACKs recover them
+                return
+            except OSError as exc:
+                if exc.errno not in _GSO_REFUSED:
+                    viewer.send_errors += count
+                    return
+                # Detected once: this kernel/route does not segment. Resend this batch below.
+                self.gso = False
+                self.gso_refused = f"{errno.errorcode.get(exc.errno or 0, exc.errno)}: {exc}"
+                logger.warning("fan-out: UDP GSO refused (%s); sending datagram by datagram",
+                               self.gso_refused)
+        sendto = sock.sendto
+        offset = 0
+        while offset < size:
+            end = min(offset + segment, size)
+            try:
+                sendto(view[offset:end], addr)
+            except BlockingIOError:
+                viewer.send_dropped_full += 1
+            except OSError:
+                viewer.send_errors += 1
+            offset = end
+        self.datagram_sends += count
+
     def take(self, view: FrameView) -> PacketizedFrame:
         """What a viewer's cursor keeps of a ring frame: its shared packetization."""
         return self.history.frame(view)
@@ -707,4 +798,8 @@ class Fanout:
             "history_frames": len(self.history),
             "stream_byte_rate": round(self.history.byte_rate),
             "keyframe_skips": sum(v.keyframe_skips for v in self._viewers),
+            "gso": self.gso,
+            "gso_refused": self.gso_refused,
+            "gso_sends": self.gso_sends,
+            "datagram_sends": self.datagram_sends,
         }

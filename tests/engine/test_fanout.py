@@ -193,6 +193,9 @@ async def test_every_frame_decodes_and_rtp_matches_the_answer(
         fanout = engine.stats()["fanout"]
         sent = sum(fanout_viewer(engine, v).packets_sent for v in viewers)
         assert fanout["packets_packetized"] < sent / 2
+        # Multi-packet frames (the keyframes here) left in one UDP_SEGMENT send per viewer.
+        assert fanout["gso"] is True and fanout["gso_refused"] is None
+        assert fanout["gso_sends"] > 0
     finally:
         for v in viewers:
             await v.close()
@@ -430,3 +433,57 @@ async def test_stock_sender_path_still_selectable(
         await v.close()
     finally:
         await engine.stop()
+
+
+class RefusingGso:
+    """A mux socket whose kernel refuses UDP_SEGMENT (as over a device without checksum
+    offload): ``sendmsg`` with the option fails with EINVAL, everything else is the socket's."""
+
+    def __init__(self, sock: Any) -> None:
+        self._sock = sock
+        self.refused = 0
+
+    def sendmsg(self, buffers: Any, ancdata: Any = (), flags: int = 0,
+                address: Any = None) -> int:
+        import errno
+
+        if ancdata:
+            self.refused += 1
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return int(self._sock.sendmsg(buffers, ancdata, flags, address))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+
+async def test_gso_refused_once_falls_back_to_datagrams(
+        engine: Engine, decode_errors: DecodeErrors) -> None:
+    fanout = engine.fanout
+    assert fanout is not None
+    wrapped: dict[int, RefusingGso] = {}
+    socket_for = fanout.socket_for
+
+    def refusing(family: int) -> Any:
+        sock = socket_for(family)
+        if sock is None:
+            return None
+        if family not in wrapped:
+            wrapped[family] = RefusingGso(sock)
+        return wrapped[family]
+
+    fanout.socket_for = refusing
+    v = await connect(engine)
+    try:
+        await wait_for(lambda: len(v.frames) >= 75, timeout=40)
+        stats = engine.stats()["fanout"]
+        # Refused once, detected once: every later batch went datagram by datagram, and the
+        # refused batch itself was resent that way (nothing missing, nothing broken).
+        assert sum(w.refused for w in wrapped.values()) == 1
+        assert stats["gso"] is False and "EINVAL" in stats["gso_refused"]
+        assert stats["gso_sends"] == 0 and stats["datagram_sends"] > 75
+        assert gaps(v.numbers(start=5)) == [], gaps(v.numbers(start=5))[:5]
+        assert decode_errors.count == 0
+        viewer = fanout_viewer(engine, v)
+        assert viewer.send_errors == 0 and viewer.retransmitted == 0
+    finally:
+        await v.close()
