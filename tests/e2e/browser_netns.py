@@ -272,13 +272,17 @@ LOSS_TABLE = "ruseon_browser_loss"
 def udp_loss_from_port(port: int, percent: int) -> Iterator[None]:
     """Drop about ``percent`` % of the UDP datagrams sent from ``port`` (the server's WebRTC port,
     so: everything the server sends to the browser), with an nftables rule in *this* private
-    namespace; removed on exit. The kernel has no netem; ``numgen random`` gives random loss."""
+    namespace; removed on exit. The kernel has no netem; ``numgen random`` gives random loss.
+    The rule sits where datagrams arrive, with UDP GSO sends cut in software first, so it drops
+    datagrams, not whole batches (``tests/datagram_loss.py``)."""
+    from tests.datagram_loss import LOSS_HOOK, segment_udp_in_software
+
     nft = require_tool("nft", "apt-get install nftables")
     _assert_private_namespace()
+    segment_udp_in_software()
     commands = [
         [nft, "add", "table", "inet", LOSS_TABLE],
-        [nft, "add", "chain", "inet", LOSS_TABLE, "out",
-         "{ type filter hook output priority 0 ; }"],
+        [nft, "add", "chain", "inet", LOSS_TABLE, "out", LOSS_HOOK],
         [nft, "add", "rule", "inet", LOSS_TABLE, "out", "udp", "sport", str(port),
          "numgen", "random", "mod", "100", "<", str(percent), "counter", "drop"],
     ]

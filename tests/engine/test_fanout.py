@@ -13,6 +13,7 @@ import asyncio
 import bisect
 import itertools
 import logging
+import os
 import re
 import shutil
 import statistics
@@ -29,6 +30,7 @@ from ruseon_appliance.capture.pipeline import CapturePipeline
 from ruseon_appliance.capture.stamp import read_stamp
 from ruseon_appliance.engine import Engine, aiortc_internals
 from ruseon_appliance.engine.fanout import FanoutViewer
+from tests.datagram_loss import LOSS_HOOK, segment_udp_in_software
 from tests.engine.conftest import wait_for
 
 FRAME_US = 1_000_000 // 30
@@ -229,9 +231,10 @@ def lossy_output() -> Any:
     table = "ruseon_fanout_test"
 
     def drop_from(port: int) -> None:
+        if os.environ.get("TEST_PRIVATE_NETNS") == "1":  # never the host's links
+            segment_udp_in_software()  # datagrams are dropped, not whole GSO batches
         nft("add", "table", "inet", table)
-        nft("add", "chain", "inet", table, "out",
-            "{ type filter hook output priority 0 ; }")
+        nft("add", "chain", "inet", table, "out", LOSS_HOOK)
         nft("add", "rule", "inet", table, "out", "udp", "sport", str(port), "udp", "length",
             "gt", "400", "numgen", "inc", "mod", "25", "==", "7", "counter", "drop")
 
