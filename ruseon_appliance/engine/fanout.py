@@ -798,8 +798,7 @@ class Fanout:
             "history_frames": len(self.history),
             "stream_byte_rate": round(self.history.byte_rate),
             "keyframe_skips": sum(v.keyframe_skips for v in self._viewers),
-            "gso": self.gso,
-            "gso_refused": self.gso_refused,
+            "gso": int(self.gso),  # 0 once refused (the reason: gso_refused, and the log)
             "gso_sends": self.gso_sends,
             "datagram_sends": self.datagram_sends,
         }
