@@ -461,7 +461,7 @@ class RefusingGso:
 
 
 async def test_gso_refused_once_falls_back_to_datagrams(
-        engine: Engine, decode_errors: DecodeErrors) -> None:
+        engine: Engine, camera: CameraLog, decode_errors: DecodeErrors) -> None:
     fanout = engine.fanout
     assert fanout is not None
     wrapped: dict[int, RefusingGso] = {}
@@ -485,7 +485,7 @@ async def test_gso_refused_once_falls_back_to_datagrams(
         assert sum(w.refused for w in wrapped.values()) == 1
         assert stats["gso"] == 0 and "EINVAL" in (fanout.gso_refused or "")
         assert stats["gso_sends"] == 0 and stats["datagram_sends"] > 75
-        assert gaps(v.numbers(start=5)) == [], gaps(v.numbers(start=5))[:5]
+        assert gaps(v, camera, start=5) == [], gaps(v, camera, start=5)[:5]
         assert decode_errors.count == 0
         viewer = fanout_viewer(engine, v)
         assert viewer.send_errors == 0 and viewer.retransmitted == 0
