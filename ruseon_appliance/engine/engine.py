@@ -57,6 +57,10 @@ STREAM_READY_TIMEOUT_S = 3.0
 PENDING_RETRY_AFTER_S = 2
 # At most one log line per this many seconds for datagrams that raised inside aiortc.
 RECEIVE_ERROR_LOG_INTERVAL_S = 10.0
+# Sources that cannot make an IDR on demand (a file replay; rpicam-vid only makes one when it
+# restarts): a viewer joining mid-GOP is sent the GOP so far, up to this many seconds of stream.
+NO_KEYFRAME_ON_DEMAND = frozenset({"file", "rpicam"})
+GOP_CATCH_UP_MAX_S = 2.5
 
 SessionListener = Callable[[str, WhepSession], None]
 
@@ -360,6 +364,15 @@ class Engine:
                 max(3, math.ceil(camera.framerate * camera.keyframe_request_interval_ms / 1000)),
                 camera.keyframe_interval)
 
+    @staticmethod
+    def _gop_catch_up_bytes(feed: CapturePipeline) -> int:
+        """How much of a GOP a joining viewer may be sent to see motion at once: up to
+        :data:`GOP_CATCH_UP_MAX_S` of the stream for a source that cannot make a keyframe on
+        demand; none for one that can (a fresh IDR comes instead, see ``track.py``)."""
+        if feed.source_kind not in NO_KEYFRAME_ON_DEMAND:
+            return 0
+        return int(feed.camera.bitrate / 8 * GOP_CATCH_UP_MAX_S)
+
     def _new_track(self, feed: CapturePipeline, fanout: Fanout | None
                    ) -> ViewerTrack | FanoutTrack:
         if fanout is not None:
@@ -371,7 +384,8 @@ class Engine:
     def _new_fanout_viewer(self, fanout: Fanout, feed: CapturePipeline) -> FanoutViewer:
         interval, catch_up, gop = self._cursor_settings(feed)
         cursor = ViewerCursor(feed, fanout.take, frame_interval=interval,
-                              catch_up_max_frames=catch_up, keyframe_interval_frames=gop)
+                              catch_up_max_frames=catch_up, keyframe_interval_frames=gop,
+                              catch_up_max_bytes=self._gop_catch_up_bytes(feed))
         return FanoutViewer(fanout, cursor, on_keyframe_request=lambda reason: None,
                             on_nack=lambda seq: None)
 

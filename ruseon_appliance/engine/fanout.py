@@ -63,6 +63,11 @@ MAX_BACKLOG_S = 0.5
 # that budget: room for a join burst (keyframe + catch-up frames) and retransmissions.
 BUDGET_FACTOR = 3.0
 BUDGET_BURST_S = 1.0
+# The join burst (keyframe + catch-up frames, up to a whole GOP) leaves in slices of this many
+# bytes this far apart: about 50 Mbit/s to the joining viewer, so a GOP reaches it within
+# ~100 ms without overrunning the socket's send buffer or a Wi-Fi link in one go.
+JOIN_PACE_BYTES = 32_768
+JOIN_PACE_S = 0.005
 # Sender report interval (randomised 0.5-1.5x, as RFC 3550 asks).
 SR_INTERVAL_S = 1.0
 
@@ -224,6 +229,10 @@ class FanoutViewer:
         self._current: tuple[PacketizedFrame, int, int] | None = None  # frame, timestamp, next
         self._tokens = 0.0
         self._token_stamp = time.monotonic()
+        # Frames in the join burst (set when the cursor joins) and the pacing timer.
+        self._burst_frames = 0
+        self._pace_handle: asyncio.TimerHandle | None = None
+        self.join_slices = 0  # service calls that sent part of the join burst
         self.budget_bytes_per_s: float | None = None  # None: BUDGET_FACTOR x stream rate
         self._last_ts = 0
         self._last_send_monotonic = 0.0
@@ -267,6 +276,9 @@ class FanoutViewer:
             return
         self.closed = True
         self.active = False
+        if self._pace_handle is not None:
+            self._pace_handle.cancel()
+            self._pace_handle = None
         self._fanout.remove(self)
         self.cursor.close()
         self._runs.clear()
@@ -348,11 +360,16 @@ class FanoutViewer:
     def service(self, now: float) -> None:
         """Queue what the ring has for this viewer and send as much as its budget allows."""
         cursor = self.cursor
+        joining = cursor.reader is None
         cursor.pull()
+        if joining:
+            self._burst_frames = len(cursor.queue)
         self._refill(now)
-        # Before the first frame goes out the queue is the join burst (keyframe + catch-up
-        # frames, as many as the backlog limit), which is deliberate, not a viewer falling behind.
-        if self.frames_sent and len(cursor.queue) > self._fanout.max_backlog_frames:
+        sent = self.frames_sent
+        burst = self._burst_frames
+        # Before the join burst (keyframe + catch-up frames) is out, a long queue is that burst,
+        # which is deliberate, not a viewer falling behind.
+        if sent >= burst and len(cursor.queue) > self._fanout.max_backlog_frames:
             # Cannot keep up: everything queued is stale; resume at the next keyframe.
             cursor.skip_to_next_keyframe()
             self._current = None
@@ -364,6 +381,11 @@ class FanoutViewer:
         sock = self._fanout.socket_for(pair[0].family)
         if sock is None:
             return
+        paced = sent < burst or (sent == burst and self._current is not None)
+        if paced:
+            tokens = self._tokens
+            self._tokens = min(tokens, JOIN_PACE_BYTES)
+            allowed = self._tokens
         addr = pair[1]
         while True:
             current = self._current
@@ -378,6 +400,23 @@ class FanoutViewer:
                 self.keyframes_sent += keyframe
             if not self._send_frame(current, sock, addr, now):
                 break
+        if paced:
+            self.join_slices += 1
+            self._tokens = tokens - (allowed - self._tokens)
+            if ((self._current is not None or cursor.queue) and self._pace_handle is None
+                    and not self.closed):
+                self._pace_handle = asyncio.get_running_loop().call_later(
+                    JOIN_PACE_S, self._paced)
+
+    def _paced(self) -> None:
+        """The next slice of the join burst."""
+        self._pace_handle = None
+        if self.closed or not self.active:
+            return
+        try:
+            self.service(time.monotonic())
+        except Exception:  # as in Fanout.pump: one viewer's failure stops nothing else
+            logger.exception("fan-out: sending the join burst failed")
 
     def _send_leading_padding(self, sock: socket.socket, addr: tuple[str, int],
                               timestamp: int) -> None:

@@ -10,9 +10,15 @@ appears at once. What follows depends on how old that keyframe is:
 - a few frames old (up to ``catch_up_max_frames``): those frames are sent straight behind it as a
   burst whose timestamps are squeezed into the last few RTP ticks, so the decoder catches up
   immediately and the jitter buffer sees no backlog;
-- older: the keyframe is sent alone, re-stamped as "now", a fresh IDR is requested from the
-  source (coalesced in capture) and the stale P-frames in between are skipped until a keyframe
-  arrives. The viewer is then exactly as live as one who joined on a keyframe.
+- older, and the source cannot make a keyframe on demand (a file replay; ``rpicam-vid``
+  between restarts), so a still picture would stand until the next natural IDR (up to a GOP):
+  the whole GOP so far is sent the same way, squeezed into the last RTP ticks, as long as it
+  is at most ``catch_up_max_bytes`` ("catch-up-gop"). The decoder runs through it at once (a
+  P-chain cannot be fast-forwarded, so nothing is dropped) and shows the live picture moving
+  within the time it takes to decode it; the fan-out paces the burst;
+- older otherwise: the keyframe is sent alone, re-stamped as "now", a fresh IDR is requested
+  from the source (coalesced in capture) and the stale P-frames in between are skipped until a
+  keyframe arrives. The viewer is then exactly as live as one who joined on a keyframe.
 
 Output timestamps are continuous and strictly increasing in 1/90000 s, whatever the source does.
 """
@@ -61,9 +67,11 @@ class ViewerCursor(Generic[T]):
         catch_up_max_frames: int,
         keyframe_interval_frames: int,
         on_keyframe_request: Callable[[str], None] | None = None,
+        catch_up_max_bytes: int = 0,
     ) -> None:
         self._feed = feed
         self._take = take
+        self._catch_up_max_bytes = catch_up_max_bytes
         self._frame_interval = max(1, frame_interval)
         self._catch_up_max = catch_up_max_frames
         self._gop = keyframe_interval_frames
@@ -124,9 +132,11 @@ class ViewerCursor(Generic[T]):
         if behind == 0:
             self.join_mode = "on-keyframe"
             return
-        if behind <= self._catch_up_max:
-            # Burst: keyframe + the few frames after it, squeezed into the last `behind` ticks.
-            self.join_mode = "catch-up"
+        gop_burst = (behind > self._catch_up_max and self._catch_up_max_bytes > 0
+                     and self._gop_bytes(ring, keyframe_seq, newest) <= self._catch_up_max_bytes)
+        if behind <= self._catch_up_max or gop_burst:
+            # Burst: keyframe + the frames after it, squeezed into the last `behind` ticks.
+            self.join_mode = "catch-up-gop" if gop_burst else "catch-up"
             views: list[tuple[T, bool, int]] = []
             while len(views) <= behind:
                 view = self.reader.poll()
@@ -155,6 +165,17 @@ class ViewerCursor(Generic[T]):
             self.request("viewer join: cached keyframe older than the GOP")
         else:
             self.request("viewer join mid-GOP")
+
+    @staticmethod
+    def _gop_bytes(ring: RingBuffer, first: int, last: int) -> int:
+        """Bytes of frames ``first .. last`` (a huge number if one is gone)."""
+        total = 0
+        for seq in range(first, last + 1):
+            view = ring.frame(seq)
+            if view is None:
+                return 1 << 62
+            total += len(view.data)
+        return total
 
     def accept(self, view: FrameView) -> None:
         """Queue ``view`` on the output timeline (or skip it while waiting for a keyframe)."""

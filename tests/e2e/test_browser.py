@@ -335,3 +335,80 @@ def test_page_asks_for_the_token_and_remembers_it_for_the_tab(
         page.reload()  # same tab: sessionStorage still has the token, no prompt
         assert_plays_the_source(page, server.status())
         assert not page.is_visible("#token-dialog")
+
+
+def long_gop_recording(frames: int = 240, fps: int = 30) -> bytes:
+    """320x240 Constrained Baseline with one IDR per ``frames`` (libx264 through PyAV) and a
+    picture that moves every frame: a file source that cannot make a keyframe on demand."""
+    from fractions import Fraction
+
+    import av
+    import numpy as np
+
+    ctx = av.CodecContext.create("libx264", "w")
+    ctx.width, ctx.height, ctx.pix_fmt = 320, 240, "yuv420p"
+    ctx.time_base, ctx.framerate = Fraction(1, fps), Fraction(fps, 1)
+    ctx.bit_rate = 400_000
+    ctx.options = {"preset": "ultrafast", "tune": "zerolatency", "profile": "baseline",
+                   "x264-params": f"keyint={frames}:min-keyint={frames}:scenecut=0:"
+                                  "repeat-headers=1:bframes=0"}
+    x = np.arange(320, dtype=np.uint16)
+    out = bytearray()
+    for i in range(frames):
+        row = ((x + 4 * i) % 256).astype(np.uint8)
+        picture = np.broadcast_to(row, (240, 320)).copy()
+        frame = av.VideoFrame.from_ndarray(np.stack([picture] * 3, axis=-1), format="rgb24")
+        frame.pts = i
+        for packet in ctx.encode(frame.reformat(format="yuv420p")):
+            out += bytes(packet)
+    for packet in ctx.encode(None):
+        out += bytes(packet)
+    return bytes(out)
+
+
+def test_chromium_joining_a_file_source_mid_gop_sees_motion_at_once(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Issue 19: a file source cannot make a keyframe on demand. A page joining a second or more
+    after the IDR is sent the GOP so far (paced, squeezed into the last RTP ticks) instead of a
+    still keyframe until the next IDR: Chromium decodes it all at once, pictures move in every
+    quarter of the first second, no freeze, no keyframe request, nothing left undecoded."""
+    if not inside_browser_netns():
+        rerun_in_browser_netns(request.node.nodeid)
+        return
+    prepare_namespace()
+    recording = tmp_path / "long-gop.h264"
+    recording.write_bytes(long_gop_recording())
+    with running_server(tmp_path / "state", extra_args=["--source", f"file:{recording}"]) as \
+            server, chromium() as browser:
+        # Join well into the 8 s GOP: its IDR older than the 15-frame catch-up window.
+        deadline = time.monotonic() + 30
+        while not 1.0 <= (server.status()["source"]["keyframe_age_s"] or 0) <= 4.0:
+            assert time.monotonic() < deadline, server.status()["source"]
+            time.sleep(0.05)
+        page = browser.new_page()
+        page.goto(server.url)
+        wait_for_page(page, "the first decoded frame", lambda s: s["framesDecoded"] > 0)
+        samples = [stream_stats(page)]
+        for _ in range(4):
+            page.wait_for_timeout(250)
+            if len(samples) == 4:
+                session = viewer_session_stats(server)  # before the last sample
+            samples.append(stream_stats(page))
+        quarters = [stream_window(a, b)["frames_decoded"]
+                    for a, b in itertools.pairwise(samples)]
+        inbound = samples[-1]["inbound"]
+        record_browser_stats("gop_catch_up", {
+            "join_mode": session.get("join_mode"), "frames_sent": session.get("frames_sent"),
+            "first_sample_frames_decoded": samples[0]["inbound"]["framesDecoded"],
+            "first_second_decoded_per_quarter": quarters,
+            "totals": inbound_totals(samples[-1]),
+        })
+        assert session["join_mode"] == "catch-up-gop", session
+        # The burst was more than a keyframe, and Chromium decoded all of it by now.
+        assert session["frames_sent"] > 30, session
+        assert inbound["framesDecoded"] >= session["frames_sent"] - 2, (inbound, session)
+        assert min(quarters) > 0, quarters
+        assert inbound["freezeCount"] == 0, inbound_totals(samples[-1])
+        assert inbound["pliCount"] == 0 and inbound["firCount"] == 0, inbound
+        assert inbound["framesReceived"] - inbound["framesDecoded"] <= 2, inbound

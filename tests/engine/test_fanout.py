@@ -383,6 +383,48 @@ async def test_joining_on_the_longest_catch_up_burst_is_not_a_backlog_skip(
         await feed.stop()
 
 
+async def test_joining_late_in_a_gop_of_a_file_source_sends_the_gop_paced(
+        tmp_path: Path, decode_errors: DecodeErrors, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 19: a source that cannot make a keyframe on demand (a file replay), a viewer joining
+    25 frames after its IDR (beyond the 15-frame catch-up window): instead of the keyframe and
+    a still picture until the next IDR, it gets the whole GOP so far, paced, and decodes every
+    picture of it before the camera delivers anything new: motion at once."""
+    from ruseon_appliance.engine import fanout as fanout_module
+    from tests.engine.conftest import camera_config, webrtc_config
+
+    # Small slices, so the burst is paced over many of them even at 320x240.
+    monkeypatch.setattr(fanout_module, "JOIN_PACE_BYTES", 2000)
+    camera = GopReplay(preload=25)
+    feed = CapturePipeline(camera_config(), source=camera)
+    await feed.start()
+    engine = Engine(webrtc_config(), tmp_path / "state", feed)
+    await engine.start()
+    try:
+        assert await feed.wait_first_frame(10)
+        assert feed.source_kind == "file"
+        v = await connect(engine)
+        try:
+            viewer = fanout_viewer(engine, v)
+            # The camera holds still: whatever decodes now came from the join burst (all of it
+            # but the last frame, which aiortc's jitter buffer releases when the next begins).
+            await wait_for(lambda: len(v.frames) + v.unstamped >= 25, timeout=20)
+            assert viewer.cursor.join_mode == "catch-up-gop"
+            assert viewer.frames_sent == 26 and viewer.cursor.frames_skipped == 0
+            assert viewer.join_slices > 3 and viewer.keyframe_skips == 0
+            camera.go.set()
+            await wait_for(lambda: len(v.frames) + v.unstamped >= 60, timeout=20)
+            session = engine.sessions[v.session_id]
+            assert decode_errors.count == 0
+            # Clean: the viewer never asked for a keyframe (no PLI/FIR), nothing was skipped.
+            assert session.stats()["keyframes_requested"] == 0
+            assert viewer.cursor.frames_skipped == 0 and viewer.keyframe_skips == 0
+        finally:
+            await v.close()
+    finally:
+        await engine.stop()
+        await feed.stop()
+
+
 async def test_a_viewer_that_cannot_keep_up_skips_to_keyframes_others_unaffected(
         engine: Engine, camera: CameraLog, decode_errors: DecodeErrors) -> None:
     fast, slow = await connect(engine), await connect(engine)
