@@ -9,7 +9,10 @@ terminal they print as ``key=value`` after the message; under systemd the journa
 from __future__ import annotations
 
 import logging
+import math
 import sys
+import time
+from collections.abc import Callable
 from typing import Any
 
 # Attributes every LogRecord has; anything else upper-case came from ``extra``.
@@ -49,6 +52,28 @@ def _quote(value: Any) -> str:
     if not text or any(c in text for c in ' "='):
         return '"' + text.replace('"', '\\"') + '"'
     return text
+
+
+class RateLimit:
+    """Says yes at most once per ``interval_s``: for a warning that a failing peer or a broken
+    input could otherwise repeat on every packet or retry and flood the journal.
+
+    ``if self._failure_log.ready(): log.warning(...)``; the first call is always ready. The
+    counting of what was not logged stays with the caller (its counters say how many).
+    """
+
+    def __init__(self, interval_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.interval_s = interval_s
+        self._clock = clock
+        self._last = -math.inf
+
+    def ready(self) -> bool:
+        """True (and the interval restarts) when ``interval_s`` has passed since the last True."""
+        now = self._clock()
+        if now - self._last >= self.interval_s:
+            self._last = now
+            return True
+        return False
 
 
 def setup_logging(level: str = "info", handler: logging.Handler | None = None) -> None:

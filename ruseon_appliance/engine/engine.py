@@ -47,6 +47,7 @@ from ruseon_appliance.engine.offer import CheckedOffer, check_offer
 from ruseon_appliance.engine.session import WhepSession
 from ruseon_appliance.engine.track import ViewerCursor, ViewerTrack
 from ruseon_appliance.engine.udp_mux import UdpMux
+from ruseon_appliance.logs import RateLimit
 
 logger = logging.getLogger(__name__)
 
@@ -122,7 +123,7 @@ class Engine:
         self.places_reclaimed: Counter[str] = Counter()
         # Exceptions a received datagram raised inside aiortc, swallowed by the guard.
         self.receive_errors: Counter[str] = Counter()
-        self._receive_error_logged = -math.inf
+        self._receive_error_log = RateLimit(RECEIVE_ERROR_LOG_INTERVAL_S)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -469,9 +470,7 @@ class Engine:
         """A datagram raised inside aiortc's DTLS/SRTP receive path: count it, log it at most
         every RECEIVE_ERROR_LOG_INTERVAL_S, and keep the session (the guard keeps reading)."""
         self.receive_errors[type(exc).__name__] += 1
-        now = time.monotonic()
-        if now - self._receive_error_logged >= RECEIVE_ERROR_LOG_INTERVAL_S:
-            self._receive_error_logged = now
+        if self._receive_error_log.ready():
             logger.warning("a received datagram raised %s inside aiortc (session kept; %d so "
                            "far): %s", type(exc).__name__, sum(self.receive_errors.values()), exc)
 

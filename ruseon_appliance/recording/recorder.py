@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..capture.ring import RingBuffer, RingReader
+from ..logs import RateLimit
 from ..segmenter import Fmp4Segmenter, Fragment, run_segmenter
 from .archive import (
     OPEN_SUFFIX,
@@ -401,16 +402,14 @@ class Recorder:
     async def _housekeeping_loop(self) -> None:
         # Flushing, resuming and retention must outlive a surprise in one round: a dead
         # housekeeping task would stop all three silently while recording carried on.
-        logged_at = -HOUSEKEEPING_LOG_INTERVAL_S
+        failure_log = RateLimit(HOUSEKEEPING_LOG_INTERVAL_S)
         while True:
             await asyncio.sleep(HOUSEKEEPING_INTERVAL_S)
             try:
                 await self._housekeeping_round()
             except Exception:
                 self.housekeeping_errors += 1
-                now = time.monotonic()
-                if now - logged_at >= HOUSEKEEPING_LOG_INTERVAL_S:
-                    logged_at = now
+                if failure_log.ready():
                     log.exception("recording housekeeping failed (tried again every %.0f s)",
                                   HOUSEKEEPING_INTERVAL_S)
 

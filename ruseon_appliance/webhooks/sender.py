@@ -24,6 +24,7 @@ import aiohttp
 from .. import __version__
 from ..config import WEBHOOK_EVENTS, WebhookConfig
 from ..events import Event
+from ..logs import RateLimit
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ class WebhookSender:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
-        self._logged_at = -LOG_INTERVAL_S
+        self._failure_log = RateLimit(LOG_INTERVAL_S)
         self.sent = 0
         self.failed = 0
         self.retries = 0
@@ -178,9 +179,7 @@ class WebhookSender:
 
     def _log_failure(self, name: str, why: str) -> None:
         self.last_error = why
-        now = time.monotonic()
-        if now - self._logged_at >= LOG_INTERVAL_S:
-            self._logged_at = now
+        if self._failure_log.ready():
             host = self.config.url.split("://", 1)[-1].split("/", 1)[0]
             log.warning("webhook to %s failed (%s) on %s; retrying with back-off, %d dropped so "
                         "far", host, why, name, self.dropped)
