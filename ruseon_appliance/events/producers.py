@@ -50,31 +50,25 @@ def recording_listener(bus: EventBus) -> Callable[[str, Mapping[str, Any]], None
     return listener
 
 
-class RecordingWatcher:
-    """Publishes ``recording_started`` / ``recording_stopped`` when ``active()`` (the recorder's
-    ``active``) changes, whoever started it: the API, the MQTT button, continuous mode. It polls,
-    so the recorder needs no hook for it."""
+class _Poller:
+    """What both watchers share: a task on the running loop calling ``check()`` every
+    ``poll_s`` (the first at once when ``_check_first``, else after one interval)."""
 
-    def __init__(self, bus: EventBus, active: Callable[[], bool], state: Callable[[], str],
-                 *, poll_s: float = STALL_POLL_S) -> None:
-        self._listener = recording_listener(bus)
-        self._active = active
-        self._state = state
+    _task_name = "poller"
+    _check_first = False
+
+    def __init__(self, poll_s: float) -> None:
         self._poll_s = poll_s
-        self.recording = False
         self._task: asyncio.Task[None] | None = None
 
     def check(self) -> None:
         """Look once; publish on a change."""
-        active = bool(self._active())
-        if active != self.recording:
-            self.recording = active
-            self._listener("started" if active else "stopped", {"state": self._state()})
+        raise NotImplementedError
 
     def start(self) -> None:
         """Begin watching on the running loop."""
         if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="recording-watcher")
+            self._task = asyncio.create_task(self._run(), name=self._task_name)
 
     async def stop(self) -> None:
         """Stop watching."""
@@ -85,14 +79,42 @@ class RecordingWatcher:
                 await task
 
     async def _run(self) -> None:
-        while True:
+        if self._check_first:
             self.check()
+        while True:
             await asyncio.sleep(self._poll_s)
+            self.check()
 
 
-class StallWatcher:
+class RecordingWatcher(_Poller):
+    """Publishes ``recording_started`` / ``recording_stopped`` when ``active()`` (the recorder's
+    ``active``) changes, whoever started it: the API, the MQTT button, continuous mode. It polls,
+    so the recorder needs no hook for it."""
+
+    _task_name = "recording-watcher"
+    _check_first = True
+
+    def __init__(self, bus: EventBus, active: Callable[[], bool], state: Callable[[], str],
+                 *, poll_s: float = STALL_POLL_S) -> None:
+        super().__init__(poll_s)
+        self._listener = recording_listener(bus)
+        self._active = active
+        self._state = state
+        self.recording = False
+
+    def check(self) -> None:
+        """Look once; publish on a change."""
+        active = bool(self._active())
+        if active != self.recording:
+            self.recording = active
+            self._listener("started" if active else "stopped", {"state": self._state()})
+
+
+class StallWatcher(_Poller):
     """Publishes ``camera_stalled`` when frames stop and ``camera_recovered`` when they flow
     again, from ``last_frame`` (the pipeline's ``last_frame_monotonic``)."""
+
+    _task_name = "stall-watcher"
 
     def __init__(
         self,
@@ -105,6 +127,7 @@ class StallWatcher:
         poll_s: float = STALL_POLL_S,
         camera: str = "",
     ) -> None:
+        super().__init__(poll_s)
         self._bus = bus
         # With several cameras, each watcher's events name its camera (empty: the first's).
         self._names = {"camera": camera} if camera else {}
@@ -112,11 +135,9 @@ class StallWatcher:
         self.limit_s = max(STALL_MIN_S, STALL_FRAME_INTERVALS / max(1, framerate))
         self._source = source
         self._clock = clock
-        self._poll_s = poll_s
         self.stalled = False
         self._stalled_since = 0.0
         self.stalls = 0
-        self._task: asyncio.Task[None] | None = None
 
     def check(self) -> None:
         """Look once; publish on a change of state (called by the loop, and by tests)."""
@@ -138,21 +159,3 @@ class StallWatcher:
             log.info("camera recovered after %.1f s", gap)
             self._bus.publish("camera_recovered", source=self._source,
                               stalled_for_s=round(gap, 3), **self._names)
-
-    def start(self) -> None:
-        """Begin watching on the running loop."""
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="stall-watcher")
-
-    async def stop(self) -> None:
-        """Stop watching."""
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self._poll_s)
-            self.check()
