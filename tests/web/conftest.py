@@ -18,6 +18,7 @@ from typing import Any
 
 import aioice.ice
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.rtcrtpreceiver import RTCRtpReceiver
@@ -54,26 +55,43 @@ def loopback_candidates(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @contextlib.asynccontextmanager
-async def running_device(
+async def running_engine(
     config: Config, tmp_path: Path
-) -> AsyncIterator[tuple[CapturePipeline, Engine, TestClient[Any, Any]]]:
-    """Capture, engine and the web app in front of them, all started; stopped on exit."""
+) -> AsyncIterator[tuple[CapturePipeline, Engine]]:
+    """Capture (first frame seen) and the engine, started; stopped on exit."""
     capture = CapturePipeline(config.camera)
     await capture.start()
     engine = Engine(config.webrtc, tmp_path, capture)
     try:
         assert await capture.wait_first_frame(20), "the synthetic source produced no frame"
         await engine.start()
-        app = make_app(config, engine, capture, started=time.time())
-        client: TestClient[Any, Any] = TestClient(TestServer(app, host="127.0.0.1"))
-        await client.start_server()
-        try:
-            yield capture, engine, client
-        finally:
-            await client.close()
+        yield capture, engine
     finally:
         await engine.stop()
         await capture.stop()
+
+
+@contextlib.asynccontextmanager
+async def serving(app: web.Application) -> AsyncIterator[TestClient[Any, Any]]:
+    """``app`` on a real loopback HTTP server, and a client for it; closed on exit."""
+    client: TestClient[Any, Any] = TestClient(TestServer(app, host="127.0.0.1"))
+    await client.start_server()
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+@contextlib.asynccontextmanager
+async def running_device(
+    config: Config, tmp_path: Path
+) -> AsyncIterator[tuple[CapturePipeline, Engine, TestClient[Any, Any]]]:
+    """Capture, engine and the web app in front of them, all started; stopped on exit."""
+    async with (
+        running_engine(config, tmp_path) as (capture, engine),
+        serving(make_app(config, engine, capture, started=time.time())) as client,
+    ):
+        yield capture, engine, client
 
 
 @pytest.fixture

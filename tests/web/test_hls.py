@@ -17,18 +17,16 @@ from typing import Any
 import aiohttp
 import av
 import pytest
-from aiohttp.test_utils import TestClient, TestServer, make_mocked_request
+from aiohttp.test_utils import TestClient, make_mocked_request
 
-from ruseon_appliance.capture.pipeline import CapturePipeline
 from ruseon_appliance.capture.ring import RingBuffer
 from ruseon_appliance.config import Config
-from ruseon_appliance.engine.engine import Engine
 from ruseon_appliance.hls import HlsStream
 from ruseon_appliance.web import hls as hls_web
 from ruseon_appliance.web.app import make_app
 from tests.hls.m3u8 import MediaPlaylist, parse
 from tests.hls.test_playlist_conformance import FakeCamera
-from tests.web.conftest import web_config
+from tests.web.conftest import running_engine, serving, web_config
 
 TOKEN = "s3cret-hls"
 
@@ -40,30 +38,20 @@ async def hls_device(config: Config, tmp_path: Path, *, max_waiting: int = 1000,
     """Capture, engine, an HLS stream and the web app. ``fed_by_hand``: the stream reads a
     ring nobody writes to, and the test feeds it fragments itself (the live edge then moves
     only when the test says so)."""
-    capture = CapturePipeline(config.camera)
-    await capture.start()
-    engine = Engine(config.webrtc, tmp_path, capture)
-    ring = RingBuffer(256 * 1024, 64) if fed_by_hand else capture.ring
-    stream = HlsStream(ring, framerate=config.camera.framerate,
-                       keyframe_interval=config.camera.keyframe_interval,
-                       part_target_s=0.25, window_s=6.0, max_waiting=max_waiting)
-    try:
-        assert await capture.wait_first_frame(20)
-        await engine.start()
-        await stream.start()
-        app = make_app(config, engine, capture, started=time.time(), hls=stream)
-        client: TestClient[Any, Any] = TestClient(TestServer(app, host="127.0.0.1"))
-        await client.start_server()
+    async with running_engine(config, tmp_path) as (capture, engine):
+        ring = RingBuffer(256 * 1024, 64) if fed_by_hand else capture.ring
+        stream = HlsStream(ring, framerate=config.camera.framerate,
+                           keyframe_interval=config.camera.keyframe_interval,
+                           part_target_s=0.25, window_s=6.0, max_waiting=max_waiting)
         try:
-            if not fed_by_hand:
-                assert await stream.wait_for_playlist(0, None, 20)  # one complete segment
-            yield stream, client
+            await stream.start()
+            app = make_app(config, engine, capture, started=time.time(), hls=stream)
+            async with serving(app) as client:
+                if not fed_by_hand:
+                    assert await stream.wait_for_playlist(0, None, 20)  # one complete segment
+                yield stream, client
         finally:
-            await client.close()
-    finally:
-        await stream.stop()
-        await engine.stop()
-        await capture.stop()
+            await stream.stop()
 
 
 @pytest.fixture

@@ -13,15 +13,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 
-from ruseon_appliance.capture.pipeline import CapturePipeline
-from ruseon_appliance.engine.engine import Engine
 from ruseon_appliance.recording import Recorder, RecorderSettings
 from ruseon_appliance.web.app import make_app
 from tests.segmenter.stream import ffmpeg_errors, probe_frames
 
-from .conftest import web_config
+from .conftest import running_engine, serving, web_config
 
 TOKEN = "recording-test-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -31,26 +29,16 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 async def device_with_recorder(
         tmp_path: Path) -> AsyncIterator[tuple[Recorder, TestClient[Any, Any]]]:
     config = web_config(auth={"token": TOKEN})
-    capture = CapturePipeline(config.camera)
-    await capture.start()
-    engine = Engine(config.webrtc, tmp_path, capture)
-    recorder = Recorder(RecorderSettings(directory=tmp_path / "rec", segment_s=2.0,
-                                         preroll_s=2.0), capture.ring)
-    try:
-        assert await capture.wait_first_frame(20)
-        await engine.start()
-        await recorder.start()
-        app = make_app(config, engine, capture, started=time.time(), recorder=recorder)
-        client: TestClient[Any, Any] = TestClient(TestServer(app, host="127.0.0.1"))
-        await client.start_server()
+    async with running_engine(config, tmp_path) as (capture, engine):
+        recorder = Recorder(RecorderSettings(directory=tmp_path / "rec", segment_s=2.0,
+                                             preroll_s=2.0), capture.ring)
         try:
-            yield recorder, client
+            await recorder.start()
+            app = make_app(config, engine, capture, started=time.time(), recorder=recorder)
+            async with serving(app) as client:
+                yield recorder, client
         finally:
-            await client.close()
-    finally:
-        await recorder.stop()
-        await engine.stop()
-        await capture.stop()
+            await recorder.stop()
 
 
 BAD_GETS = [
