@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +70,17 @@ def rerun_in_browser_netns(nodeid: str) -> None:
     if result.returncode != 0:
         pytest.fail(f"in the browser namespace:\n{result.stdout[-8000:]}\n{result.stderr[-4000:]}",
                     pytrace=False)
+
+
+def in_browser_netns(request: pytest.FixtureRequest) -> bool:
+    """A browser test's first line (``if not in_browser_netns(request): return``): True inside
+    its private namespace, prepared; outside, re-runs the test there (its outcome is the
+    test's) and returns False."""
+    if not inside_browser_netns():
+        rerun_in_browser_netns(request.node.nodeid)
+        return False
+    prepare_namespace()
+    return True
 
 
 def _assert_private_namespace() -> set[str]:
@@ -247,13 +258,21 @@ def wait_for_page(
 ) -> dict[str, Any]:
     """Poll :func:`page_stats` until ``predicate(stats)``; fail naming ``condition`` otherwise.
     (The timeout only keeps a broken run from hanging; nothing here measures time.)"""
+    return poll_page(page, page_stats, condition, predicate, timeout_s)
+
+
+def poll_page(page: Any, read: Callable[[Any], dict[str, Any]], condition: str,
+              predicate: Any, timeout_s: float = 60) -> dict[str, Any]:
+    """Poll ``read(page)`` every 250 ms (page time) until ``predicate`` holds; fail naming
+    ``condition`` with the last figures otherwise (the timeout only keeps a broken run from
+    hanging)."""
     deadline = time.monotonic() + timeout_s
-    stats = page_stats(page)
+    stats = read(page)
     while not predicate(stats):
         if time.monotonic() > deadline:
             raise AssertionError(f"page never reached: {condition}; last stats {stats}")
         page.wait_for_timeout(250)
-        stats = page_stats(page)
+        stats = read(page)
     return stats
 
 
@@ -388,8 +407,14 @@ def inbound_totals(sample: dict[str, Any]) -> dict[str, Any]:
 def record_browser_stats(key: str, figures: dict[str, Any]) -> None:
     """Merge ``figures`` under ``key`` into artifacts/browser-stats.json (one file for all the
     browser tests' figures, so runs can be compared)."""
+    merge_artifact("browser-stats.json", key, figures)
+
+
+def merge_artifact(name: str, key: str, figures: dict[str, Any]) -> None:
+    """Merge ``figures`` under ``key`` into the JSON document artifacts/``name`` (created, or
+    started afresh when unreadable)."""
     ARTIFACTS.mkdir(exist_ok=True)
-    path = ARTIFACTS / "browser-stats.json"
+    path = ARTIFACTS / name
     try:
         document: dict[str, Any] = json.loads(path.read_text())
     except (OSError, ValueError):

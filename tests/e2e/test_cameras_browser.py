@@ -13,9 +13,7 @@ import pytest
 
 from tests.e2e.browser_netns import (
     chromium,
-    inside_browser_netns,
-    prepare_namespace,
-    rerun_in_browser_netns,
+    in_browser_netns,
     running_server,
     save_screenshot,
     wait_for_page,
@@ -54,10 +52,8 @@ def wait_for_tiles(page: Any, condition: str, predicate: Any) -> list[dict[str, 
 
 def test_grid_plays_every_camera_and_a_click_watches_one(
         request: pytest.FixtureRequest, tmp_path: Path) -> None:
-    if not inside_browser_netns():
-        rerun_in_browser_netns(request.node.nodeid)
+    if not in_browser_netns(request):
         return
-    prepare_namespace()
     # "gate" is a network camera nobody answers for: down from the start, retried.
     args = ["--camera", "front=synthetic", "--camera", "side=synthetic",
             "--camera", f"gate=rtsp://127.0.0.1:{free_port()}/stream"]

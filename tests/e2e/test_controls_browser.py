@@ -13,10 +13,8 @@ import pytest
 
 from tests.e2e.browser_netns import (
     chromium,
-    inside_browser_netns,
+    in_browser_netns,
     page_stats,
-    prepare_namespace,
-    rerun_in_browser_netns,
     running_server,
     save_screenshot,
     wait_for_page,
@@ -33,10 +31,8 @@ def controls(url: str) -> dict[str, Any]:
 
 def test_settings_panel_changes_the_camera_and_playback_survives_a_restart(
         request: pytest.FixtureRequest, tmp_path: Path) -> None:
-    if not inside_browser_netns():
-        rerun_in_browser_netns(request.node.nodeid)
+    if not in_browser_netns(request):
         return
-    prepare_namespace()
     with running_server(tmp_path) as server, chromium() as browser:
         page = browser.new_page()
         page.goto(server.url)

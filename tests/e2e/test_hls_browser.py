@@ -18,11 +18,10 @@ import pytest
 
 from tests.e2e.browser_netns import (
     chromium,
-    inside_browser_netns,
+    in_browser_netns,
     page_stats,
-    prepare_namespace,
+    poll_page,
     record_browser_stats,
-    rerun_in_browser_netns,
     running_server,
     save_screenshot,
     wait_for_page,
@@ -77,14 +76,7 @@ def hls_stats(page: Any) -> dict[str, Any]:
 def wait_hls(page: Any, condition: str, predicate: Any, timeout_s: float = 60) -> dict[str, Any]:
     """Poll :func:`hls_stats` until ``predicate``; the timeout only keeps a broken run from
     hanging."""
-    deadline = time.monotonic() + timeout_s
-    stats = hls_stats(page)
-    while not predicate(stats):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"page never reached: {condition}; last stats {stats}")
-        page.wait_for_timeout(250)
-        stats = hls_stats(page)
-    return stats
+    return poll_page(page, hls_stats, condition, predicate, timeout_s)
 
 
 def assert_plays_hls(page: Any) -> dict[str, Any]:
@@ -123,10 +115,8 @@ def test_hlsjs_plays_the_playlist_with_the_token(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
     """hls.js (chosen by hand on the page) plays /hls/index.m3u8 with the Bearer token."""
-    if not inside_browser_netns():
-        rerun_in_browser_netns(request.node.nodeid)
+    if not in_browser_netns(request):
         return
-    prepare_namespace()
     with running_server(tmp_path, token=TOKEN) as server, chromium() as browser:
         page = browser.new_page()
         page.add_init_script(
@@ -167,10 +157,8 @@ def test_hlsjs_plays_the_playlist_with_the_token(
 def test_page_falls_back_to_hls_when_udp_is_blocked_and_back_after(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
-    if not inside_browser_netns():
-        rerun_in_browser_netns(request.node.nodeid)
+    if not in_browser_netns(request):
         return
-    prepare_namespace()
     with running_server(tmp_path) as server, chromium() as browser:
         page = browser.new_page()
         with udp_blocked_to(server.rtc_port):
@@ -203,10 +191,8 @@ def test_page_goes_to_hls_at_once_without_h264_for_webrtc_or_on_406(
 ) -> None:
     """A browser whose WebRTC lists no H.264 (Firefox without OpenH264) and a /whep that answers
     406 both switch to HLS without waiting for the WebRTC timeout."""
-    if not inside_browser_netns():
-        rerun_in_browser_netns(request.node.nodeid)
+    if not in_browser_netns(request):
         return
-    prepare_namespace()
     with running_server(tmp_path) as server, chromium() as browser:
         no_h264 = browser.new_page()
         no_h264.add_init_script("""(() => {

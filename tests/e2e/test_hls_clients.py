@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.e2e.browser_netns import ARTIFACTS, Server, running_server
+from tests.e2e.browser_netns import Server, merge_artifact, running_server
 from tests.hls.harness import LlHlsClient, PlainHlsClient, percentile, running_nginx
 from tests.hls.m3u8 import parse
 from tests.tooling import free_port, require_tool
@@ -34,14 +34,7 @@ PLAIN_HLS_P95_S = 6.0
 
 def record(key: str, figures: dict[str, Any]) -> None:
     """Merge ``figures`` under ``key`` into artifacts/hls-clients.json."""
-    ARTIFACTS.mkdir(exist_ok=True)
-    path = ARTIFACTS / "hls-clients.json"
-    try:
-        document: dict[str, Any] = json.loads(path.read_text())
-    except (OSError, ValueError):
-        document = {}
-    document[key] = figures
-    path.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
+    merge_artifact("hls-clients.json", key, figures)
 
 
 async def _play(clients: list[Any], seconds: float) -> None:

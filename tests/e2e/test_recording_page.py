@@ -10,9 +10,7 @@ import pytest
 
 from tests.e2e.browser_netns import (
     chromium,
-    inside_browser_netns,
-    prepare_namespace,
-    rerun_in_browser_netns,
+    in_browser_netns,
     running_server,
     save_screenshot,
     wait_for_page,
@@ -38,10 +36,8 @@ def playback(page: Any) -> dict[str, Any]:
 
 def test_timeline_plays_a_recording_in_the_page_then_live_again(
         request: pytest.FixtureRequest, tmp_path: Path) -> None:
-    if not inside_browser_netns():
-        rerun_in_browser_netns(request.node.nodeid)
+    if not in_browser_netns(request):
         return
-    prepare_namespace()
     record_dir = tmp_path / "recordings"
     args = ["--record-dir", str(record_dir)]
     with running_server(tmp_path / "state", extra_args=args) as server, chromium() as browser:
