@@ -72,14 +72,14 @@ def rerun_in_browser_netns(nodeid: str) -> None:
                     pytrace=False)
 
 
-def in_browser_netns(request: pytest.FixtureRequest) -> bool:
+def in_browser_netns(request: pytest.FixtureRequest, *, ipv6: bool = False) -> bool:
     """A browser test's first line (``if not in_browser_netns(request): return``): True inside
-    its private namespace, prepared; outside, re-runs the test there (its outcome is the
-    test's) and returns False."""
+    its private namespace, prepared (``ipv6``: see :func:`prepare_namespace`); outside, re-runs
+    the test there (its outcome is the test's) and returns False."""
     if not inside_browser_netns():
         rerun_in_browser_netns(request.node.nodeid)
         return False
-    prepare_namespace()
+    prepare_namespace(ipv6=ipv6)
     return True
 
 

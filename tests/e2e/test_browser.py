@@ -20,11 +20,9 @@ from tests.e2e.browser_netns import (
     SOURCE_WIDTH,
     Server,
     chromium,
+    in_browser_netns,
     inbound_totals,
-    inside_browser_netns,
-    prepare_namespace,
     record_browser_stats,
-    rerun_in_browser_netns,
     running_server,
     save_screenshot,
     stream_stats,
@@ -54,10 +52,8 @@ def assert_plays_the_source(page: Any, server_status: dict[str, Any]) -> dict[st
 
 
 def test_device_page_plays_the_stream(request: pytest.FixtureRequest, tmp_path: Path) -> None:
-    if not inside_browser_netns():
-        rerun_in_browser_netns(request.node.nodeid)
+    if not in_browser_netns(request):
         return
-    prepare_namespace()
     with running_server(tmp_path) as server, chromium() as browser:
         page = browser.new_page(viewport={"width": 1280, "height": 720})
         opened = time.monotonic()
@@ -104,10 +100,8 @@ def test_device_page_plays_the_stream(request: pytest.FixtureRequest, tmp_path: 
 def test_device_page_plays_over_ipv6(request: pytest.FixtureRequest, tmp_path: Path) -> None:
     """Chromium over IPv6 only: the page from http://[::1], the one UDP port on ::1 with ::1
     as the only candidate, Chromium's checks from the veth's ULA address."""
-    if not inside_browser_netns():
-        rerun_in_browser_netns(request.node.nodeid)
+    if not in_browser_netns(request, ipv6=True):
         return
-    prepare_namespace(ipv6=True)
     with running_server(tmp_path, host="::1") as server, chromium() as browser:
         page = browser.new_page()
         page.goto(server.url)
@@ -150,10 +144,8 @@ def test_chromium_decodes_every_frame_the_fanout_path_sends(
 ) -> None:
     """Issue 9: with the fan-out send path Chromium decodes every frame cleanly and sees the
     sender reports."""
-    if not inside_browser_netns():
-        rerun_in_browser_netns(request.node.nodeid)
+    if not in_browser_netns(request):
         return
-    prepare_namespace()
     with running_server(tmp_path) as server, chromium() as browser:
         page = browser.new_page()
         page.goto(server.url)
@@ -218,10 +210,8 @@ def test_chromium_recovers_lost_packets_by_nack_and_retransmission(
 ) -> None:
     """Issue 9: with about 3 % of the server's datagrams dropped, Chromium NACKs, the fan-out
     path retransmits, and the picture keeps moving."""
-    if not inside_browser_netns():
-        rerun_in_browser_netns(request.node.nodeid)
+    if not in_browser_netns(request):
         return
-    prepare_namespace()
     with running_server(tmp_path) as server, chromium() as browser:
         page = browser.new_page()
         page.goto(server.url)
@@ -264,10 +254,8 @@ def test_chromium_recovers_lost_packets_by_nack_and_retransmission(
 
 
 def test_three_pages_play_at_once(request: pytest.FixtureRequest, tmp_path: Path) -> None:
-    if not inside_browser_netns():
-        rerun_in_browser_netns(request.node.nodeid)
+    if not in_browser_netns(request):
         return
-    prepare_namespace()
     with running_server(tmp_path) as server, chromium() as browser:
         pages = [browser.new_context().new_page() for _ in range(3)]
         for page in pages:
@@ -281,10 +269,8 @@ def test_three_pages_play_at_once(request: pytest.FixtureRequest, tmp_path: Path
 def test_page_reconnects_by_itself_after_a_server_restart(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
-    if not inside_browser_netns():
-        rerun_in_browser_netns(request.node.nodeid)
+    if not in_browser_netns(request):
         return
-    prepare_namespace()
     with chromium() as browser:
         server_cm = running_server(tmp_path)
         server = server_cm.__enter__()
@@ -311,10 +297,8 @@ def test_page_reconnects_by_itself_after_a_server_restart(
 def test_page_asks_for_the_token_and_remembers_it_for_the_tab(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
-    if not inside_browser_netns():
-        rerun_in_browser_netns(request.node.nodeid)
+    if not in_browser_netns(request):
         return
-    prepare_namespace()
     token = "correct-horse-battery-staple"
     with running_server(tmp_path, token=token) as server, chromium() as browser:
         page = browser.new_page()
@@ -373,10 +357,8 @@ def test_chromium_joining_a_file_source_mid_gop_sees_motion_at_once(
     after the IDR is sent the GOP so far (paced, squeezed into the last RTP ticks) instead of a
     still keyframe until the next IDR: Chromium decodes it all at once, pictures move in every
     quarter of the first second, no freeze, no keyframe request, nothing left undecoded."""
-    if not inside_browser_netns():
-        rerun_in_browser_netns(request.node.nodeid)
+    if not in_browser_netns(request):
         return
-    prepare_namespace()
     recording = tmp_path / "long-gop.h264"
     recording.write_bytes(long_gop_recording())
     with running_server(tmp_path / "state", extra_args=["--source", f"file:{recording}"]) as \
