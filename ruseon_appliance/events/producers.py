@@ -4,12 +4,12 @@ recorder. Each producer is a small adapter that ``app.py`` connects to the bus."
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ..tasks import cancel_and_wait
 from .bus import EventBus
 
 log = logging.getLogger(__name__)
@@ -73,10 +73,7 @@ class _Poller:
     async def stop(self) -> None:
         """Stop watching."""
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
     async def _run(self) -> None:
         if self._check_first:

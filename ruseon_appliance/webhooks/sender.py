@@ -9,7 +9,6 @@ the target refuses this event and retrying would not help.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import hmac
 import json
@@ -25,6 +24,7 @@ from .. import __version__
 from ..config import WEBHOOK_EVENTS, WebhookConfig
 from ..events import Event
 from ..logs import RateLimit
+from ..tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -90,10 +90,7 @@ class WebhookSender:
     async def stop(self) -> None:
         """Stop at once; what is still queued is lost (counted as dropped)."""
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
         self.dropped += len(self._queue)
         self._queue.clear()
         if self._session is not None:

@@ -9,13 +9,13 @@ increasing across loops so downstream never sees time go backwards.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from pathlib import Path
 from typing import Any
 
 from ...config import CameraConfig
+from ...tasks import cancel_and_wait
 from ..access_unit import VIDEO_CLOCK_RATE, AccessUnit
 from ..h264 import AccessUnitSplitter
 from .base import Deliver, SourceUnavailable
@@ -94,10 +94,7 @@ class FileSource:
     async def stop(self) -> None:
         """Stop playback."""
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
     def request_keyframe(self) -> None:
         """A recording cannot make a keyframe on demand; viewers wait for the next one."""

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ...config import CameraConfig
+from ...tasks import cancel_and_wait
 from ..access_unit import VIDEO_CLOCK_RATE, AccessUnit
 from .base import Deliver
 
@@ -124,10 +125,7 @@ class RtspSource:
         read timeout) and delivers nothing more."""
         self._generation += 1
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
         self.connected = False
         thread = self._thread
         if thread is not None:
