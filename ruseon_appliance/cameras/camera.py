@@ -13,6 +13,7 @@ from ..capture.pipeline import CapturePipeline
 from ..capture.sources.base import Deliver, SourceUnavailable
 from ..capture.sources.rtsp import redact
 from ..config import CameraConfig
+from ..tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -116,10 +117,7 @@ class Camera:
         """Stop retrying and stop the source."""
         self._stopped = True
         task, self._retry = self._retry, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
         await self.pipeline.stop()
 
     def problem(self) -> str | None:

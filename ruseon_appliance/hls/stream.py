@@ -28,6 +28,7 @@ from ruseon_appliance.hls.window import (
     target_duration_for,
 )
 from ruseon_appliance.segmenter import Fmp4Segmenter, Fragment, run_segmenter
+from ruseon_appliance.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -97,11 +98,8 @@ class HlsStream:
     async def stop(self) -> None:
         """Stop reading; waiting requests are woken and find nothing new."""
         self._stopped = True
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         self._wake()
 
     async def _run(self) -> None:

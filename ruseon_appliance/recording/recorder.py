@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
-import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from typing import Any
 from ..capture.ring import RingBuffer, RingReader
 from ..logs import RateLimit
 from ..segmenter import Fmp4Segmenter, Fragment, run_segmenter
+from ..tasks import cancel_and_wait
 from .archive import (
     OPEN_SUFFIX,
     SEGMENT_SUFFIX,
@@ -152,11 +152,8 @@ class Recorder:
     async def stop(self) -> None:
         """Stop recording, close the open segment durably, stop the disk thread."""
         await self.end()
-        if self._housekeeping is not None:
-            self._housekeeping.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._housekeeping
-            self._housekeeping = None
+        await cancel_and_wait(self._housekeeping)
+        self._housekeeping = None
         await self._drain()
         self._disk.shutdown(wait=True)
 
