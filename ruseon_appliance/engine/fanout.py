@@ -21,7 +21,6 @@ One task drives everything: it wakes on each ring write and services every viewe
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import logging
 import random
@@ -52,6 +51,8 @@ from ruseon_appliance.capture.ring import FrameView
 from ruseon_appliance.engine import aiortc_internals
 from ruseon_appliance.engine.h264_rtp import equal_runs, packetize
 from ruseon_appliance.engine.track import VideoFeed, ViewerCursor
+from ruseon_appliance.logs import RateLimit
+from ruseon_appliance.tasks import cancel_and_wait
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +71,8 @@ JOIN_PACE_BYTES = 32_768
 JOIN_PACE_S = 0.005
 # Sender report interval (randomised 0.5-1.5x, as RFC 3550 asks).
 SR_INTERVAL_S = 1.0
+# A failing viewer or consumer is logged with its traceback at most this often.
+ERROR_LOG_INTERVAL_S = 10.0
 
 MID_URI = "urn:ietf:params:rtp-hdrext:sdes:mid"
 ABS_SEND_TIME_URI = "http://www.webrtc.org/experiments/rtp-hdrext/abs-send-time"
@@ -721,6 +724,10 @@ class Fanout:
         self._consumers: list[FanoutConsumer] = []
         self._task: asyncio.Task[None] | None = None
         self.pumps = 0
+        # A viewer or consumer failing on every ring write (30 a second) must not flood the
+        # journal with tracebacks: counted always, logged at most once per interval.
+        self.service_errors = 0
+        self._error_log = RateLimit(ERROR_LOG_INTERVAL_S)
 
     @property
     def viewers(self) -> list[FanoutViewer]:
@@ -735,10 +742,7 @@ class Fanout:
     async def stop(self) -> None:
         """Stop the send loop (viewers are stopped by their sessions)."""
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
     def activate(self, viewer: FanoutViewer) -> None:
         """A viewer's DTLS is up: send it its first frames now, then on every ring write."""
@@ -813,13 +817,20 @@ class Fanout:
                 viewer.service(now)
                 viewer.maybe_send_report(now)
             except Exception:  # one viewer's failure must not stop the others' video
-                logger.exception("fan-out: sending to a viewer failed")
+                self._service_failed("sending to a viewer failed")
         for consumer in self._consumers:
             try:
                 consumer.service(now)
             except Exception:
-                logger.exception("fan-out: a consumer failed")
+                self._service_failed("a consumer failed")
         self.history.prune(now)
+
+    def _service_failed(self, what: str) -> None:
+        """Count a viewer's or consumer's failure; log its traceback at most once per interval."""
+        self.service_errors += 1
+        if self._error_log.ready():
+            logger.exception("fan-out: %s (%d failures so far; logged at most every %.0f s)",
+                             what, self.service_errors, ERROR_LOG_INTERVAL_S)
 
     async def _run(self) -> None:
         ring = self._feed.ring
@@ -840,4 +851,5 @@ class Fanout:
             "gso": int(self.gso),  # 0 once refused (the reason: gso_refused, and the log)
             "gso_sends": self.gso_sends,
             "datagram_sends": self.datagram_sends,
+            "service_errors": self.service_errors,
         }

@@ -29,6 +29,7 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from ruseon_appliance.capture.pipeline import CapturePipeline
 from ruseon_appliance.capture.stamp import read_stamp
 from ruseon_appliance.engine import Engine, aiortc_internals
+from ruseon_appliance.engine import fanout as fanout_module
 from ruseon_appliance.engine.fanout import FanoutViewer
 from tests.datagram_loss import LOSS_HOOK, segment_udp_in_software
 from tests.engine.conftest import wait_for
@@ -533,3 +534,41 @@ async def test_gso_refused_once_falls_back_to_datagrams(
         assert viewer.send_errors == 0 and viewer.retransmitted == 0
     finally:
         await v.close()
+
+
+class BrokenConsumer:
+    """A fan-out consumer that fails on every ring write (a relay with a bug, say)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def service(self, now: float) -> None:
+        self.calls += 1
+        raise RuntimeError("consumer bug")
+
+
+async def test_a_consumer_failing_on_every_frame_is_counted_not_logged_each_time(
+        engine: Engine, camera: CameraLog, caplog: pytest.LogCaptureFixture) -> None:
+    viewer = await connect(engine)
+    broken = BrokenConsumer()
+    try:
+        await wait_for(lambda: len(viewer.frames) >= 5, timeout=30)
+        assert engine.fanout is not None
+        engine.fanout.add_consumer(broken)
+        start = len(viewer.frames)
+        began = time.monotonic()
+        with caplog.at_level(logging.ERROR, logger="ruseon_appliance.engine.fanout"):
+            await wait_for(lambda: broken.calls >= 30 and len(viewer.frames) >= start + 30,
+                           timeout=40)
+        engine.fanout.remove_consumer(broken)
+        # Not a timing assertion: how many log lines the interval allows in the time it took.
+        allowed = 1 + int((time.monotonic() - began) / fanout_module.ERROR_LOG_INTERVAL_S)
+        failures = [r for r in caplog.records if "a consumer failed" in r.getMessage()]
+        # Every failure counted; the traceback logged once in the interval, not 30+ times.
+        assert engine.stats()["fanout"]["service_errors"] >= broken.calls >= 30
+        assert 1 <= len(failures) <= allowed < broken.calls
+        assert failures[0].exc_info is not None
+        # The viewer's video went on through all of it.
+        assert gaps(viewer, camera, start=start) == []
+    finally:
+        await viewer.close()
