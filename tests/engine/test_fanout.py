@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import itertools
 import logging
 import os
@@ -19,6 +20,7 @@ import shutil
 import statistics
 import subprocess
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -352,19 +354,30 @@ class GopReplay:
         return {}
 
 
-async def test_joining_on_the_longest_catch_up_burst_is_not_a_backlog_skip(
-        tmp_path: Path, decode_errors: DecodeErrors) -> None:
-    """A keyframe exactly as old as the catch-up window: the burst (keyframe + 15 frames) goes
-    out at once instead of being mistaken for a viewer that cannot keep up."""
+@contextlib.asynccontextmanager
+async def gop_engine(tmp_path: Path, *, preload: int
+                     ) -> AsyncIterator[tuple[GopReplay, CapturePipeline, Engine]]:
+    """An engine fed by a :class:`GopReplay` holding ``preload`` frames after its IDR."""
     from tests.engine.conftest import camera_config, webrtc_config
 
-    camera = GopReplay(preload=15)
+    camera = GopReplay(preload=preload)
     feed = CapturePipeline(camera_config(), source=camera)
     await feed.start()
     engine = Engine(webrtc_config(), tmp_path / "state", feed)
     await engine.start()
     try:
         assert await feed.wait_first_frame(10)
+        yield camera, feed, engine
+    finally:
+        await engine.stop()
+        await feed.stop()
+
+
+async def test_joining_on_the_longest_catch_up_burst_is_not_a_backlog_skip(
+        tmp_path: Path, decode_errors: DecodeErrors) -> None:
+    """A keyframe exactly as old as the catch-up window: the burst (keyframe + 15 frames) goes
+    out at once instead of being mistaken for a viewer that cannot keep up."""
+    async with gop_engine(tmp_path, preload=15) as (camera, _feed, engine):
         v = await connect(engine)
         try:
             # The viewer joins (DTLS up) while the ring still holds exactly that GOP.
@@ -379,9 +392,6 @@ async def test_joining_on_the_longest_catch_up_burst_is_not_a_backlog_skip(
             assert decode_errors.count == 0
         finally:
             await v.close()
-    finally:
-        await engine.stop()
-        await feed.stop()
 
 
 async def test_joining_late_in_a_gop_of_a_file_source_sends_the_gop_paced(
@@ -390,18 +400,9 @@ async def test_joining_late_in_a_gop_of_a_file_source_sends_the_gop_paced(
     25 frames after its IDR (beyond the 15-frame catch-up window): instead of the keyframe and
     a still picture until the next IDR, it gets the whole GOP so far, paced, and decodes every
     picture of it before the camera delivers anything new: motion at once."""
-    from ruseon_appliance.engine import fanout as fanout_module
-    from tests.engine.conftest import camera_config, webrtc_config
-
     # Small slices, so the burst is paced over many of them even at 320x240.
     monkeypatch.setattr(fanout_module, "JOIN_PACE_BYTES", 2000)
-    camera = GopReplay(preload=25)
-    feed = CapturePipeline(camera_config(), source=camera)
-    await feed.start()
-    engine = Engine(webrtc_config(), tmp_path / "state", feed)
-    await engine.start()
-    try:
-        assert await feed.wait_first_frame(10)
+    async with gop_engine(tmp_path, preload=25) as (camera, feed, engine):
         assert feed.source_kind == "file"
         v = await connect(engine)
         try:
@@ -421,9 +422,6 @@ async def test_joining_late_in_a_gop_of_a_file_source_sends_the_gop_paced(
             assert viewer.cursor.frames_skipped == 0 and viewer.keyframe_skips == 0
         finally:
             await v.close()
-    finally:
-        await engine.stop()
-        await feed.stop()
 
 
 async def test_a_viewer_that_cannot_keep_up_skips_to_keyframes_others_unaffected(
