@@ -34,6 +34,10 @@ RESERVED_CAMERA_NAMES = frozenset({"sessions"})
 PROFILES = ("baseline", "main", "high")
 # White balance modes both camera sources accept: libcamera's AwbModeEnum (picamera2) and
 # rpicam-apps' --awb table (core/options.cpp), which also has "normal" as a synonym of auto.
+# SRTP protection profiles webrtc.srtp_profiles may name (OpenSSL's names), in aiortc's order.
+SRTP_PROFILE_NAMES = ("SRTP_AEAD_AES_256_GCM", "SRTP_AEAD_AES_128_GCM", "SRTP_AES128_CM_SHA1_80")
+# List keys that also take one string ("auto") from a file.
+STRING_OR_LIST_KEYS = frozenset({"webrtc.srtp_profiles"})
 AWB_MODES = ("auto", "incandescent", "tungsten", "fluorescent", "indoor", "daylight", "cloudy",
              "custom")
 
@@ -143,6 +147,9 @@ class WebRtcConfig:
     pending_per_address: int = 2
     # fanout: packetize once, send per viewer; aiortc: stock RTCRtpSender (comparison/fallback).
     send_path: str = "fanout"
+    # SRTP profiles offered in the DTLS handshake, most preferred first; "auto": AES-GCM first
+    # (aiortc's order) on CPUs with AES instructions, only AES128_CM_SHA1_80 without (Pi 4).
+    srtp_profiles: tuple[str, ...] = ("auto",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -373,6 +380,8 @@ def _coerce(key: str, tp: Any, value: Any, from_text: bool) -> Any:
             raise bad
         return parse_host_port(key, value)
     if typing.get_origin(tp) is tuple:
+        if key in STRING_OR_LIST_KEYS and isinstance(value, str) and "," not in value:
+            value = [value.strip()]
         if from_text and isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]
         if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
@@ -653,6 +662,15 @@ def _check(ok: bool, key: str, value: Any, allowed: str) -> None:
         raise ConfigError(f"{key} = {value!r} is not valid: {allowed}")
 
 
+def _validate_srtp_profiles(profiles: tuple[str, ...]) -> None:
+    allowed = f'"auto" or a list of {", ".join(SRTP_PROFILE_NAMES)} (no repeats)'
+    if profiles == ("auto",):
+        return
+    _check(bool(profiles) and all(p in SRTP_PROFILE_NAMES for p in profiles)
+           and len(set(profiles)) == len(profiles),
+           "webrtc.srtp_profiles", list(profiles), allowed)
+
+
 def validate(config: Config) -> None:
     """Range checks that types alone do not express."""
     validate_cameras(config.all_cameras)
@@ -706,6 +724,7 @@ def validate(config: Config) -> None:
         config.webrtc.send_path,
         "allowed are fanout, aiortc",
     )
+    _validate_srtp_profiles(config.webrtc.srtp_profiles)
     _check(
         config.log.level.lower() in ("debug", "info", "warning", "error"),
         "log.level",

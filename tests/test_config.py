@@ -73,6 +73,13 @@ def test_config_env_var_names_the_file(tmp_path: Path) -> None:
         ('[webrtc]\nadvertise = ["pi.local"]\n', "an IPv4 or IPv6 address"),
         ('[webrtc]\nice_servers = ["http://x"]\n', "stun:, stuns:, turn: or turns:"),
         ("[webrtc]\nmax_viewers = true\n", "expected int"),
+        ('[webrtc]\nsrtp_profiles = "fast"\n', "webrtc.srtp_profiles = \\['fast'\\] is not valid: "
+         '"auto" or a list of SRTP_AEAD_AES_256_GCM'),
+        ('[webrtc]\nsrtp_profiles = []\n', "webrtc.srtp_profiles = \\[\\] is not valid"),
+        ('[webrtc]\nsrtp_profiles = ["auto", "SRTP_AES128_CM_SHA1_80"]\n', "srtp_profiles"),
+        ('[webrtc]\nsrtp_profiles = ["SRTP_AES128_CM_SHA1_80", "SRTP_AES128_CM_SHA1_80"]\n',
+         "no repeats"),
+        ("[webrtc]\nsrtp_profiles = 1\n", "expected list of strings"),
         ('[http]\ntls_cert = "/c.pem"\n', "both or neither"),
         ("camera = 3\n", "must be a \\[section\\] table"),
         ("[camera\n", "is not valid TOML"),
@@ -82,6 +89,19 @@ def test_bad_file_values_give_one_line_naming_key(tmp_path: Path, text: str, exp
     with pytest.raises(ConfigError, match=expected) as info:
         load_config(write(tmp_path, text), env={})
     assert "\n" not in str(info.value)
+
+
+def test_srtp_profiles_auto_or_a_list(tmp_path: Path) -> None:
+    assert load_config(tmp_path / "x.toml", env={}).webrtc.srtp_profiles == ("auto",)
+    text = '[webrtc]\nsrtp_profiles = ["SRTP_AES128_CM_SHA1_80", "SRTP_AEAD_AES_128_GCM"]\n'
+    assert load_config(write(tmp_path, text), env={}).webrtc.srtp_profiles == (
+        "SRTP_AES128_CM_SHA1_80", "SRTP_AEAD_AES_128_GCM")
+    text = '[webrtc]\nsrtp_profiles = "SRTP_AES128_CM_SHA1_80"\n'
+    assert load_config(write(tmp_path, text), env={}).webrtc.srtp_profiles == (
+        "SRTP_AES128_CM_SHA1_80",)
+    env = {"RUSEON_WEBRTC_SRTP_PROFILES": "SRTP_AES128_CM_SHA1_80,SRTP_AEAD_AES_256_GCM"}
+    assert load_config(tmp_path / "x.toml", env=env).webrtc.srtp_profiles == (
+        "SRTP_AES128_CM_SHA1_80", "SRTP_AEAD_AES_256_GCM")
 
 
 def test_bad_environment_variable_is_named(tmp_path: Path) -> None:

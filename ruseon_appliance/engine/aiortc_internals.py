@@ -682,3 +682,39 @@ class SrtpPacketBuffer:
 def srtp_handle(session: Any) -> Any:
     """The ``srtp_t`` of a ``pylibsrtp.Session`` (for :func:`srtp_protect_in_place`)."""
     return session._srtp[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# SRTP protection profiles offered in the DTLS handshake
+#
+# ``RTCDtlsTransport.__init__`` sets ``self._srtp_profiles = SRTP_PROFILES`` (the module list,
+# AES-256-GCM first, only what this libsrtp build supports); ``start()`` passes it to
+# ``RTCCertificate._create_ssl_context`` (``set_tlsext_use_srtp``) and ``_setup_srtp`` looks the
+# negotiated OpenSSL name up in it. Replacing the attribute per transport before ``start()``
+# changes what one connection offers and nothing else (test clients keep aiortc's list).
+
+
+def available_srtp_profiles() -> dict[str, Any]:
+    """aiortc's ``SRTPProtectionProfile`` objects this build supports, by OpenSSL name."""
+    from aiortc import rtcdtlstransport
+
+    return {p.openssl_profile.decode(): p for p in rtcdtlstransport.SRTP_PROFILES}
+
+
+def offer_srtp_profiles(pc: RTCPeerConnection, profiles: list[Any]) -> None:
+    """Make the connection's DTLS transports offer ``profiles`` (from
+    :func:`available_srtp_profiles`), most preferred first. Call before the transports start
+    (after ``setLocalDescription``, with no ``await`` in between)."""
+    for dtls in dtls_transports_of(pc):
+        dtls._srtp_profiles = list(profiles)
+
+
+def selected_srtp_profile(pc: RTCPeerConnection) -> str | None:
+    """The SRTP profile the DTLS handshake settled on (OpenSSL's name), None before/without."""
+    for dtls in dtls_transports_of(pc):
+        ssl = dtls._ssl
+        if ssl is not None and dtls._tx_srtp is not None:
+            name = ssl.get_selected_srtp_profile()
+            if name:
+                return str(name.decode())
+    return None

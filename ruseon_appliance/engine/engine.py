@@ -31,7 +31,7 @@ from aiortc.rtcconfiguration import RTCBundlePolicy
 
 from ruseon_appliance.capture.pipeline import CapturePipeline
 from ruseon_appliance.config import WebRtcConfig
-from ruseon_appliance.engine import aiortc_internals
+from ruseon_appliance.engine import aiortc_internals, srtp_profiles
 from ruseon_appliance.engine.certificate import DtlsCertificate, load_or_create_certificate
 from ruseon_appliance.engine.codec_registry import CodecRegistry
 from ruseon_appliance.engine.errors import (
@@ -124,6 +124,10 @@ class Engine:
         # Exceptions a received datagram raised inside aiortc, swallowed by the guard.
         self.receive_errors: Counter[str] = Counter()
         self._receive_error_log = RateLimit(RECEIVE_ERROR_LOG_INTERVAL_S)
+        # SRTP profiles offered in every DTLS handshake (chosen at start; engine/srtp_profiles).
+        self.srtp_capability = srtp_profiles.AesCapability(None, "not started")
+        self.srtp_profiles: tuple[str, ...] = ()
+        self._srtp_offer: list[Any] = []
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -135,6 +139,7 @@ class Engine:
         aiortc_internals.install_certificate_hook()
         aiortc_internals.install_lean_offer_hooks()
         aiortc_internals.cache_fingerprints(self._certificate.rtc)
+        self._choose_srtp_profiles()
         self._rtc_configuration = RTCConfiguration(iceServers=self._ice_servers(),
                                                    bundlePolicy=RTCBundlePolicy.BALANCED)
         self._codecs.install()
@@ -285,6 +290,7 @@ class Engine:
             "keyframe_requests": dict(self.keyframe_requests),
             "receive_errors": dict(self.receive_errors),
             "mux": self._mux.stats(),
+            "srtp": self._srtp_stats(),
             "fanout": _summed([f.stats() for f in self._fanouts.values()]),
         }
 
@@ -434,6 +440,7 @@ class Engine:
             await pc.setLocalDescription(answer)
             # No await since: the connect task aiortc just scheduled has not run yet.
             aiortc_internals.guard_dtls_receive(pc, self._on_receive_error)
+            aiortc_internals.offer_srtp_profiles(pc, self._srtp_offer)
             if transceiver.currentDirection != "sendonly":
                 raise UnsupportedOffer("the offer does not let the engine send video")
             if viewer is not None:
@@ -465,6 +472,37 @@ class Engine:
         self.offers_accepted += 1
         self._notify("session-started", session)
         return session, pc.localDescription.sdp
+
+    def _choose_srtp_profiles(self) -> None:
+        """Pick the SRTP profiles to offer from the configuration and the CPU."""
+        self.srtp_capability = srtp_profiles.detect()
+        wanted = srtp_profiles.choose(self.config.srtp_profiles, self.srtp_capability)
+        available = aiortc_internals.available_srtp_profiles()
+        chosen = tuple(name for name in wanted if name in available)
+        if not chosen:
+            logger.warning("none of the SRTP profiles %s is supported by this libsrtp: "
+                           "offering %s", ", ".join(wanted), ", ".join(available))
+            chosen = tuple(available)
+        elif chosen != wanted:
+            logger.warning("SRTP profiles %s not supported by this libsrtp: left out",
+                           ", ".join(n for n in wanted if n not in available))
+        self.srtp_profiles = chosen
+        self._srtp_offer = [available[name] for name in chosen]
+        logger.info("SRTP profiles offered: %s (%s, %s)", ", ".join(chosen),
+                    self.config.srtp_profiles[0] if self.config.srtp_profiles == ("auto",)
+                    else "configured", self.srtp_capability.why)
+
+    def _srtp_stats(self) -> dict[str, Any]:
+        hardware = self.srtp_capability.hardware
+        return {
+            "profiles": list(self.srtp_profiles),
+            # 1 / 0: the CPU has / lacks AES and carry-less multiply instructions; -1 unknown.
+            "hardware_aes": -1 if hardware is None else int(hardware),
+            "cpu": self.srtp_capability.why,
+            # Connected sessions by the profile their handshake settled on.
+            "sessions": dict(Counter(s.srtp_profile for s in self._sessions.values()
+                                     if s.srtp_profile is not None)),
+        }
 
     def _on_receive_error(self, exc: Exception) -> None:
         """A datagram raised inside aiortc's DTLS/SRTP receive path: count it, log it at most

@@ -59,6 +59,8 @@ class WhepSession:
         self._closing: asyncio.Task[None] | None = None
         self._reaper: asyncio.TimerHandle | None = None
         self.remote_addresses: list[tuple[str, int]] = []
+        # The SRTP profile the DTLS handshake settled on (OpenSSL's name), once connected.
+        self.srtp_profile: str | None = None
 
     # -- wiring ------------------------------------------------------------------------------------
 
@@ -83,6 +85,7 @@ class WhepSession:
                 self._reaper = None
             for conn in aiortc_internals.ice_connection_of(self.pc):
                 self.remote_addresses = [r for _, r in aiortc_internals.nominated_addresses(conn)]
+            self.srtp_profile = aiortc_internals.selected_srtp_profile(self.pc)
             logger.info("session %s connected from %s in %.0f ms", self.id[:8],
                         ",".join(f"{h}:{p}" for h, p in self.remote_addresses),
                         (time.monotonic() - self.created_monotonic) * 1000)
@@ -170,5 +173,6 @@ class WhepSession:
             "keyframes_forced": self.keyframes_forced,
             "nacks": self.nacks,
             "rtt_ms": None if rtt is None else round(rtt * 1000, 1),
+            "srtp_profile": self.srtp_profile,
             **send_path,
         }

@@ -9,6 +9,7 @@ import aiortc
 from aioice import Connection
 from aiortc import RTCCertificate, RTCPeerConnection, RTCRtpReceiver, RTCRtpSender
 
+from ruseon_appliance.config import SRTP_PROFILE_NAMES
 from ruseon_appliance.engine import aiortc_internals
 
 
@@ -213,3 +214,22 @@ async def test_dtls_receive_guard_points() -> None:
     aiortc_internals.break_reference_cycles(pc)
     assert "_recv_next" not in dtls.__dict__
     await pc.close()
+
+
+def test_srtp_profile_list_is_read_from_the_transport() -> None:
+    """``offer_srtp_profiles`` sets ``RTCDtlsTransport._srtp_profiles``: aiortc must still take
+    the offered list from there and look the negotiated profile up in it."""
+    from aiortc import rtcdtlstransport
+
+    cls = rtcdtlstransport.RTCDtlsTransport
+    assert "self._srtp_profiles = SRTP_PROFILES" in inspect.getsource(cls.__init__)
+    assert "srtp_profiles=self._srtp_profiles" in inspect.getsource(cls.start)
+    setup = inspect.getsource(cls._setup_srtp)
+    assert "self._ssl.get_selected_srtp_profile()" in setup
+    assert "for srtp_profile in self._srtp_profiles" in setup
+    assert "set_tlsext_use_srtp" in inspect.getsource(RTCCertificate._create_ssl_context)
+    assert set(aiortc_internals.available_srtp_profiles()) <= set(SRTP_PROFILE_NAMES)
+    assert "SRTP_AES128_CM_SHA1_80" in aiortc_internals.available_srtp_profiles()
+    # aiortc's own order is what "auto" keeps on CPUs with AES instructions.
+    assert [p.openssl_profile.decode() for p in rtcdtlstransport.SRTP_PROFILES] == list(
+        SRTP_PROFILE_NAMES)

@@ -77,5 +77,10 @@ async def test_metrics_parse_and_keep_every_family(tmp_path: Path) -> None:
             "process_start_time_seconds"} <= set(found)
     # stats() dicts still flow in: engine, capture, and this integrations.
     assert samples["ruseon_engine_offers_accepted"] == 1
+    # The connected viewer under the SRTP profile its handshake settled on.
+    srtp = [(s.labels, s.value) for f in text_string_to_metric_families(text)
+            for s in f.samples if s.name == "ruseon_engine_srtp_sessions"]
+    assert len(srtp) == 1 and srtp[0][1] == 1 and srtp[0][0]["key"].startswith("SRTP_"), srtp
+    assert samples["ruseon_engine_srtp_hardware_aes"] in (-1, 0, 1)
     assert samples["ruseon_capture_frames_in"] > 0
     assert "ruseon_events_published" in found
