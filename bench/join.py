@@ -1,0 +1,622 @@
+"""Join benchmark: how soon a viewer joining mid-GOP sees the picture, and sees it *move*.
+
+Issue 19, goal 3: "motion within 200 ms of joining, even when the source cannot make a keyframe
+on demand". The source is the file source replaying the fan-out bench's recording (720p30,
+2 Mbit/s, Constrained Baseline, an IDR every 2 s; ``bench/fanout.py``), which cannot make a
+keyframe on demand. Three servers run it side by side, in their own processes:
+
+- ``naive``: the tutorial way, a new ``RTCPeerConnection`` per viewer relaying the live track
+  (the viewer gets frames from the moment it joins: P-frames it cannot decode until the next IDR);
+- ``aiortc``: the engine with ``webrtc.send_path = "aiortc"`` (the newest IDR at once, then a
+  still picture until the next IDR: "keyframe-then-live");
+- ``fanout``: the engine's default send path (the GOP so far as a paced catch-up burst,
+  "catch-up-gop").
+
+One client process joins real aiortc viewers (ICE, DTLS, SRTP, PyAV's H.264 decoder) one at a
+time, interleaving the servers, each join at a chosen point of the GOP (stratified random over
+the 60 frames, the same points for every server). Per viewer, all on the client's clock from
+just before the POST: the answer, ICE+DTLS connected, the first decoded frame, the first *moving*
+frame (the first decoded frame whose picture differs from the first one), frames decoded in the
+first second, decode errors (aiortc's decoder warnings) and PLIs sent. Everything stays on
+127.0.0.1.
+
+    .venv/bin/python bench/join.py                    # 12 joins per server
+    .venv/bin/python bench/join.py --joins 30 --modes aiortc fanout
+    sudo .venv/bin/python bench/join.py chromium      # Chromium at 720p (see chromium_main)
+
+``chromium`` measures what Chromium shows joining the same stream through the device page
+(``ruseon serve --source file:``), inside a private network namespace (tests/e2e/browser_netns.py):
+getStats sampled every 20 ms from the page itself, plus requestVideoFrameCallback for the frames
+actually presented.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aioice.ice
+
+# Loopback only (aioice skips 127.0.0.1 when gathering).
+aioice.ice.get_host_addresses = lambda use_ipv4, use_ipv6: ["127.0.0.1"]  # type: ignore[assignment]
+
+import av  # noqa: E402
+from aiohttp import ClientSession, web  # noqa: E402
+from aiortc import (  # noqa: E402
+    MediaStreamTrack,
+    RTCConfiguration,
+    RTCPeerConnection,
+    RTCSessionDescription,
+)
+from aiortc.mediastreams import MediaStreamError  # noqa: E402
+from aiortc.rtcrtpreceiver import RTCRtpReceiver  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from fanout import BITRATE, FPS, GOP, free_port, recorded_stream  # noqa: E402
+from whep_endpoint import serve_until_cancelled  # noqa: E402
+
+from ruseon_appliance.capture.pipeline import CapturePipeline  # noqa: E402
+from ruseon_appliance.capture.ring import RingBuffer  # noqa: E402
+from ruseon_appliance.config import CameraConfig, HostPort, WebRtcConfig  # noqa: E402
+from ruseon_appliance.engine import Engine, OfferError  # noqa: E402
+from ruseon_appliance.engine.codec_registry import CodecRegistry  # noqa: E402
+from ruseon_appliance.engine.track import TIME_BASE  # noqa: E402
+
+MODES = ("naive", "aiortc", "fanout")
+# How long a viewer is watched: at least this long after the POST, and until it has seen motion
+# (or LONGEST_S passes: a naive viewer waits for the next IDR, up to a GOP).
+WATCH_S = 1.2
+LONGEST_S = 5.0
+GOAL_MS = 200.0
+
+
+# --- servers ---------------------------------------------------------------------------------
+
+
+class LiveTrack(MediaStreamTrack):  # type: ignore[misc]
+    """The naive relay: this viewer's frames from the moment it joined, as ``av.Packet``."""
+
+    kind = "video"
+
+    def __init__(self, ring: RingBuffer) -> None:
+        super().__init__()
+        self._reader = ring.reader("next")
+
+    async def recv(self) -> av.Packet:  # type: ignore[override]
+        if self.readyState != "live":
+            raise MediaStreamError
+        try:
+            view = await self._reader.next()
+        except EOFError:
+            raise MediaStreamError from None
+        packet = av.Packet(bytes(view.data))
+        packet.pts = packet.dts = view.pts
+        packet.time_base = TIME_BASE
+        return packet
+
+    def stop(self) -> None:
+        super().stop()
+        self._reader.close()
+
+
+async def serve(mode: str, port: int, source: str) -> None:
+    camera = CameraConfig(source=source, width=1280, height=720, framerate=FPS, bitrate=BITRATE,
+                          keyframe_interval=GOP)
+    feed = CapturePipeline(camera)
+    await feed.start()
+    await feed.wait_first_frame(10)
+    engine: Engine | None = None
+    peers: dict[str, RTCPeerConnection] = {}
+    registry = CodecRegistry()
+    if mode == "naive":
+        registry.install()
+    else:
+        engine = Engine(WebRtcConfig(listen=HostPort("127.0.0.1", 0), advertise=("127.0.0.1",),
+                                     send_path=mode), Path(tempfile.mkdtemp()), feed)
+        await engine.start()
+
+    async def post(request: web.Request) -> web.Response:
+        offer = await request.text()
+        if engine is not None:
+            try:
+                session, answer = await engine.offer(offer)
+            except OfferError as exc:
+                return web.Response(status=400, text=exc.reason)
+            return web.Response(status=201, text=answer, content_type="application/sdp",
+                                headers={"Location": f"/whep/{session.id}"})
+        pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        transceiver = pc.addTransceiver(LiveTrack(feed.ring), direction="sendonly")
+        assert feed.stream_info is not None
+        transceiver.setCodecPreferences(registry.select(feed.stream_info.profile_level_id))
+        await pc.setRemoteDescription(RTCSessionDescription(sdp=offer, type="offer"))
+        await pc.setLocalDescription(await pc.createAnswer())
+        sid = os.urandom(8).hex()
+        peers[sid] = pc
+        return web.Response(status=201, text=pc.localDescription.sdp,
+                            content_type="application/sdp", headers={"Location": f"/whep/{sid}"})
+
+    async def delete(request: web.Request) -> web.Response:
+        """Close the session; answer with what the server knows of it."""
+        sid = request.match_info["sid"]
+        stats: dict[str, Any] = {}
+        if engine is not None:
+            session = engine.sessions.get(sid)
+            if session is not None:
+                stats = {k: v for k, v in session.stats().items()
+                         if k in ("join_mode", "frames_sent", "keyframes_sent", "frames_skipped",
+                                  "keyframe_skips", "keyframes_requested", "join_slices",
+                                  "bytes_sent", "nacked", "retransmitted")}
+            await engine.close(sid)
+        elif sid in peers:
+            await peers.pop(sid).close()
+        return web.json_response(stats)
+
+    async def phase(request: web.Request) -> web.Response:
+        """Frames since the newest IDR: where in the GOP a viewer joining now joins."""
+        ring = feed.ring
+        k = ring.newest_keyframe_seq
+        return web.json_response({"age_frames": None if k is None else ring.newest_seq - k})
+
+    async def cleanup() -> None:
+        for pc in peers.values():
+            await pc.close()
+        if engine is not None:
+            await engine.stop()
+        await feed.stop()
+
+    await serve_until_cancelled(
+        [("POST", "/whep", post), ("DELETE", "/whep/{sid}", delete), ("GET", "/phase", phase)],
+        port, cleanup)
+
+
+class Server:
+    """A server subprocess (``serve --mode MODE``)."""
+
+    def __init__(self, mode: str, source: str) -> None:
+        self.mode = mode
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "serve", "--mode", mode, "--port", str(self.port),
+             "--source", source], stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        if self.proc.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"the {mode} server did not start")
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(20)
+
+
+# --- the client ------------------------------------------------------------------------------
+
+
+class DecodeErrors(logging.Handler):
+    """Counts aiortc's "failed to decode" warnings (its decoder thread logs them)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "failed to decode" in record.getMessage():
+            self.count += 1
+
+
+_plis: dict[int, int] = {}
+_original_send_pli = RTCRtpReceiver._send_rtcp_pli
+
+
+async def _counting_send_pli(self: RTCRtpReceiver, media_ssrc: int) -> None:
+    _plis[id(self)] = _plis.get(id(self), 0) + 1
+    await _original_send_pli(self, media_ssrc)
+
+
+RTCRtpReceiver._send_rtcp_pli = _counting_send_pli  # type: ignore[method-assign]
+
+
+def picture_digest(frame: av.VideoFrame) -> bytes:
+    """A digest of the luma plane: equal digests, same picture."""
+    return hashlib.blake2b(bytes(frame.planes[0]), digest_size=16).digest()
+
+
+async def one_join(http: ClientSession, url: str, errors: DecodeErrors) -> dict[str, Any]:
+    """Join, watch until motion (at least :data:`WATCH_S`), leave; the figures in ms."""
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    transceiver = pc.addTransceiver("video", direction="recvonly")
+    await pc.setLocalDescription(await pc.createOffer())
+    loop = asyncio.get_running_loop()
+    connected: asyncio.Future[float] = loop.create_future()
+    frames: list[tuple[float, bytes]] = []  # (ms since POST, picture digest)
+    moving = asyncio.Event()
+
+    def on_state() -> None:
+        if pc.connectionState == "connected" and not connected.done():
+            connected.set_result(time.perf_counter())
+
+    async def consume(track: MediaStreamTrack) -> None:
+        while True:
+            try:
+                frame = await track.recv()
+            except MediaStreamError:
+                return
+            frames.append(((time.perf_counter() - t0) * 1000, picture_digest(frame)))
+            if frames[-1][1] != frames[0][1]:
+                moving.set()
+
+    tasks: list[asyncio.Task[None]] = []
+    pc.on("connectionstatechange", on_state)
+    pc.on("track", lambda track: tasks.append(asyncio.ensure_future(consume(track))))
+    errors_before = errors.count
+    t0 = time.perf_counter()
+    async with http.post(url + "/whep", data=pc.localDescription.sdp,
+                         headers={"Content-Type": "application/sdp"}) as resp:
+        answer = await resp.text()
+        if resp.status != 201:
+            raise RuntimeError(f"offer refused: {resp.status} {answer}")
+        location = resp.headers["Location"]
+    t_answer = time.perf_counter()
+    await pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
+    t_connected = await asyncio.wait_for(connected, 30)
+    remaining = LONGEST_S - (time.perf_counter() - t0)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(moving.wait(), max(0.0, remaining))
+    remaining = WATCH_S - (time.perf_counter() - t0)
+    if remaining > 0:
+        await asyncio.sleep(remaining)
+    async with http.delete(url + location) as resp:
+        server_side = await resp.json()
+    plis = _plis.pop(id(transceiver.receiver), 0)
+    await pc.close()
+    for task in tasks:
+        task.cancel()
+    first = frames[0][0] if frames else None
+    moved = next((ms for ms, digest in frames if digest != frames[0][1]), None)
+    return {
+        "answer_ms": round((t_answer - t0) * 1000, 1),
+        "connected_ms": round((t_connected - t0) * 1000, 1),
+        "first_frame_ms": None if first is None else round(first, 1),
+        "moving_ms": None if moved is None else round(moved, 1),
+        "second_frame_ms": round(frames[1][0], 1) if len(frames) > 1 else None,
+        "frames_first_second": sum(ms <= 1000 for ms, _ in frames),
+        "decode_errors": errors.count - errors_before,
+        "plis": plis,
+        **server_side,
+    }
+
+
+async def wait_for_phase(http: ClientSession, url: str, target: int) -> int:
+    """Poll the server until its newest IDR is ``target`` frames old; return the age seen."""
+    deadline = time.monotonic() + 10
+    while True:
+        async with http.get(url + "/phase") as resp:
+            age = (await resp.json())["age_frames"]
+        if age == target or time.monotonic() > deadline:
+            return int(age)
+        await asyncio.sleep(0.004)
+
+
+async def client(urls: dict[str, str], joins: int, seed: int) -> None:
+    errors = DecodeErrors()
+    logging.getLogger("aiortc.rtcrtpreceiver").addHandler(errors)
+    rng = random.Random(seed)
+    # Stratified: one join point in each of `joins` equal parts of the GOP, in random order.
+    points = [min(GOP - 1, int((i + rng.random()) * GOP / joins)) for i in range(joins)]
+    rng.shuffle(points)
+    modes = list(urls)
+    async with ClientSession() as http:
+        for i, target in enumerate(points):
+            order = modes[i % len(modes):] + modes[:i % len(modes)]  # rotate who goes first
+            for mode in order:
+                age = await wait_for_phase(http, urls[mode], target)
+                row = await one_join(http, urls[mode], errors)
+                print(json.dumps({"mode": mode, "join_age_frames": age, **row}), flush=True)
+                await asyncio.sleep(0.2)  # let the previous viewer's teardown settle
+
+
+# --- Chromium --------------------------------------------------------------------------------
+
+# Injected before the device page's own scripts: note when the page POSTs its offer, then sample
+# the video receiver's getStats() every 10 ms (Chromium may serve a cached report for up to
+# ~50 ms) and every frame the <video> presents (requestVideoFrameCallback: rtpTimestamp tells a
+# new picture from a repeated one). Times in ms after the POST, on the page's clock.
+CHROMIUM_PROBE_JS = """(() => {
+  const J = window.__join = {post: null, samples: [], presented: [], stop: false, pc: null};
+  const Original = window.RTCPeerConnection;
+  const Wrapped = function (...args) {
+    const pc = new Original(...args);
+    J.pc = pc;
+    pc.addEventListener('connectionstatechange', () => {
+      if (pc.connectionState === 'connected' && J.connected === undefined) {
+        J.connected = performance.now() - J.post;
+      }
+    });
+    return pc;
+  };
+  Wrapped.prototype = Original.prototype;
+  Wrapped.generateCertificate = Original.generateCertificate;
+  window.RTCPeerConnection = Wrapped;
+  const originalFetch = window.fetch;
+  window.fetch = function (url, options) {
+    if (J.post === null && options && options.method === 'POST' && String(url).includes('/whep')) {
+      J.post = performance.now();
+      poll();
+      watchVideo();
+    }
+    return originalFetch.apply(this, arguments);
+  };
+  async function poll() {
+    while (!J.stop) {
+      if (J.pc) {
+        try {
+          const report = await J.pc.getStats();
+          report.forEach((s) => {
+            if (s.type !== 'inbound-rtp' || s.kind !== 'video') return;
+            J.samples.push({t: performance.now() - J.post, decoded: s.framesDecoded || 0,
+              received: s.framesReceived || 0, keyframes: s.keyFramesDecoded || 0,
+              freezes: s.freezeCount || 0, freeze_s: s.totalFreezesDuration || 0,
+              plis: s.pliCount || 0, firs: s.firCount || 0, dropped: s.framesDropped || 0,
+              nacks: s.nackCount || 0, lost: s.packetsLost || 0,
+              packets: s.packetsReceived || 0, bytes: s.bytesReceived || 0,
+              jb_delay_s: s.jitterBufferDelay || 0, jb_emitted: s.jitterBufferEmittedCount || 0,
+              decode_s: s.totalDecodeTime || 0, decoder: s.decoderImplementation || null,
+              width: s.frameWidth || 0, stats_ts: s.timestamp});
+          });
+        } catch (e) { /* closed */ }
+      }
+      await new Promise((resolve) => setTimeout(resolve, 10));
+    }
+  }
+  function watchVideo() {
+    const video = document.getElementById('video');
+    if (!video) { setTimeout(watchVideo, 5); return; }
+    const onFrame = (now, meta) => {
+      J.presented.push({t: now - J.post, n: meta.presentedFrames, rtp: meta.rtpTimestamp,
+                        received: meta.receiveTime ? meta.receiveTime - J.post : null,
+                        decode_ms: meta.processingDuration ? meta.processingDuration * 1000
+                                                           : null});
+      if (!J.stop) video.requestVideoFrameCallback(onFrame);
+    };
+    video.requestVideoFrameCallback(onFrame);
+  }
+})();"""
+
+
+def first_at(samples: list[dict[str, Any]], key: str, n: int) -> float | None:
+    """ms after the POST of the first sample with ``samples[key] >= n``."""
+    return next((round(s["t"], 1) for s in samples if s[key] >= n), None)
+
+
+def chromium_join(browser: Any, server: Any, watch_s: float) -> dict[str, Any]:
+    """One page joining: what getStats and the presented frames show."""
+    page = browser.new_page(viewport={"width": 1280, "height": 720})
+    page.add_init_script(CHROMIUM_PROBE_JS)
+    age_s = server.status()["source"]["keyframe_age_s"]
+    page.goto(server.url)
+    page.wait_for_function(
+        f"window.__join.post !== null && window.__join.samples.length > 0 && "
+        f"window.__join.samples[window.__join.samples.length - 1].t > {watch_s * 1000}",
+        timeout=60_000)
+    sessions = server.status()["viewers"]["sessions"]
+    data = page.evaluate("(() => { window.__join.stop = true; const j = window.__join; "
+                         "return {post: j.post, connected: j.connected, samples: j.samples, "
+                         "presented: j.presented}; })()")
+    page.close()
+    session = max(sessions, key=lambda s: s["stats"].get("created") or 0)["stats"]
+    samples, presented = data["samples"], data["presented"]
+    last = samples[-1]
+    within = [s for s in samples if s["t"] <= 1000]
+    one_s = within[-1] if within else last
+    first = next((p for p in presented), None)
+    moving = next((p for p in presented if first is not None and p["rtp"] != first["rtp"]), None)
+    burst = session.get("frames_sent", 0)
+    return {
+        "join_mode": session.get("join_mode"),
+        # The newest IDR's age when the page was opened, plus the time the page took to POST.
+        "join_age_s": None if age_s is None else round(age_s + data["post"] / 1000, 2),
+        "post_after_open_ms": round(data["post"], 1),
+        "connected_ms": None if data.get("connected") is None else round(data["connected"], 1),
+        "first_packet_ms": first_at(samples, "packets", 1),
+        "first_decoded_ms": first_at(samples, "decoded", 1),
+        "tenth_decoded_ms": first_at(samples, "decoded", 10),
+        "thirtieth_decoded_ms": first_at(samples, "decoded", 30),
+        "first_presented_ms": None if first is None else round(first["t"], 1),
+        "moving_presented_ms": None if moving is None else round(moving["t"], 1),
+        "presented_first_second": len({p["rtp"] for p in presented if p["t"] <= 1000}),
+        "decoded_first_second": one_s["decoded"],
+        "frames_sent_by_server": burst,
+        "freezes": last["freezes"], "freeze_s": round(last["freeze_s"], 3),
+        "plis": last["plis"], "firs": last["firs"], "dropped": last["dropped"],
+        "nacks": last["nacks"], "lost": last["lost"],
+        "received_minus_decoded": last["received"] - last["decoded"],
+        "decode_ms_per_frame": round(1000 * last["decode_s"] / last["decoded"], 2)
+        if last["decoded"] else None,
+        "mean_jitter_buffer_ms": round(1000 * last["jb_delay_s"] / last["jb_emitted"], 1)
+        if last["jb_emitted"] else None,
+        "decoder": last["decoder"], "width": last["width"],
+        "samples": len(samples),
+        "presented": [[round(p["t"], 1), p["n"], p["rtp"],
+                       None if p["received"] is None else round(p["received"], 1)]
+                      for p in presented[:12]],
+    }
+
+
+def chromium_main(joins: int, watch_s: float, source: str) -> None:
+    """Chromium joining ``ruseon serve --source file:`` ``joins`` times, spread over the GOP.
+    Re-runs itself in a private network namespace first (needs root)."""
+    from tests.e2e.browser_netns import (
+        NETNS_ENV,
+        Server,
+        chromium,
+        inside_browser_netns,
+        prepare_namespace,
+    )
+
+    if not inside_browser_netns():
+        command = ["unshare", "--net", "--fork", "--", sys.executable, __file__, "chromium",
+                   "--joins", str(joins), "--watch", str(watch_s), "--source", source]
+        raise SystemExit(subprocess.run(command, env={**os.environ, NETNS_ENV: "1"},
+                                        check=False).returncode)
+    prepare_namespace()
+    rows: list[dict[str, Any]] = []
+    rng = random.Random(19)
+    gop_s = GOP / FPS
+    with tempfile.TemporaryDirectory() as state:
+        server = Server(Path(state), extra_args=["--source", source])
+        server.start()
+        try:
+            with chromium() as browser:
+                for i in range(joins):
+                    # Open the page at a spread point of the GOP (the POST follows ~0.1-0.3 s
+                    # later; join_age_s is measured at the POST).
+                    target = (i + rng.random()) * gop_s / joins
+                    deadline = time.monotonic() + 10
+                    while time.monotonic() < deadline:
+                        age = server.status()["source"]["keyframe_age_s"] or 0.0
+                        if abs(age - target) < 0.05:
+                            break
+                        time.sleep(0.01)
+                    row = chromium_join(browser, server, watch_s)
+                    rows.append(row)
+                    print(json.dumps({"figure": "join_chromium", **row}), flush=True)
+                    time.sleep(0.5)
+        finally:
+            server.stop()
+    load = os.getloadavg()
+    print(f"\nChromium, {joins} joins, source {source}; load average "
+          f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    for row in rows:
+        print(f"join at {row['join_age_s']} s ({row['join_mode']}, {row['frames_sent_by_server']}"
+              f" frames sent): decoded #1 {row['first_decoded_ms']} / #10 "
+              f"{row['tenth_decoded_ms']} / #30 {row['thirtieth_decoded_ms']} ms; presented "
+              f"#1 {row['first_presented_ms']}, moving {row['moving_presented_ms']} ms; "
+              f"1st s: {row['decoded_first_second']} decoded, {row['presented_first_second']} "
+              f"presented; freezes {row['freezes']}, PLIs {row['plis']}, "
+              f"{row['decode_ms_per_frame']} ms decode/frame ({row['decoder']}), "
+              f"jitter buffer {row['mean_jitter_buffer_ms']} ms")
+    for key in ("first_decoded_ms", "moving_presented_ms", "thirtieth_decoded_ms"):
+        values = [r[key] for r in rows if r[key] is not None]
+        if values:
+            print(f"{key}: p50 {statistics.median(values):.1f} p95 "
+                  f"{percentile(values, 0.95):.1f} max {max(values):.1f} "
+                  f"({len(rows) - len(values)} missing)")
+
+
+# --- orchestration ---------------------------------------------------------------------------
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def summarize(rows: list[dict[str, Any]], mode: str) -> dict[str, Any]:
+    mine = [r for r in rows if r["mode"] == mode]
+    out: dict[str, Any] = {"mode": mode, "joins": len(mine)}
+    for key in ("connected_ms", "first_frame_ms", "moving_ms", "frames_first_second"):
+        values = [r[key] for r in mine if r[key] is not None]
+        out[f"{key}_missing"] = len(mine) - len(values)
+        if values:
+            out[f"{key}_p50"] = round(statistics.median(values), 1)
+            out[f"{key}_p95"] = round(percentile(values, 0.95), 1)
+            out[f"{key}_max"] = round(max(values), 1)
+    moved = [r["moving_ms"] for r in mine if r["moving_ms"] is not None]
+    out["moving_within_goal"] = sum(ms <= GOAL_MS for ms in moved)
+    out["decode_errors"] = sum(r["decode_errors"] for r in mine)
+    out["plis"] = sum(r["plis"] for r in mine)
+    out["join_modes"] = sorted({str(r.get("join_mode", "-")) for r in mine})
+    return out
+
+
+def bench(modes: list[str], joins: int, seed: int, source: str) -> None:
+    servers = {mode: Server(mode, source) for mode in modes}
+    rows: list[dict[str, Any]] = []
+    try:
+        time.sleep(1.0)
+        proc = subprocess.Popen(
+            [sys.executable, __file__, "client", "--joins", str(joins), "--seed", str(seed),
+             "--urls", json.dumps({m: s.url for m, s in servers.items()})],
+            stdout=subprocess.PIPE, text=True)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            row = json.loads(line)
+            rows.append(row)
+            print(f"{row['mode']:7} join at frame {row['join_age_frames']:2} of {GOP}: "
+                  f"first frame {row['first_frame_ms']} ms, moving {row['moving_ms']} ms "
+                  f"(connected {row['connected_ms']} ms), {row['frames_first_second']} frames "
+                  f"in 1 s, {row['decode_errors']} decode errors, {row['plis']} PLIs, "
+                  f"{row.get('join_mode', '')}", flush=True)
+        if proc.wait() != 0:
+            raise RuntimeError("the client failed")
+    finally:
+        for server in servers.values():
+            server.close()
+    load = os.getloadavg()
+    print(f"\nload average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; "
+          f"{joins} joins per server, source {source}")
+    summaries = {mode: summarize(rows, mode) for mode in modes}
+    for s in summaries.values():
+        print(f"{s['mode']:7} first frame p50 {s.get('first_frame_ms_p50')} / p95 "
+              f"{s.get('first_frame_ms_p95')} ms; moving p50 {s.get('moving_ms_p50')} / p95 "
+              f"{s.get('moving_ms_p95')} / max {s.get('moving_ms_max')} ms "
+              f"({s['moving_within_goal']}/{s['joins']} within {GOAL_MS:.0f} ms, "
+              f"{s['moving_ms_missing']} never); connected p50 {s.get('connected_ms_p50')} ms; "
+              f"frames in 1 s p50 {s.get('frames_first_second_p50')}; decode errors "
+              f"{s['decode_errors']}, PLIs {s['plis']}; {', '.join(s['join_modes'])}")
+        print(json.dumps({"figure": "join", "load_average": load[0], **s}))
+    ours = summaries.get("fanout")
+    if ours is None:
+        return
+    for mode, s in summaries.items():
+        if s is ours:
+            continue
+        for key in ("moving_ms_p50", "moving_ms_p95", "first_frame_ms_p50"):
+            if key in s and key in ours and ours[key]:
+                ratio = s[key] / ours[key]
+                print(f"{mode}/fanout {key} ratio {ratio:.2f}x")
+                print(json.dumps({"figure": "join_ratio", "against": mode, "key": key,
+                                  "ratio": round(ratio, 2)}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("role", nargs="?", default="bench",
+                        choices=["bench", "serve", "client", "chromium"])
+    parser.add_argument("--mode", choices=MODES, default="fanout")
+    parser.add_argument("--modes", nargs="*", choices=MODES, default=list(MODES))
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--urls", default="{}")
+    parser.add_argument("--joins", type=int, default=12, help="joins per server")
+    parser.add_argument("--seed", type=int, default=19)
+    parser.add_argument("--source", default="", help="default: the recording, file:PATH")
+    parser.add_argument("--watch", type=float, default=1.5, help="chromium: seconds per join")
+    args = parser.parse_args()
+    source = args.source or f"file:{recorded_stream()}"
+    if args.role == "serve":
+        asyncio.run(serve(args.mode, args.port, source))
+    elif args.role == "client":
+        asyncio.run(client(json.loads(args.urls), args.joins, args.seed))
+    elif args.role == "chromium":
+        chromium_main(args.joins, args.watch, source)
+    else:
+        bench(args.modes, args.joins, args.seed, source)
+
+
+if __name__ == "__main__":
+    main()
