@@ -13,6 +13,7 @@ import binascii
 import dataclasses
 import ipaddress
 import os
+import ssl
 import tomllib
 import typing
 import urllib.parse
@@ -20,6 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from ruseon_appliance import tls
 
 DEFAULT_CONFIG_PATH = Path("/etc/ruseon/ruseon.toml")
 
@@ -245,6 +248,14 @@ class MqttConfig:
 
     # mqtt://HOST[:PORT] (1883) or mqtts://HOST[:PORT] (8883, TLS with the system's CAs).
     url: str = ""
+    # mqtts:// only: trust the CA(s) in this PEM file instead of the system's (a broker with a
+    # certificate from its own CA, e.g. Home Assistant's Mosquitto add-on). Verification and the
+    # host-name check always stay on: the URL's host must be in the broker's certificate.
+    ca_file: str = ""
+    # mqtts:// only: a client certificate (PEM) and its key, for brokers that require one
+    # (mosquitto's require_certificate). key_file may stay empty when cert_file holds the key.
+    cert_file: str = ""
+    key_file: str = ""
     username: str = ""
     password: str = ""
     # Or read the password from this file (keep it 0600).
@@ -271,6 +282,13 @@ class MqttConfig:
         tls = parts.scheme == "mqtts"
         return parts.hostname, port or (8883 if tls else 1883), tls
 
+    def tls_context(self) -> ssl.SSLContext | None:
+        """The client TLS context for an ``mqtts://`` URL (None for ``mqtt://``); a
+        :class:`ConfigError` naming the setting when a CA, certificate or key cannot be used."""
+        if not self.endpoint()[2]:
+            return None
+        return _tls_context("mqtt", self.ca_file, self.cert_file, self.key_file)
+
     def resolve_password(self) -> str:
         """The configured password, reading ``password_file`` if set (stripped)."""
         if self.password or not self.password_file:
@@ -288,6 +306,9 @@ class WebhookConfig:
     """One ``[[webhook]]`` table: JSON POSTs of appliance events to a URL."""
 
     url: str = ""
+    # https:// only: trust the CA(s) in this PEM file instead of the system's (a receiver with a
+    # certificate from a home CA). Verification and the host-name check always stay on.
+    ca_file: str = ""
     # Event names to send; empty = all of WEBHOOK_EVENTS.
     events: tuple[str, ...] = ()
     # HMAC-SHA256 key; when set every POST carries X-Ruseon-Timestamp and X-Ruseon-Signature:
@@ -299,6 +320,11 @@ class WebhookConfig:
     retry_delay_s: float = 1.0
     # Events waiting to be sent; when full the oldest is dropped (and counted).
     queue_size: int = 100
+
+    def tls_context(self) -> ssl.SSLContext | None:
+        """A context trusting :attr:`ca_file` for an https:// URL, or None (aiohttp's default:
+        the system's CAs)."""
+        return _tls_context("webhook", self.ca_file) if self.ca_file else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -671,6 +697,31 @@ def _validate_srtp_profiles(profiles: tuple[str, ...]) -> None:
            "webrtc.srtp_profiles", list(profiles), allowed)
 
 
+def _tls_context(section: str, ca_file: str, cert_file: str = "",
+                 key_file: str = "") -> ssl.SSLContext:
+    """:func:`tls.client_context`, with a one-line :class:`ConfigError` naming the setting (the
+    CA file first: it is what a failed load most often is)."""
+    for key, value in (("ca_file", ca_file), ("cert_file", cert_file), ("key_file", key_file)):
+        if value:
+            try:
+                with open(value, "rb"):
+                    pass
+            except OSError as exc:
+                raise ConfigError(f"{section}.{key} = {value!r} cannot be read: "
+                                  f"{tls.describe_error(exc)}") from None
+    try:
+        ssl.create_default_context(cafile=ca_file or None)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"{section}.ca_file = {ca_file!r} is not a PEM CA bundle: "
+                          f"{tls.describe_error(exc)}") from None
+    try:
+        return tls.client_context(ca_file, cert_file, key_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"{section}.cert_file = {cert_file!r} / key_file = {key_file!r} "
+                          f"cannot be used as a client certificate: "
+                          f"{tls.describe_error(exc)}") from None
+
+
 def validate(config: Config) -> None:
     """Range checks that types alone do not express."""
     validate_cameras(config.all_cameras)
@@ -854,6 +905,14 @@ def validate_mqtt(mqtt: MqttConfig) -> None:
         _check("@" not in mqtt.url, "mqtt.url", "(credentials hidden)",
                "mqtt://HOST[:PORT] without user:password@ (use mqtt.username and "
                "mqtt.password or mqtt.password_file)")
+    tls_keys = [key for key in ("ca_file", "cert_file", "key_file") if getattr(mqtt, key)]
+    if tls_keys:
+        _check(mqtt.url.startswith("mqtts://"), f"mqtt.{tls_keys[0]}",
+               getattr(mqtt, tls_keys[0]), "only with an mqtts:// url")
+    _check(not mqtt.key_file or bool(mqtt.cert_file), "mqtt.key_file", mqtt.key_file,
+           "needs mqtt.cert_file (the certificate it belongs to)")
+    if mqtt.url:
+        mqtt.tls_context()  # a CA, certificate or key that cannot be used fails now, not later
     topic_chars = RELAY_NAME_CHARS | frozenset("/")
     for key in ("topic_prefix", "discovery_prefix"):
         value = getattr(mqtt, key)
@@ -885,6 +944,9 @@ def validate_webhooks(hooks: tuple[WebhookConfig, ...]) -> None:
                "more than 0, at most 600 seconds")
         _check(1 <= hook.queue_size <= 10_000, f"{key}.queue_size", hook.queue_size,
                "1 to 10000 events")
+        if hook.ca_file:
+            _check(scheme == "https", f"{key}.ca_file", hook.ca_file, "only with an https:// url")
+            _tls_context(key, hook.ca_file)
 
 
 def validate_relays(relays: tuple[RelayConfig, ...]) -> None:

@@ -15,7 +15,6 @@ import contextlib
 import json
 import logging
 import random
-import ssl
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
@@ -46,6 +45,8 @@ PUBLISH_TIMEOUT_S = 10.0
 # for all of it before it leaves the connection to be torn down with the process.
 CONNECT_TIMEOUT_S = 5.0
 STOP_TIMEOUT_S = 5.0
+# How long stop() waits for the task to end before cancelling it again.
+STOP_RECANCEL_S = 0.25
 # Events (a viewer joined, the camera stalled) push a state update at most this often.
 MIN_STATE_GAP_S = 0.5
 # Home Assistant's "online" re-announces at most this often: anyone may publish it, and each
@@ -110,6 +111,7 @@ class HomeAssistantMqtt:
         self._snapshot_forced = False
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
+        self._saying_offline = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self.connected = False
         # The wait before the next connection attempt (doubling while attempts fail).
@@ -131,19 +133,28 @@ class HomeAssistantMqtt:
     async def start(self) -> None:
         """Connect in the background; returns at once (a broker being down is not an error)."""
         if self._task is None:
-            self._stopping = False
+            self._stopping = self._saying_offline = False
             self._task = asyncio.create_task(self._run(), name="mqtt")
 
     async def stop(self) -> None:
         """Publish ``offline`` (if connected) and disconnect cleanly."""
         self._stopping = True
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            done, _ = await asyncio.wait({task}, timeout=STOP_TIMEOUT_S)
-            if not done:
-                log.warning("mqtt: the connection did not close within %.0f s; leaving it",
-                            STOP_TIMEOUT_S)
+        if task is None:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + STOP_TIMEOUT_S
+        while not task.done() and loop.time() < deadline:
+            # On Python 3.11 asyncio.wait_for (which aiomqtt awaits every SUBACK/PUBACK with)
+            # swallows a cancellation that arrives while the acknowledgement completes: the
+            # task then runs on as if never cancelled. Cancel again until it ends, but not while
+            # it publishes "offline" (that publish has its own timeout).
+            if not self._saying_offline:
+                task.cancel()
+            await asyncio.wait({task}, timeout=STOP_RECANCEL_S)
+        if not task.done():
+            log.warning("mqtt: the connection did not close within %.0f s; leaving it",
+                        STOP_TIMEOUT_S)
 
     def stats(self) -> dict[str, Any]:
         """Counters for ``/api/status`` and ``/metrics``."""
@@ -155,12 +166,14 @@ class HomeAssistantMqtt:
             "snapshots": self.snapshots,
             "commands": self.commands,
             "control_errors": self.control_errors,
+            # Why the last attempt failed or the connection dropped ("" once connected).
+            "last_error": self.last_error,
         }
 
     # -- the connection ----------------------------------------------------------------------
 
     def _client(self) -> aiomqtt.Client:
-        host, port, tls = self.config.endpoint()
+        host, port, _ = self.config.endpoint()
         password = self.config.resolve_password()
         return aiomqtt.Client(
             host, port,
@@ -172,7 +185,7 @@ class HomeAssistantMqtt:
             timeout=CONNECT_TIMEOUT_S,
             max_queued_outgoing_messages=MAX_OUTGOING,
             max_queued_incoming_messages=MAX_INCOMING,
-            tls_context=ssl.create_default_context() if tls else None,
+            tls_context=self.config.tls_context(),
         )
 
     async def _run(self) -> None:
@@ -191,6 +204,7 @@ class HomeAssistantMqtt:
                     finally:
                         self.connected = False
                         if self._stopping:
+                            self._saying_offline = True
                             with contextlib.suppress(Exception):
                                 await client.publish(self.topics.availability, OFFLINE, qos=1,
                                                      retain=True, timeout=2.0)

@@ -83,8 +83,10 @@ class WebhookSender:
         """Start the worker."""
         if self._task is None:
             timeout = aiohttp.ClientTimeout(total=self.config.timeout_s)
+            context = self.config.tls_context()
             self._session = aiohttp.ClientSession(
-                timeout=timeout, headers={"User-Agent": f"ruseon/{__version__}"})
+                timeout=timeout, headers={"User-Agent": f"ruseon/{__version__}"},
+                connector=aiohttp.TCPConnector(ssl=context) if context is not None else None)
             self._task = asyncio.create_task(self._run(), name="webhook")
 
     async def stop(self) -> None:
@@ -107,6 +109,7 @@ class WebhookSender:
             "retries": self.retries,
             "dropped": self.dropped,
             "last_status": self.last_status,
+            "last_error": self.last_error,
         }
 
     # -- the worker --------------------------------------------------------------------------

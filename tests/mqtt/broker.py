@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 import subprocess
 import time
@@ -21,13 +22,17 @@ class Mosquitto:
     """One broker process; :meth:`restart` keeps the port (and, with persistence off, forgets
     every retained message, as a broker restarted without a persistence file does)."""
 
-    def __init__(self, directory: Path, port: int) -> None:
+    def __init__(self, directory: Path, port: int, extra: str = "") -> None:
+        """``extra``: more mosquitto.conf lines (e.g. a TLS listener)."""
         self.binary = require_tool("mosquitto", "apt-get install mosquitto")
         self.port = port
         self.conf = directory / "mosquitto.conf"
+        # Started as root, mosquitto drops to its own user before it opens the log and loads
+        # certificates, which live in the test's 0700 temporary directory: stay root.
+        user = "user root\n" if os.geteuid() == 0 else ""
         self.conf.write_text(
-            f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n"
-            f"log_dest file {directory / 'mosquitto.log'}\n"
+            f"{user}listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n"
+            f"log_dest file {directory / 'mosquitto.log'}\n{extra}"
         )
         self.proc: subprocess.Popen[bytes] | None = None
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from ruseon_appliance.config import ConfigError, load_config, to_toml
+from tests.pki import CertificateAuthority
 
 
 def load(tmp_path: Path, text: str) -> object:
@@ -60,3 +61,38 @@ def test_bad_mqtt_flag_exits_2_with_one_line() -> None:
          "--mqtt", "mqtt://127.0.0.1:1884"], capture_output=True, text=True, timeout=60,
         check=False)
     assert ok.returncode == 0 and 'url = "mqtt://127.0.0.1:1884"' in ok.stdout
+
+
+def test_tls_files_are_checked_when_the_config_loads(tmp_path: Path) -> None:
+    """A CA, certificate or key that cannot be used is a one-line error naming the setting when
+    the config loads, not a failed connection attempt every minute later."""
+    ca = CertificateAuthority(tmp_path, "home")
+    client = ca.issue("camera", client=True)
+    stranger = ca.issue("stranger", client=True)
+    not_pem = tmp_path / "not.pem"
+    not_pem.write_text("hello\n")
+    url = 'url = "mqtts://broker.lan"\n'
+    bad = [
+        (f'[mqtt]\nurl = "mqtt://broker.lan"\nca_file = "{ca.cert}"\n', "mqtt.ca_file",
+         "mqtts://"),
+        (f'[mqtt]\n{url}ca_file = "{tmp_path / "missing.pem"}"\n', "mqtt.ca_file",
+         "cannot be read"),
+        (f'[mqtt]\n{url}ca_file = "{not_pem}"\n', "mqtt.ca_file", "PEM"),
+        (f'[mqtt]\n{url}key_file = "{client.key}"\n', "mqtt.key_file", "cert_file"),
+        (f'[mqtt]\n{url}cert_file = "{client.cert}"\nkey_file = "{stranger.key}"\n',
+         "mqtt.cert_file", "client certificate"),
+        (f'[[webhook]]\nurl = "http://127.0.0.1:9/x"\nca_file = "{ca.cert}"\n',
+         "webhook[0].ca_file", "https://"),
+        (f'[[webhook]]\nurl = "https://127.0.0.1:9/x"\nca_file = "{not_pem}"\n',
+         "webhook[0].ca_file", "PEM"),
+    ]
+    for text, key, reason in bad:
+        with pytest.raises(ConfigError) as error:
+            load(tmp_path, text)
+        message = str(error.value)
+        assert key in message and reason in message and "\n" not in message, (text, message)
+    good = load(tmp_path, f'[mqtt]\n{url}ca_file = "{ca.cert}"\ncert_file = "{client.cert}"\n'
+                f'key_file = "{client.key}"\n[[webhook]]\nurl = "https://h/x"\n'
+                f'ca_file = "{ca.cert}"\n')
+    assert good.mqtt.tls_context() is not None  # type: ignore[attr-defined]
+    assert load(tmp_path, to_toml(good)) == good  # type: ignore[arg-type]

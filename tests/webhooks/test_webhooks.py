@@ -11,6 +11,7 @@ import hashlib
 import hmac
 import json
 import socket
+import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
@@ -33,6 +34,7 @@ from ruseon_appliance.config import (
 )
 from ruseon_appliance.events import Event
 from ruseon_appliance.webhooks import SIGNATURE_HEADER, TIMESTAMP_HEADER, WebhookSender
+from tests.pki import CertificateAuthority
 from tests.tooling import free_port
 from tests.web.conftest import Viewer
 
@@ -88,15 +90,15 @@ class Receiver:
 
 
 @contextlib.asynccontextmanager
-async def serve(handler: Any) -> AsyncIterator[str]:
+async def serve(handler: Any, tls: ssl.SSLContext | None = None) -> AsyncIterator[str]:
     app = web.Application()
     app.router.add_post("/hook", handler)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
+    await web.TCPSite(runner, "127.0.0.1", port, ssl_context=tls).start()
     try:
-        yield f"http://127.0.0.1:{port}/hook"
+        yield f"{'https' if tls else 'http'}://127.0.0.1:{port}/hook"
     finally:
         await runner.cleanup()
 
@@ -216,3 +218,35 @@ async def test_redirects_are_not_followed(tmp_path: Path) -> None:
             assert elsewhere.attempts == {}
         finally:
             await sender.stop()
+
+
+async def wait_settled(sender: WebhookSender) -> None:
+    deadline = time.monotonic() + 60
+    while sender.failed + sender.sent == 0 and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+
+
+async def test_https_receiver_with_a_home_ca(tmp_path: Path) -> None:
+    """webhook.ca_file trusts a receiver whose certificate comes from a home CA; without it
+    (the system's CAs) the same receiver is refused: verification is never switched off."""
+    ca = CertificateAuthority(tmp_path, "home")
+    server = ca.issue("receiver", ips=("127.0.0.1",))
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(server.cert, server.key)
+    receiver = Receiver(fail_first=0)
+    async with serve(receiver.handle, tls) as url:
+        for ca_file, delivered in (("", False), (str(ca.cert), True)):
+            sender = WebhookSender(WebhookConfig(url=url, secret=SECRET, retries=0,
+                                                 ca_file=ca_file))
+            await sender.start()
+            try:
+                sender.offer(Event("viewer_joined", time.time(), {"viewers": 1}))
+                await wait_settled(sender)
+                assert (sender.sent, sender.failed) == ((1, 0) if delivered else (0, 1)), (
+                    ca_file, sender.stats())
+                if not delivered:
+                    assert "certificate verify failed" in sender.last_error.lower(), (
+                        sender.last_error)
+            finally:
+                await sender.stop()
+    assert [signed for _, signed in receiver.accepted] == [True]
