@@ -17,8 +17,17 @@ time, interleaving the servers, each join at a chosen point of the GOP (stratifi
 the 60 frames, the same points for every server). Per viewer, all on the client's clock from
 just before the POST: the answer, ICE+DTLS connected, the first decoded frame, the first *moving*
 frame (the first decoded frame whose picture differs from the first one), frames decoded in the
-first second, decode errors (aiortc's decoder warnings) and PLIs sent. Everything stays on
-127.0.0.1.
+first second, decode errors (aiortc's decoder warnings) and PLIs sent; when the first media
+packet came and when the last packet of the join burst did (the leading frames whose RTP
+timestamps are squeezed together), and from the server, when it had sent the burst. Everything
+stays on 127.0.0.1.
+
+Reading the figures: aiortc's receiver hands a frame to the decoder only when a packet of the
+*next* frame arrives, so an aiortc viewer's "first frame" on the ``aiortc`` path (a lone IDR, the
+next frame one GOP away) is as late as its first moving frame; Chromium shows that IDR at once
+(see ``chromium``). The moving-frame figure is not affected that way. An aiortc viewer receives
+a large burst slower than the server sends it (Python's per-packet receive path, and its small
+socket buffer overflows on loopback: some NACK/RTX), which does not delay the first two frames.
 
     .venv/bin/python bench/join.py                    # 12 joins per server
     .venv/bin/python bench/join.py --joins 30 --modes aiortc fanout
@@ -115,14 +124,45 @@ class LiveTrack(MediaStreamTrack):  # type: ignore[misc]
         self._reader.close()
 
 
+def time_join_bursts() -> dict[int, dict[str, float]]:
+    """Note, per fan-out viewer, when its first frames went out and when the last slice of its
+    join burst did (server clock, ms after the first), and how late the pacing timer fired."""
+    from ruseon_appliance.engine.fanout import JOIN_PACE_S, FanoutViewer
+
+    timings: dict[int, dict[str, float]] = {}
+    original = FanoutViewer.service
+
+    def service(self: FanoutViewer, now: float) -> None:
+        was_out = self.frames_sent >= self._burst_frames and self._current is None
+        original(self, now)
+        t = time.monotonic()
+        mine = timings.setdefault(id(self), {"start": t, "last": t, "late_ms_max": 0.0})
+        if mine.get("burst_out_ms") is None and not was_out and self.frames_sent:
+            late = (t - mine["last"] - JOIN_PACE_S) * 1000
+            mine["late_ms_max"] = max(mine["late_ms_max"], late)
+            mine["last"] = t
+            if self.frames_sent >= self._burst_frames and self._current is None:
+                mine["burst_out_ms"] = (t - mine["start"]) * 1000
+
+    FanoutViewer.service = service  # type: ignore[method-assign]
+    return timings
+
+
 async def serve(mode: str, port: int, source: str) -> None:
+    rpicam_command = ""
+    if source == "rpicam":
+        # tests/capture/fake_rpicam_vid.py stands in for the camera (FAKE_RPICAM_STREAM: the
+        # recording); like rpicam-vid it starts every run with an IDR.
+        os.environ["FAKE_RPICAM_STREAM"] = str(recorded_stream())
+        rpicam_command = f"{sys.executable} {ROOT / 'tests' / 'capture' / 'fake_rpicam_vid.py'}"
     camera = CameraConfig(source=source, width=1280, height=720, framerate=FPS, bitrate=BITRATE,
-                          keyframe_interval=GOP)
+                          keyframe_interval=GOP, rpicam_command=rpicam_command)
     feed = CapturePipeline(camera)
     await feed.start()
     await feed.wait_first_frame(10)
     engine: Engine | None = None
     peers: dict[str, RTCPeerConnection] = {}
+    bursts = time_join_bursts() if mode == "fanout" else {}
     registry = CodecRegistry()
     if mode == "naive":
         registry.install()
@@ -162,6 +202,13 @@ async def serve(mode: str, port: int, source: str) -> None:
                          if k in ("join_mode", "frames_sent", "keyframes_sent", "frames_skipped",
                                   "keyframe_skips", "keyframes_requested", "join_slices",
                                   "bytes_sent", "nacked", "retransmitted")}
+                source_stats = feed.source.stats()
+                if "keyframe_restarts" in source_stats:
+                    stats["source_restarts"] = source_stats["keyframe_restarts"]
+                timing = bursts.pop(id(session.track), {})
+                if timing.get("burst_out_ms") is not None:
+                    stats["server_burst_out_ms"] = round(timing["burst_out_ms"], 1)
+                    stats["server_pace_late_ms_max"] = round(timing["late_ms_max"], 1)
             await engine.close(sid)
         elif sid in peers:
             await peers.pop(sid).close()
@@ -230,6 +277,42 @@ async def _counting_send_pli(self: RTCRtpReceiver, media_ssrc: int) -> None:
 
 RTCRtpReceiver._send_rtcp_pli = _counting_send_pli  # type: ignore[method-assign]
 
+# Media packets as they reach each receiver: (perf_counter, RTP timestamp, payload bytes).
+_arrivals: dict[int, list[tuple[float, int, int]]] = {}
+_original_handle_rtp = RTCRtpReceiver._handle_rtp_packet
+
+
+async def _noting_handle_rtp(self: RTCRtpReceiver, packet: Any, arrival_time_ms: int) -> None:
+    if packet.payload:  # not the leading padding packet
+        _arrivals.setdefault(id(self), []).append(
+            (time.perf_counter(), packet.timestamp, len(packet.payload)))
+    await _original_handle_rtp(self, packet, arrival_time_ms)
+
+
+RTCRtpReceiver._handle_rtp_packet = _noting_handle_rtp  # type: ignore[method-assign]
+
+
+def burst_figures(arrivals: list[tuple[float, int, int]], t0: float) -> dict[str, Any]:
+    """When the first packet came, and the join burst: the leading frames whose RTP timestamps
+    are squeezed (under 1 ms of stream time apart), its size and when its last packet came."""
+    if not arrivals:
+        return {"first_packet_ms": None, "burst_frames": 0, "burst_bytes": 0,
+                "burst_end_ms": None}
+    frames = 1
+    size = 0
+    end = arrivals[0][0]
+    last_ts = arrivals[0][1]
+    for at, ts, length in arrivals:
+        step = (ts - last_ts) & 0xFFFFFFFF
+        if step >= 90:  # a live frame: the burst is over
+            break
+        frames += step > 0
+        size += length
+        end = at
+        last_ts = ts
+    return {"first_packet_ms": round((arrivals[0][0] - t0) * 1000, 1), "burst_frames": frames,
+            "burst_bytes": size, "burst_end_ms": round((end - t0) * 1000, 1)}
+
 
 def picture_digest(frame: av.VideoFrame) -> bytes:
     """A digest of the luma plane: equal digests, same picture."""
@@ -283,6 +366,7 @@ async def one_join(http: ClientSession, url: str, errors: DecodeErrors) -> dict[
     async with http.delete(url + location) as resp:
         server_side = await resp.json()
     plis = _plis.pop(id(transceiver.receiver), 0)
+    arrivals = _arrivals.pop(id(transceiver.receiver), [])
     await pc.close()
     for task in tasks:
         task.cancel()
@@ -297,6 +381,7 @@ async def one_join(http: ClientSession, url: str, errors: DecodeErrors) -> dict[
         "frames_first_second": sum(ms <= 1000 for ms, _ in frames),
         "decode_errors": errors.count - errors_before,
         "plis": plis,
+        **burst_figures(arrivals, t0),
         **server_side,
     }
 
@@ -342,6 +427,11 @@ CHROMIUM_PROBE_JS = """(() => {
   const Wrapped = function (...args) {
     const pc = new Original(...args);
     J.pc = pc;
+    pc.addEventListener('iceconnectionstatechange', () => {
+      if (pc.iceConnectionState === 'connected' && J.ice === undefined) {
+        J.ice = performance.now() - J.post;
+      }
+    });
     pc.addEventListener('connectionstatechange', () => {
       if (pc.connectionState === 'connected' && J.connected === undefined) {
         J.connected = performance.now() - J.post;
@@ -358,6 +448,10 @@ CHROMIUM_PROBE_JS = """(() => {
       J.post = performance.now();
       poll();
       watchVideo();
+      return originalFetch.apply(this, arguments).then((response) => {
+        J.answered = performance.now() - J.post;
+        return response;
+      });
     }
     return originalFetch.apply(this, arguments);
   };
@@ -415,7 +509,8 @@ def chromium_join(browser: Any, server: Any, watch_s: float) -> dict[str, Any]:
         timeout=60_000)
     sessions = server.status()["viewers"]["sessions"]
     data = page.evaluate("(() => { window.__join.stop = true; const j = window.__join; "
-                         "return {post: j.post, connected: j.connected, samples: j.samples, "
+                         "return {post: j.post, connected: j.connected, answered: j.answered, "
+                         "ice: j.ice, samples: j.samples, "
                          "presented: j.presented}; })()")
     page.close()
     session = max(sessions, key=lambda s: s["stats"].get("created") or 0)["stats"]
@@ -429,15 +524,20 @@ def chromium_join(browser: Any, server: Any, watch_s: float) -> dict[str, Any]:
     return {
         "join_mode": session.get("join_mode"),
         # The newest IDR's age when the page was opened, plus the time the page took to POST.
-        "join_age_s": None if age_s is None else round(age_s + data["post"] / 1000, 2),
+        "join_age_s": None if age_s is None
+        else round((age_s + data["post"] / 1000) % (GOP / FPS), 2),
         "post_after_open_ms": round(data["post"], 1),
         "connected_ms": None if data.get("connected") is None else round(data["connected"], 1),
+        "answered_ms": None if data.get("answered") is None else round(data["answered"], 1),
+        "ice_connected_ms": None if data.get("ice") is None else round(data["ice"], 1),
         "first_packet_ms": first_at(samples, "packets", 1),
         "first_decoded_ms": first_at(samples, "decoded", 1),
         "tenth_decoded_ms": first_at(samples, "decoded", 10),
         "thirtieth_decoded_ms": first_at(samples, "decoded", 30),
         "first_presented_ms": None if first is None else round(first["t"], 1),
         "moving_presented_ms": None if moving is None else round(moving["t"], 1),
+        "motion_after_connected_ms": None if moving is None or data.get("connected") is None
+        else round(moving["t"] - data["connected"], 1),
         "presented_first_second": len({p["rtp"] for p in presented if p["t"] <= 1000}),
         "decoded_first_second": one_s["decoded"],
         "frames_sent_by_server": burst,
@@ -457,9 +557,32 @@ def chromium_join(browser: Any, server: Any, watch_s: float) -> dict[str, Any]:
     }
 
 
-def chromium_main(joins: int, watch_s: float, source: str) -> None:
-    """Chromium joining ``ruseon serve --source file:`` ``joins`` times, spread over the GOP.
-    Re-runs itself in a private network namespace first (needs root)."""
+def chromium_summary(rows: list[dict[str, Any]], path: str) -> None:
+    mine = [r for r in rows if r["send_path"] == path]
+    parts = []
+    for key in ("connected_ms", "first_presented_ms", "moving_presented_ms",
+                "motion_after_connected_ms", "thirtieth_decoded_ms"):
+        values = [r[key] for r in mine if r[key] is not None]
+        if values:
+            missing = len(mine) - len(values)
+            parts.append(f"{key} p50 {statistics.median(values):.0f} p95 "
+                         f"{percentile(values, 0.95):.0f} max {max(values):.0f}"
+                         + (f" ({missing} missing)" if missing else ""))
+    moved = [r["moving_presented_ms"] for r in mine if r["moving_presented_ms"] is not None]
+    parts.append(f"moving within {GOAL_MS:.0f} ms of the POST: "
+                 f"{sum(ms <= GOAL_MS for ms in moved)}/{len(mine)}")
+    parts.append(f"freezes {sum(r['freezes'] for r in mine)}, PLIs "
+                 f"{sum(r['plis'] + r['firs'] for r in mine)}, decoded in 1 s p50 "
+                 f"{statistics.median(r['decoded_first_second'] for r in mine):.0f}")
+    print(f"{path:6} " + "; ".join(parts))
+    print(json.dumps({"figure": "join_chromium_summary", "send_path": path, "joins": len(mine),
+                      "summary": parts}))
+
+
+def chromium_main(joins: int, watch_s: float, source: str, paths: list[str]) -> None:
+    """Chromium joining ``ruseon serve --source file:`` ``joins`` times per send path, spread
+    over the GOP, the paths interleaved. Re-runs itself in a private network namespace first
+    (needs root)."""
     from tests.e2e.browser_netns import (
         NETNS_ENV,
         Server,
@@ -470,52 +593,57 @@ def chromium_main(joins: int, watch_s: float, source: str) -> None:
 
     if not inside_browser_netns():
         command = ["unshare", "--net", "--fork", "--", sys.executable, __file__, "chromium",
-                   "--joins", str(joins), "--watch", str(watch_s), "--source", source]
+                   "--joins", str(joins), "--watch", str(watch_s), "--source", source,
+                   "--paths", *paths]
         raise SystemExit(subprocess.run(command, env={**os.environ, NETNS_ENV: "1"},
                                         check=False).returncode)
     prepare_namespace()
     rows: list[dict[str, Any]] = []
     rng = random.Random(19)
     gop_s = GOP / FPS
-    with tempfile.TemporaryDirectory() as state:
-        server = Server(Path(state), extra_args=["--source", source])
-        server.start()
-        try:
-            with chromium() as browser:
-                for i in range(joins):
-                    # Open the page at a spread point of the GOP (the POST follows ~0.1-0.3 s
-                    # later; join_age_s is measured at the POST).
-                    target = (i + rng.random()) * gop_s / joins
-                    deadline = time.monotonic() + 10
-                    while time.monotonic() < deadline:
-                        age = server.status()["source"]["keyframe_age_s"] or 0.0
-                        if abs(age - target) < 0.05:
-                            break
-                        time.sleep(0.01)
-                    row = chromium_join(browser, server, watch_s)
-                    rows.append(row)
-                    print(json.dumps({"figure": "join_chromium", **row}), flush=True)
-                    time.sleep(0.5)
-        finally:
-            server.stop()
+    targets = [(i + rng.random()) * gop_s / joins for i in range(joins)]
+    rng.shuffle(targets)
+    with tempfile.TemporaryDirectory() as state, contextlib.ExitStack() as stack:
+        servers = {}
+        for path in paths:
+            config = Path(state) / f"{path}.toml"
+            config.write_text(f'[webrtc]\nsend_path = "{path}"\n')
+            server = Server(Path(state) / path,
+                            extra_args=["--source", source, "--config", str(config)])
+            server.start()
+            stack.callback(server.stop)
+            servers[path] = server
+        browser = stack.enter_context(chromium())
+        for i, target in enumerate(targets):
+            order = paths[i % len(paths):] + paths[:i % len(paths)]
+            for path in order:
+                server = servers[path]
+                # Open the page at a spread point of the GOP (its POST follows ~0.1-0.3 s
+                # later; join_age_s is taken at the POST).
+                deadline = time.monotonic() + 10
+                while time.monotonic() < deadline:
+                    age = server.status()["source"]["keyframe_age_s"] or 0.0
+                    if abs(age - target) < 0.05:
+                        break
+                    time.sleep(0.01)
+                row = {"send_path": path, **chromium_join(browser, server, watch_s)}
+                rows.append(row)
+                print(json.dumps({"figure": "join_chromium", **row}), flush=True)
+                time.sleep(0.5)
     load = os.getloadavg()
-    print(f"\nChromium, {joins} joins, source {source}; load average "
+    print(f"\nChromium, {joins} joins per send path, source {source}; load average "
           f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     for row in rows:
-        print(f"join at {row['join_age_s']} s ({row['join_mode']}, {row['frames_sent_by_server']}"
-              f" frames sent): decoded #1 {row['first_decoded_ms']} / #10 "
+        print(f"{row['send_path']:6} join at {row['join_age_s']} s ({row['join_mode']}): "
+              f"connected {row['connected_ms']} ms, decoded #1 {row['first_decoded_ms']} / #10 "
               f"{row['tenth_decoded_ms']} / #30 {row['thirtieth_decoded_ms']} ms; presented "
               f"#1 {row['first_presented_ms']}, moving {row['moving_presented_ms']} ms; "
               f"1st s: {row['decoded_first_second']} decoded, {row['presented_first_second']} "
               f"presented; freezes {row['freezes']}, PLIs {row['plis']}, "
-              f"{row['decode_ms_per_frame']} ms decode/frame ({row['decoder']}), "
+              f"{row['decode_ms_per_frame']} ms decode/frame, "
               f"jitter buffer {row['mean_jitter_buffer_ms']} ms")
-    for key in ("first_decoded_ms", "moving_presented_ms", "thirtieth_decoded_ms"):
-        values = [r[key] for r in rows if r[key] is not None]
-        if values:
-            print(f"{key}: p50 {statistics.median(values):.1f} p95 "
-                  f"{percentile(values, 0.95):.1f} max {max(values):.1f} "
-                  f"({len(rows) - len(values)} missing)")
+    for path in paths:
+        chromium_summary(rows, path)
 
 
 # --- orchestration ---------------------------------------------------------------------------
@@ -561,7 +689,9 @@ def bench(modes: list[str], joins: int, seed: int, source: str) -> None:
                   f"first frame {row['first_frame_ms']} ms, moving {row['moving_ms']} ms "
                   f"(connected {row['connected_ms']} ms), {row['frames_first_second']} frames "
                   f"in 1 s, {row['decode_errors']} decode errors, {row['plis']} PLIs, "
-                  f"{row.get('join_mode', '')}", flush=True)
+                  f"{row.get('join_mode', '')}; first packet {row['first_packet_ms']} ms, "
+                  f"burst {row['burst_frames']} frames {row['burst_bytes'] // 1024} KiB in by "
+                  f"{row['burst_end_ms']} ms", flush=True)
         if proc.wait() != 0:
             raise RuntimeError("the client failed")
     finally:
@@ -604,8 +734,12 @@ def main() -> None:
     parser.add_argument("--urls", default="{}")
     parser.add_argument("--joins", type=int, default=12, help="joins per server")
     parser.add_argument("--seed", type=int, default=19)
-    parser.add_argument("--source", default="", help="default: the recording, file:PATH")
+    parser.add_argument("--source", default="",
+                        help="default: the recording (file:PATH); 'rpicam': the recording "
+                        "through tests/capture/fake_rpicam_vid.py, restarted for keyframes")
     parser.add_argument("--watch", type=float, default=1.5, help="chromium: seconds per join")
+    parser.add_argument("--paths", nargs="*", default=["fanout", "aiortc"],
+                        help="chromium: the engine's send paths to join")
     args = parser.parse_args()
     source = args.source or f"file:{recorded_stream()}"
     if args.role == "serve":
@@ -613,7 +747,7 @@ def main() -> None:
     elif args.role == "client":
         asyncio.run(client(json.loads(args.urls), args.joins, args.seed))
     elif args.role == "chromium":
-        chromium_main(args.joins, args.watch, source)
+        chromium_main(args.joins, args.watch, source, args.paths)
     else:
         bench(args.modes, args.joins, args.seed, source)
 
