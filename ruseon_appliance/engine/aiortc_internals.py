@@ -531,7 +531,7 @@ def _lean_find_common_codecs(
 
 
 def _lean_estimator(*args: Any, **kwargs: Any) -> Any:
-    if _lean.get() is not None:
+    if _lean.get() is not None or _building_sendonly.get():
         return None  # a sendonly viewer's receiver never receives: no bandwidth estimation
     return _original["RemoteBitrateEstimator"](*args, **kwargs)
 
@@ -567,6 +567,27 @@ def lean_offer(
         yield
     finally:
         _lean.reset(token)
+
+
+_building_sendonly: ContextVar[bool] = ContextVar("ruseon_building_sendonly", default=False)
+
+
+def sendonly_peer_connection(
+    configuration: aiortc.RTCConfiguration, certificate: RTCCertificate, track: Any
+) -> tuple[RTCPeerConnection, aiortc.RTCRtpTransceiver]:
+    """A new peer connection with one sendonly transceiver carrying ``track``, presenting
+    ``certificate``, whose receiver gets no bandwidth estimator (as in :func:`lean_offer`).
+    Built ahead of offers by the engine (``engine/prebuilt.py``); every call builds new
+    objects (transports, ICE connection, SSRCs), nothing is shared but the certificate."""
+    install_lean_offer_hooks()
+    with shared_certificate(certificate):
+        pc = RTCPeerConnection(configuration)
+    token = _building_sendonly.set(True)
+    try:
+        transceiver = pc.addTransceiver(track, direction="sendonly")
+    finally:
+        _building_sendonly.reset(token)
+    return pc, transceiver
 
 
 def cache_fingerprints(certificate: RTCCertificate) -> None:

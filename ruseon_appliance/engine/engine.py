@@ -25,6 +25,7 @@ from aiortc import (
     RTCIceServer,
     RTCPeerConnection,
     RTCRtpCodecCapability,
+    RTCRtpTransceiver,
     RTCSessionDescription,
 )
 from aiortc.rtcconfiguration import RTCBundlePolicy
@@ -43,7 +44,8 @@ from ruseon_appliance.engine.errors import (
     UnsupportedOffer,
 )
 from ruseon_appliance.engine.fanout import Fanout, FanoutTrack, FanoutViewer
-from ruseon_appliance.engine.offer import CheckedOffer, check_offer
+from ruseon_appliance.engine.offer import CheckedOffer, OfferParser, check_offer
+from ruseon_appliance.engine.prebuilt import PrebuiltPool
 from ruseon_appliance.engine.session import WhepSession
 from ruseon_appliance.engine.track import ViewerCursor, ViewerTrack
 from ruseon_appliance.engine.udp_mux import UdpMux
@@ -62,6 +64,9 @@ RECEIVE_ERROR_LOG_INTERVAL_S = 10.0
 # restarts): a viewer joining mid-GOP is sent the GOP so far, up to this many seconds of stream.
 NO_KEYFRAME_ON_DEMAND = frozenset({"file", "rpicam"})
 GOP_CATCH_UP_MAX_S = 2.5
+# Peer connections built ahead for fan-out viewers (engine/prebuilt.py): enough for a burst of
+# this many offers at once (about 35 KB each), at most max_viewers.
+PREBUILT_PEER_CONNECTIONS = 32
 
 SessionListener = Callable[[str, WhepSession], None]
 
@@ -102,6 +107,7 @@ class Engine:
         self._max_offer_bytes = max_offer_bytes
         self._certificate: DtlsCertificate | None = None
         self._codecs = CodecRegistry()
+        self._offer_parser = OfferParser()
         self._mux = UdpMux(webrtc.listen, sockets=[udp_socket] if udp_socket else [])
         # One fan-out send loop per feed with viewers (or consumers), by id(feed).
         self._fanouts: dict[int, Fanout] = {}
@@ -112,6 +118,8 @@ class Engine:
         self._listeners: list[SessionListener] = []
         self._advertise: list[str] = []
         self._rtc_configuration = RTCConfiguration(iceServers=[])
+        self._prebuilt: PrebuiltPool[tuple[RTCPeerConnection, RTCRtpTransceiver,
+                                           FanoutTrack]] | None = None
         self._started = False
         self._stopping = False
         self.offers_accepted = 0
@@ -144,6 +152,11 @@ class Engine:
                                                    bundlePolicy=RTCBundlePolicy.BALANCED)
         self._codecs.install()
         self._mux.start()
+        if self.config.send_path == "fanout":
+            self._prebuilt = PrebuiltPool(
+                self._build_fanout_peer_connection,
+                min(PREBUILT_PEER_CONNECTIONS, self.config.max_viewers))
+            self._prebuilt.start()
         self._started = True
         if self._feed is not None:
             self.fanout_for(self._feed)
@@ -166,6 +179,9 @@ class Engine:
         self._stopping = True
         await asyncio.gather(*(s.close("shutdown") for s in list(self._sessions.values())),
                              return_exceptions=True)
+        if self._prebuilt is not None:
+            self._prebuilt.stop()
+            self._prebuilt = None
         fanouts, self._fanouts = list(self._fanouts.values()), {}
         for fanout in fanouts:
             await fanout.stop()
@@ -292,6 +308,7 @@ class Engine:
             "mux": self._mux.stats(),
             "srtp": self._srtp_stats(),
             "fanout": _summed([f.stats() for f in self._fanouts.values()]),
+            "prebuilt": self._prebuilt.stats() if self._prebuilt is not None else None,
         }
 
     # -- offer handling --------------------------------------------------------------------------
@@ -347,7 +364,8 @@ class Engine:
             if info is None:
                 raise StreamNotReady("the camera has not produced video yet", retry_after=2)
             checked = check_offer(sdp, max_bytes=self._max_offer_bytes,
-                                  stream_profile_level_id=info.profile_level_id)
+                                  stream_profile_level_id=info.profile_level_id,
+                                  parse=self._offer_parser.parse)
             session, answer = await self._build_session(checked, info.profile_level_id, feed)
             session.remote_key = key
             return session, answer
@@ -380,6 +398,27 @@ class Engine:
             return 0
         return int(feed.camera.bitrate / 8 * GOP_CATCH_UP_MAX_S)
 
+    def _build_fanout_peer_connection(
+            self) -> tuple[RTCPeerConnection, RTCRtpTransceiver, FanoutTrack]:
+        """What a fan-out viewer's offer starts from (the pool builds these when idle)."""
+        assert self._certificate is not None
+        track = FanoutTrack()
+        pc, transceiver = aiortc_internals.sendonly_peer_connection(
+            self._rtc_configuration, self._certificate.rtc, track)
+        return pc, transceiver, track
+
+    def _new_peer_connection(
+        self, feed: CapturePipeline, fanout: Fanout | None
+    ) -> tuple[RTCPeerConnection, RTCRtpTransceiver, ViewerTrack | FanoutTrack]:
+        """A fresh peer connection with the viewer's sendonly transceiver and track."""
+        if fanout is not None and self._prebuilt is not None:
+            return self._prebuilt.take()
+        assert self._certificate is not None
+        with aiortc_internals.shared_certificate(self._certificate.rtc):
+            pc = RTCPeerConnection(self._rtc_configuration)
+        track = self._new_track(feed, fanout)
+        return pc, pc.addTransceiver(track, direction="sendonly"), track
+
     def _new_track(self, feed: CapturePipeline, fanout: Fanout | None
                    ) -> ViewerTrack | FanoutTrack:
         if fanout is not None:
@@ -408,13 +447,9 @@ class Engine:
     async def _build_lean_session(
         self, offer_sdp: str, preferences: list[RTCRtpCodecCapability], feed: CapturePipeline
     ) -> tuple[WhepSession, str]:
-        assert self._certificate is not None
-        with aiortc_internals.shared_certificate(self._certificate.rtc):
-            pc = RTCPeerConnection(self._rtc_configuration)
         fanout = self.fanout_for(feed)
-        track = self._new_track(feed, fanout)
+        pc, transceiver, track = self._new_peer_connection(feed, fanout)
         viewer = self._new_fanout_viewer(fanout, feed) if fanout is not None else None
-        transceiver = pc.addTransceiver(track, direction="sendonly")
         # Before setRemoteDescription: set afterwards, aiortc silently falls back to VP8.
         transceiver.setCodecPreferences(preferences)
         ufrag: str | None = None

@@ -6,8 +6,11 @@ layer can answer 4xx with something a browser developer can act on.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from aiortc.rtcrtpparameters import RTCRtcpFeedback, RTCRtpCodecParameters
 from aiortc.sdp import H264Profile, SessionDescription
 
 from ruseon_appliance.engine.codec_registry import profile_name, profile_of
@@ -15,6 +18,10 @@ from ruseon_appliance.engine.errors import MalformedOffer, OfferTooLarge, Unsupp
 
 # A WHEP offer has video, maybe audio, maybe a data channel; more is not a viewer.
 MAX_MEDIA_SECTIONS = 4
+# Distinct codec lists (per media section) whose parse the engine keeps (OfferParser).
+MAX_CODEC_SHAPES = 16
+# The lines aiortc's SDP parser builds a media section's codec list from, and nothing else.
+CODEC_LINE_PREFIXES = ("a=rtpmap:", "a=fmtp:", "a=rtcp-fb:")
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,8 +49,82 @@ def strip_remote_candidates(sdp: str) -> str:
     return "\r\n".join(kept) + "\r\n"
 
 
-def check_offer(sdp: str, *, max_bytes: int, stream_profile_level_id: str) -> CheckedOffer:
+def _copy_codec(codec: RTCRtpCodecParameters) -> RTCRtpCodecParameters:
+    return RTCRtpCodecParameters(
+        mimeType=codec.mimeType, clockRate=codec.clockRate, channels=codec.channels,
+        payloadType=codec.payloadType,
+        rtcpFeedback=[RTCRtcpFeedback(type=f.type, parameter=f.parameter)
+                      for f in codec.rtcpFeedback],
+        parameters=dict(codec.parameters))
+
+
+class OfferParser:
+    """aiortc's ``SessionDescription.parse``, with each media section's codec list parsed once
+    per distinct set of codec lines.
+
+    Most of an offer is its codecs (a browser offers twenty-odd formats, each with rtpmap, fmtp
+    and rtcp-fb lines), and every offer from the same browser lists the same ones; only the
+    ICE credentials, fingerprint and ids differ. aiortc builds ``media.rtp.codecs`` from the
+    section's ``a=rtpmap``/``a=fmtp``/``a=rtcp-fb`` lines alone (and its ``m=`` line's kind),
+    so: the first offer of a shape is parsed whole and each section's codecs are kept under
+    those lines as key; later offers of the same shape are parsed without them and get fresh
+    copies of the kept codecs. The result equals a full parse (tests compare them), and no
+    codec object is shared between two descriptions. At most :data:`MAX_CODEC_SHAPES` shapes
+    are kept (least recently used dropped), so strangers sending odd offers cost nothing but
+    full parses."""
+
+    def __init__(self, max_shapes: int = MAX_CODEC_SHAPES) -> None:
+        self._max_shapes = max_shapes
+        self._codecs: OrderedDict[str, list[RTCRtpCodecParameters]] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def parse(self, sdp: str) -> SessionDescription:
+        """Parse ``sdp`` as aiortc would (raises what aiortc's parser raises)."""
+        kept: list[str] = []
+        sections: list[list[str]] = []
+        current: list[str] | None = None
+        # Lines and sections exactly as aiortc's grouplines() cuts them (str.splitlines).
+        for line in sdp.splitlines():
+            if line.startswith("m="):
+                current = [line]
+                sections.append(current)
+                kept.append(line)
+            elif current is not None and line.startswith(CODEC_LINE_PREFIXES):
+                current.append(line)
+            else:
+                kept.append(line)
+        keys = ["\n".join(section) for section in sections]
+        templates = [self._codecs.get(key) for key in keys]
+        if not keys or any(t is None for t in templates):
+            self.misses += 1
+            description = SessionDescription.parse(sdp)
+            if len(description.media) == len(keys):
+                for key, media in zip(keys, description.media, strict=True):
+                    self._keep(key, [_copy_codec(c) for c in media.rtp.codecs])
+            return description
+        self.hits += 1
+        description = SessionDescription.parse("\r\n".join(kept) + "\r\n")
+        if len(description.media) != len(keys):  # cannot happen: the same m= lines
+            return SessionDescription.parse(sdp)
+        for key, template, media in zip(keys, templates, description.media, strict=True):
+            assert template is not None
+            self._codecs.move_to_end(key)
+            media.rtp.codecs = [_copy_codec(c) for c in template]
+        return description
+
+    def _keep(self, key: str, codecs: list[RTCRtpCodecParameters]) -> None:
+        self._codecs[key] = codecs
+        self._codecs.move_to_end(key)
+        while len(self._codecs) > self._max_shapes:
+            self._codecs.popitem(last=False)
+
+
+def check_offer(sdp: str, *, max_bytes: int, stream_profile_level_id: str,
+                parse: Callable[[str], SessionDescription] | None = None) -> CheckedOffer:
     """Validate ``sdp`` as a WHEP viewer's offer for a stream of ``stream_profile_level_id``.
+    ``parse`` is the SDP parser (default aiortc's; the engine passes its
+    :meth:`OfferParser.parse`).
 
     Raises :class:`OfferTooLarge`, :class:`MalformedOffer` or :class:`UnsupportedOffer`.
     """
@@ -55,7 +136,7 @@ def check_offer(sdp: str, *, max_bytes: int, stream_profile_level_id: str) -> Ch
         raise MalformedOffer("the body is not an SDP offer: it must start with 'v=0'")
     stripped = strip_remote_candidates(text)
     try:
-        description = SessionDescription.parse(stripped)
+        description = (parse or SessionDescription.parse)(stripped)
     except Exception as exc:  # aiortc's parser raises ValueError, IndexError, KeyError...
         raise MalformedOffer(
             f"the SDP offer cannot be parsed ({type(exc).__name__}: {exc})") from None
