@@ -133,7 +133,8 @@ class CapturePipeline:
     async def wait_first_frame(self, timeout: float) -> bool:
         """Wait until the first frame is in the ring; False on timeout."""
         try:
-            await asyncio.wait_for(self._first_frame.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await self._first_frame.wait()
         except TimeoutError:
             return False
         return True

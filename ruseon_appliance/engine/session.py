@@ -134,7 +134,8 @@ class WhepSession:
             self._reaper = None
         self.track.stop()
         try:
-            await asyncio.wait_for(self.pc.close(), CLOSE_TIMEOUT_S)
+            async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                await self.pc.close()
         except Exception:
             logger.exception("session %s: closing the peer connection failed", self.id[:8])
         else:

@@ -191,7 +191,8 @@ class HlsStream:
                     return False
                 edge = self._edge
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(edge.wait(), remaining)
+                    async with asyncio.timeout(remaining):
+                        await edge.wait()
             self.waits_satisfied += 1
             return True
         finally:

@@ -282,7 +282,8 @@ class HomeAssistantMqtt:
                 await self._publish(client, self.topics.controls,
                                     json.dumps(values, sort_keys=True))
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._state_kick.wait(), interval)
+                async with asyncio.timeout(interval):
+                    await self._state_kick.wait()
             await asyncio.sleep(gap)  # the throttle: bursts of events make one message
 
     async def _snapshot_loop(self, client: aiomqtt.Client) -> None:
@@ -304,8 +305,8 @@ class HomeAssistantMqtt:
                     last_seq[topic] = shot[0]
                     self.snapshots += 1
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._snapshot_kick.wait(),
-                                       self.config.snapshot_interval_s)
+                async with asyncio.timeout(self.config.snapshot_interval_s):
+                    await self._snapshot_kick.wait()
 
     async def _command_loop(self, client: aiomqtt.Client) -> None:
         ha_status = f"{self.config.discovery_prefix}/status"

@@ -230,7 +230,8 @@ class Recorder:
             reader.close()  # run_segmenter flushes the last fragment and returns
         if self._task is not None:
             try:
-                await asyncio.wait_for(self._task, 5)
+                async with asyncio.timeout(5):
+                    await self._task
             except (TimeoutError, asyncio.CancelledError):
                 self._task.cancel()
             except Exception:  # logged by _segmenter_ended; stopping goes on

@@ -170,7 +170,8 @@ class RtpRelay:
         try:
             # Bounded: a DNS server that does not answer would otherwise hold the whole start-up
             # (and systemd's READY) for the resolver's timeouts, relay after relay.
-            family, address = await asyncio.wait_for(self._resolve(), RESOLVE_TIMEOUT_S)
+            async with asyncio.timeout(RESOLVE_TIMEOUT_S):
+                family, address = await self._resolve()
         except OSError as exc:  # TimeoutError included
             self.state = "unresolved"
             why = str(exc) or f"no answer within {RESOLVE_TIMEOUT_S:.0f} s"

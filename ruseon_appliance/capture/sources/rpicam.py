@@ -81,7 +81,8 @@ async def command_output(argv: Sequence[str], timeout: float) -> str:
         stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
     try:
-        out, _ = await asyncio.wait_for(proc.communicate(), timeout)
+        async with asyncio.timeout(timeout):
+            out, _ = await proc.communicate()
     except BaseException:
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
@@ -331,7 +332,8 @@ class RpicamSource:
                         f", stderr: {' | '.join(self._stderr_tail)}" if self._stderr_tail else "",
                         delay)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), delay)  # stop() cuts the wait short
+                async with asyncio.timeout(delay):  # stop() cuts the wait short
+                    await self._wake.wait()
             delay = min(delay * 2, self._backoff[1])
 
     async def _run_once(self, deliver: Deliver) -> int | None:
@@ -356,7 +358,8 @@ class RpicamSource:
         try:
             while True:
                 try:
-                    chunk = await asyncio.wait_for(proc.stdout.read(256 * 1024), idle)
+                    async with asyncio.timeout(idle):
+                        chunk = await proc.stdout.read(256 * 1024)
                 except TimeoutError:
                     unit = splitter.flush()
                     if unit is not None:
@@ -397,7 +400,8 @@ class RpicamSource:
         with contextlib.suppress(ProcessLookupError):
             proc.terminate()
         try:
-            await asyncio.wait_for(proc.wait(), 3)
+            async with asyncio.timeout(3):
+                await proc.wait()
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
