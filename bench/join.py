@@ -54,6 +54,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -469,6 +470,7 @@ CHROMIUM_PROBE_JS = """(() => {
               nacks: s.nackCount || 0, lost: s.packetsLost || 0,
               packets: s.packetsReceived || 0, bytes: s.bytesReceived || 0,
               jb_delay_s: s.jitterBufferDelay || 0, jb_emitted: s.jitterBufferEmittedCount || 0,
+              jb_target_s: s.jitterBufferTargetDelay || 0,
               decode_s: s.totalDecodeTime || 0, decoder: s.decoderImplementation || null,
               width: s.frameWidth || 0, stats_ts: s.timestamp});
           });
@@ -497,10 +499,36 @@ def first_at(samples: list[dict[str, Any]], key: str, n: int) -> float | None:
     return next((round(s["t"], 1) for s in samples if s[key] >= n), None)
 
 
+def late_jitter_buffer(samples: list[dict[str, Any]], after_ms: float) -> dict[str, Any]:
+    """Mean jitter-buffer delay and target delay of the frames emitted from ``after_ms``
+    after the POST to the last sample."""
+    start = next((s for s in samples if s["t"] >= after_ms), None)
+    end = samples[-1]
+    if start is None or end["jb_emitted"] <= start["jb_emitted"]:
+        return {"late_jitter_buffer_ms": None, "late_jitter_target_ms": None}
+    emitted = end["jb_emitted"] - start["jb_emitted"]
+    return {
+        "late_jitter_buffer_ms": round(1000 * (end["jb_delay_s"] - start["jb_delay_s"])
+                                       / emitted, 1),
+        "late_jitter_target_ms": round(1000 * (end["jb_target_s"] - start["jb_target_s"])
+                                       / emitted, 1),
+    }
+
+
+def answer_seconds_total(server: Any) -> float:
+    """The server's ``ruseon_whep_answer_seconds_sum`` (POST received -> answer sent)."""
+    with urllib.request.urlopen(server.url + "metrics", timeout=10) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith("ruseon_whep_answer_seconds_sum"):
+                return float(line.split()[-1])
+    return 0.0
+
+
 def chromium_join(browser: Any, server: Any, watch_s: float) -> dict[str, Any]:
     """One page joining: what getStats and the presented frames show."""
     page = browser.new_page(viewport={"width": 1280, "height": 720})
     page.add_init_script(CHROMIUM_PROBE_JS)
+    answer_before = answer_seconds_total(server)
     age_s = server.status()["source"]["keyframe_age_s"]
     page.goto(server.url)
     page.wait_for_function(
@@ -513,7 +541,9 @@ def chromium_join(browser: Any, server: Any, watch_s: float) -> dict[str, Any]:
                          "ice: j.ice, samples: j.samples, "
                          "presented: j.presented}; })()")
     page.close()
+    server_answer_ms = (answer_seconds_total(server) - answer_before) * 1000
     session = max(sessions, key=lambda s: s["stats"].get("created") or 0)["stats"]
+    created, connected_at = session.get("created"), session.get("connected_at")
     samples, presented = data["samples"], data["presented"]
     last = samples[-1]
     within = [s for s in samples if s["t"] <= 1000]
@@ -529,6 +559,9 @@ def chromium_join(browser: Any, server: Any, watch_s: float) -> dict[str, Any]:
         "post_after_open_ms": round(data["post"], 1),
         "connected_ms": None if data.get("connected") is None else round(data["connected"], 1),
         "answered_ms": None if data.get("answered") is None else round(data["answered"], 1),
+        "server_answer_ms": round(server_answer_ms, 1),
+        "server_handshake_ms": None if not created or not connected_at
+        else round((connected_at - created) * 1000, 1),
         "ice_connected_ms": None if data.get("ice") is None else round(data["ice"], 1),
         "first_packet_ms": first_at(samples, "packets", 1),
         "first_decoded_ms": first_at(samples, "decoded", 1),
@@ -549,6 +582,9 @@ def chromium_join(browser: Any, server: Any, watch_s: float) -> dict[str, Any]:
         if last["decoded"] else None,
         "mean_jitter_buffer_ms": round(1000 * last["jb_delay_s"] / last["jb_emitted"], 1)
         if last["jb_emitted"] else None,
+        # The live frames after the burst: how long they waited in the jitter buffer (mean, and
+        # the target delay Chromium aimed for), from 1 s after the POST to the end.
+        **late_jitter_buffer(samples, 1000.0),
         "decoder": last["decoder"], "width": last["width"],
         "samples": len(samples),
         "presented": [[round(p["t"], 1), p["n"], p["rtp"],
@@ -557,11 +593,20 @@ def chromium_join(browser: Any, server: Any, watch_s: float) -> dict[str, Any]:
     }
 
 
+# Loaded by a ``ruseon serve`` started for a ``fanout:BYTES`` path: the join burst leaves in
+# slices of BYTES (every JOIN_PACE_S) instead of the engine's JOIN_PACE_BYTES.
+PACE_HOOK = """import os
+if os.environ.get("JOIN_BENCH_PACE_BYTES"):
+    from ruseon_appliance.engine import fanout
+    fanout.JOIN_PACE_BYTES = int(os.environ["JOIN_BENCH_PACE_BYTES"])
+"""
+
+
 def chromium_summary(rows: list[dict[str, Any]], path: str) -> None:
     mine = [r for r in rows if r["send_path"] == path]
     parts = []
     for key in ("connected_ms", "first_presented_ms", "moving_presented_ms",
-                "motion_after_connected_ms", "thirtieth_decoded_ms"):
+                "motion_after_connected_ms", "thirtieth_decoded_ms", "late_jitter_buffer_ms"):
         values = [r[key] for r in mine if r[key] is not None]
         if values:
             missing = len(mine) - len(values)
@@ -605,12 +650,25 @@ def chromium_main(joins: int, watch_s: float, source: str, paths: list[str]) -> 
     rng.shuffle(targets)
     with tempfile.TemporaryDirectory() as state, contextlib.ExitStack() as stack:
         servers = {}
+        hook = Path(state) / "hook"
+        hook.mkdir()
+        (hook / "sitecustomize.py").write_text(PACE_HOOK)
         for path in paths:
-            config = Path(state) / f"{path}.toml"
-            config.write_text(f'[webrtc]\nsend_path = "{path}"\n')
-            server = Server(Path(state) / path,
+            send_path, _, pace = path.partition(":")
+            config = Path(state) / f"{send_path}.toml"
+            config.write_text(f'[webrtc]\nsend_path = "{send_path}"\n')
+            server = Server(Path(state) / path.replace(":", "-"),
                             extra_args=["--source", source, "--config", str(config)])
-            server.start()
+            saved = dict(os.environ)
+            if pace:  # a join-burst slice size other than the engine's (an experiment)
+                os.environ["JOIN_BENCH_PACE_BYTES"] = pace
+                os.environ["PYTHONPATH"] = os.pathsep.join(
+                    filter(None, [str(hook), os.environ.get("PYTHONPATH")]))
+            try:
+                server.start()
+            finally:
+                os.environ.clear()
+                os.environ.update(saved)
             stack.callback(server.stop)
             servers[path] = server
         browser = stack.enter_context(chromium())
@@ -641,7 +699,8 @@ def chromium_main(joins: int, watch_s: float, source: str, paths: list[str]) -> 
               f"1st s: {row['decoded_first_second']} decoded, {row['presented_first_second']} "
               f"presented; freezes {row['freezes']}, PLIs {row['plis']}, "
               f"{row['decode_ms_per_frame']} ms decode/frame, "
-              f"jitter buffer {row['mean_jitter_buffer_ms']} ms")
+              f"jitter buffer {row['mean_jitter_buffer_ms']} ms (after 1 s: "
+              f"{row['late_jitter_buffer_ms']} ms, target {row['late_jitter_target_ms']} ms)")
     for path in paths:
         chromium_summary(rows, path)
 
@@ -739,7 +798,8 @@ def main() -> None:
                         "through tests/capture/fake_rpicam_vid.py, restarted for keyframes")
     parser.add_argument("--watch", type=float, default=1.5, help="chromium: seconds per join")
     parser.add_argument("--paths", nargs="*", default=["fanout", "aiortc"],
-                        help="chromium: the engine's send paths to join")
+                        help="chromium: the engine's send paths to join; fanout:BYTES = the "
+                        "fan-out with join-burst slices of BYTES (default 32768)")
     args = parser.parse_args()
     source = args.source or f"file:{recorded_stream()}"
     if args.role == "serve":
