@@ -6,15 +6,19 @@ Both servers expose the same aiohttp WHEP-style endpoint (``POST /whep`` -> 201 
 - ``naive``: the tutorial way, a new ``RTCPeerConnection`` per offer (its own certificate, its own
   ICE sockets on random ports), a pass-through track per viewer;
 - ``engine``: :class:`ruseon_appliance.engine.Engine` (one certificate, one UDP port, the lean
-  offer path: SDP parsed once, no per-offer codec deep copies or receiver bandwidth estimator).
+  offer path: SDP parsed once, no per-offer codec deep copies or receiver bandwidth estimator);
+- ``web`` (with ``--modes``): the same engine behind the appliance's real web application
+  (``web.app.make_app``: CORS, problem and Bearer-token middlewares, ``POST /whep`` as
+  ``ruseon serve`` answers it, metrics), a token configured and sent by the client.
 
 A client in another process sends 30 sequential, then 30 concurrent offers from aiortc peers and
 measures POST->answer latency and the time to ICE+DTLS connected; the server reports the CPU
 time (thread time) each sequential offer took. With the 30 sequential viewers
 still connected it asks the server how many UDP sockets it holds. Everything stays on 127.0.0.1.
 
-    .venv/bin/python bench/handshake.py            # both modes, summary + JSON
+    .venv/bin/python bench/handshake.py            # naive and engine, summary + JSON
     .venv/bin/python bench/handshake.py --viewers 10
+    .venv/bin/python bench/handshake.py --modes naive engine web
 """
 
 from __future__ import annotations
@@ -47,14 +51,24 @@ from aiortc import (  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from whep_endpoint import serve_until_cancelled  # noqa: E402
+from whep_endpoint import serve_app_until_cancelled, serve_until_cancelled  # noqa: E402
 
 from ruseon_appliance.capture.pipeline import CapturePipeline  # noqa: E402
-from ruseon_appliance.config import CameraConfig, HostPort, WebRtcConfig  # noqa: E402
+from ruseon_appliance.config import (  # noqa: E402
+    AuthConfig,
+    CameraConfig,
+    Config,
+    HostPort,
+    WebRtcConfig,
+)
 from ruseon_appliance.engine import Engine, OfferError  # noqa: E402
 from ruseon_appliance.engine.codec_registry import CodecRegistry  # noqa: E402
 from ruseon_appliance.engine.track import ViewerTrack  # noqa: E402
 
+# The web mode's Bearer token (the client sends it in every mode; the others ignore it).
+TOKEN = "handshake-bench-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+MODES = ("naive", "engine", "web")
 CAMERA = CameraConfig(source="synthetic", width=320, height=240, framerate=30, bitrate=300_000,
                       keyframe_interval=60)
 
@@ -89,6 +103,9 @@ async def serve(mode: str, port: int) -> None:
     await feed.wait_first_frame(10)
     sessions: dict[str, Any] = {}
     engine: Engine | None = None
+    if mode == "web":
+        await serve_web(feed, port)
+        return
     if mode == "engine":
         engine = Engine(WebRtcConfig(listen=HostPort("127.0.0.1", 0), advertise=("127.0.0.1",)),
                         Path(tempfile.mkdtemp()), feed)
@@ -161,6 +178,48 @@ async def serve(mode: str, port: int) -> None:
         port, cleanup)
 
 
+async def serve_web(feed: CapturePipeline, port: int) -> None:
+    """The appliance's own web application in front of the engine, token required."""
+    from ruseon_appliance.web.app import make_app
+
+    # Every offer comes from 127.0.0.1: lift the per-address pending cap (default 2) and the
+    # viewer cap above the burst, as for the engine mode.
+    config = Config(camera=CAMERA, auth=AuthConfig(token=TOKEN), webrtc=WebRtcConfig(
+        listen=HostPort("127.0.0.1", 0), advertise=("127.0.0.1",), max_viewers=200,
+        pending_per_address=200))
+    engine = Engine(config.webrtc, Path(tempfile.mkdtemp()), feed)
+    await engine.start()
+    app = make_app(config, engine, feed, started=time.time())
+    offer_cpu_ms: list[float] = []
+
+    @web.middleware
+    async def offer_cpu(request: web.Request, handler: Any) -> web.StreamResponse:
+        # Outermost: the whole application's CPU for POST /whep (all middlewares), body read
+        # included (it is in memory by then).
+        if request.method != "POST" or request.path != "/whep":
+            return await handler(request)  # type: ignore[no-any-return]
+        started = time.thread_time()
+        try:
+            return await handler(request)  # type: ignore[no-any-return]
+        finally:
+            offer_cpu_ms.append((time.thread_time() - started) * 1000)
+
+    app.middlewares.insert(0, offer_cpu)
+
+    async def sockets(request: web.Request) -> web.Response:
+        cpu = list(offer_cpu_ms)
+        offer_cpu_ms.clear()
+        return web.json_response({"udp_sockets": udp_socket_count(), "offer_cpu_ms": cpu})
+
+    app.router.add_get("/sockets", sockets)
+
+    async def cleanup() -> None:
+        await engine.stop()
+        await feed.stop()
+
+    await serve_app_until_cancelled(app, port, cleanup)
+
+
 # --- client ----------------------------------------------------------------------------------
 
 
@@ -178,7 +237,7 @@ async def one_viewer(http: ClientSession, url: str) -> dict[str, Any]:
 
     t0 = time.perf_counter()
     async with http.post(url + "/whep", data=pc.localDescription.sdp,
-                         headers={"Content-Type": "application/sdp"}) as resp:
+                         headers={"Content-Type": "application/sdp", **AUTH}) as resp:
         answer = await resp.text()
         location = resp.headers.get("Location", "")
         assert resp.status == 201, (resp.status, answer)
@@ -198,7 +257,7 @@ def summarize(values: list[float]) -> dict[str, float]:
 
 async def client(url: str, viewers: int) -> dict[str, Any]:
     result: dict[str, Any] = {}
-    async with ClientSession() as http:
+    async with ClientSession(headers=AUTH) as http:
         async def close_all(items: list[dict[str, Any]]) -> None:
             for item in items:
                 async with http.delete(url + item["location"]):
@@ -241,26 +300,36 @@ def run_mode(mode: str, port: int, viewers: int) -> dict[str, Any]:
 
 
 def print_table(results: dict[str, dict[str, Any]]) -> None:
-    naive, eng = results["naive"], results["engine"]
-    print(f"{'metric':44} {'naive':>10} {'engine':>10} {'naive/engine':>13}")
+    """One column per mode, then ``naive/<mode>`` ratios (when naive ran)."""
+    modes = list(results)
+    others = [m for m in modes if m != "naive"] if "naive" in results else []
+    print(f"{'metric':44}" + "".join(f" {m:>10}" for m in modes)
+          + "".join(f" {'naive/' + m:>13}" for m in others))
+
+    def row(label: str, values: dict[str, float], fmt: str) -> None:
+        line = f"{label:44}" + "".join(f" {values[m]:>10{fmt}}" for m in modes)
+        for m in others:
+            line += f" {values['naive'] / values[m] if values[m] else float('nan'):>13.2f}"
+        print(line)
+
     for phase in ("sequential", "concurrent"):
         for metric in ("answer_ms", "connected_ms"):
             for stat in ("p50", "p95", "max"):
-                a, b = naive[phase][metric][stat], eng[phase][metric][stat]
-                label = f"{phase} {metric.replace('_ms', '')} {stat} (ms)"
-                print(f"{label:44} {a:>10.1f} {b:>10.1f} {a / b if b else float('nan'):>13.2f}")
+                row(f"{phase} {metric.replace('_ms', '')} {stat} (ms)",
+                    {m: results[m][phase][metric][stat] for m in modes}, ".1f")
     for stat in ("p50", "p95"):
-        a, b = naive["server_cpu_per_offer_ms"][stat], eng["server_cpu_per_offer_ms"][stat]
-        label = f"server CPU per offer {stat} (ms)"
-        print(f"{label:44} {a:>10.2f} {b:>10.2f} {a / b if b else float('nan'):>13.2f}")
-    a, b = naive["udp_sockets_with_viewers"], eng["udp_sockets_with_viewers"]
-    print(f"{'UDP sockets held with the viewers':44} {a:>10} {b:>10} {a / b if b else 0:>13.1f}")
+        row(f"server CPU per offer {stat} (ms)",
+            {m: results[m]["server_cpu_per_offer_ms"][stat] for m in modes}, ".2f")
+    row("UDP sockets held with the viewers",
+        {m: results[m]["udp_sockets_with_viewers"] for m in modes}, "")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("role", nargs="?", default="bench", choices=["bench", "serve", "client"])
-    parser.add_argument("--mode", choices=["naive", "engine"], default="engine")
+    parser.add_argument("--mode", choices=MODES, default="engine")
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=["naive", "engine"],
+                        help="servers to measure, one after the other (default: naive engine)")
     parser.add_argument("--port", type=int, default=18480)
     parser.add_argument("--url", default="http://127.0.0.1:18480")
     parser.add_argument("--viewers", type=int, default=30)
@@ -271,7 +340,7 @@ def main() -> None:
         print(json.dumps(asyncio.run(client(args.url, args.viewers))))
     else:
         results = {mode: run_mode(mode, args.port + i, args.viewers)
-                   for i, mode in enumerate(("naive", "engine"))}
+                   for i, mode in enumerate(args.modes)}
         print_table(results)
         print(json.dumps({"viewers": args.viewers, **results}))
 

@@ -27,3 +27,18 @@ async def serve_until_cancelled(
     finally:
         await cleanup()
         await runner.cleanup()
+
+
+async def serve_app_until_cancelled(
+    app: web.Application, port: int, cleanup: Callable[[], Awaitable[None]]
+) -> None:
+    """Like :func:`serve_until_cancelled` for a ready-made application."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    print("ready", flush=True)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await cleanup()
+        await runner.cleanup()
