@@ -10,7 +10,11 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from aiortc.rtcrtpparameters import RTCRtcpFeedback, RTCRtpCodecParameters
+from aiortc.rtcrtpparameters import (
+    RTCRtcpFeedback,
+    RTCRtpCodecParameters,
+    RTCRtpHeaderExtensionParameters,
+)
 from aiortc.sdp import H264Profile, SessionDescription
 
 from ruseon_appliance.engine.codec_registry import profile_name, profile_of
@@ -20,8 +24,6 @@ from ruseon_appliance.engine.errors import MalformedOffer, OfferTooLarge, Unsupp
 MAX_MEDIA_SECTIONS = 4
 # Distinct codec lists (per media section) whose parse the engine keeps (OfferParser).
 MAX_CODEC_SHAPES = 16
-# The lines aiortc's SDP parser builds a media section's codec list from, and nothing else.
-CODEC_LINE_PREFIXES = ("a=rtpmap:", "a=fmtp:", "a=rtcp-fb:")
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,24 +60,38 @@ def _copy_codec(codec: RTCRtpCodecParameters) -> RTCRtpCodecParameters:
         parameters=dict(codec.parameters))
 
 
+def _copy_extension(
+        extension: RTCRtpHeaderExtensionParameters) -> RTCRtpHeaderExtensionParameters:
+    return RTCRtpHeaderExtensionParameters(id=extension.id, uri=extension.uri)
+
+
+# The lines aiortc's SDP parser builds a media section's codec list and header extensions from
+# (and builds nothing else from).
+CODEC_LINE_PREFIXES = ("a=rtpmap:", "a=fmtp:", "a=rtcp-fb:", "a=extmap:")
+
+
+_Shape = tuple[list[RTCRtpCodecParameters], list[RTCRtpHeaderExtensionParameters]]
+
+
 class OfferParser:
-    """aiortc's ``SessionDescription.parse``, with each media section's codec list parsed once
-    per distinct set of codec lines.
+    """aiortc's ``SessionDescription.parse``, with each media section's codec list (and header
+    extensions) parsed once per distinct set of codec lines.
 
     Most of an offer is its codecs (a browser offers twenty-odd formats, each with rtpmap, fmtp
     and rtcp-fb lines), and every offer from the same browser lists the same ones; only the
     ICE credentials, fingerprint and ids differ. aiortc builds ``media.rtp.codecs`` from the
     section's ``a=rtpmap``/``a=fmtp``/``a=rtcp-fb`` lines alone (and its ``m=`` line's kind),
-    so: the first offer of a shape is parsed whole and each section's codecs are kept under
-    those lines as key; later offers of the same shape are parsed without them and get fresh
-    copies of the kept codecs. The result equals a full parse (tests compare them), and no
+    and ``media.rtp.headerExtensions`` from its ``a=extmap`` lines alone, so: the first offer
+    of a shape is parsed whole and each section's codecs and extensions are kept under those
+    lines as key; later offers of the same shape are parsed without them and get fresh
+    copies of what was kept. The result equals a full parse (tests compare them), and no
     codec object is shared between two descriptions. At most :data:`MAX_CODEC_SHAPES` shapes
     are kept (least recently used dropped), so strangers sending odd offers cost nothing but
     full parses."""
 
     def __init__(self, max_shapes: int = MAX_CODEC_SHAPES) -> None:
         self._max_shapes = max_shapes
-        self._codecs: OrderedDict[str, list[RTCRtpCodecParameters]] = OrderedDict()
+        self._codecs: OrderedDict[str, _Shape] = OrderedDict()
         self.hits = 0
         self.misses = 0
 
@@ -101,7 +117,8 @@ class OfferParser:
             description = SessionDescription.parse(sdp)
             if len(description.media) == len(keys):
                 for key, media in zip(keys, description.media, strict=True):
-                    self._keep(key, [_copy_codec(c) for c in media.rtp.codecs])
+                    self._keep(key, ([_copy_codec(c) for c in media.rtp.codecs],
+                                     [_copy_extension(x) for x in media.rtp.headerExtensions]))
             return description
         self.hits += 1
         description = SessionDescription.parse("\r\n".join(kept) + "\r\n")
@@ -110,11 +127,13 @@ class OfferParser:
         for key, template, media in zip(keys, templates, description.media, strict=True):
             assert template is not None
             self._codecs.move_to_end(key)
-            media.rtp.codecs = [_copy_codec(c) for c in template]
+            codecs, extensions = template
+            media.rtp.codecs = [_copy_codec(c) for c in codecs]
+            media.rtp.headerExtensions = [_copy_extension(x) for x in extensions]
         return description
 
-    def _keep(self, key: str, codecs: list[RTCRtpCodecParameters]) -> None:
-        self._codecs[key] = codecs
+    def _keep(self, key: str, shape: _Shape) -> None:
+        self._codecs[key] = shape
         self._codecs.move_to_end(key)
         while len(self._codecs) > self._max_shapes:
             self._codecs.popitem(last=False)

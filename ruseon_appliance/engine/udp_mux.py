@@ -103,6 +103,9 @@ class IceEndpoint:
     routes: set[tuple[str, int]] = field(default_factory=set)
 
 
+_HOST_PRIORITY = candidate_priority(1, "host")
+
+
 def _normalize(addr: tuple[object, ...]) -> tuple[str, int]:
     host = str(addr[0])
     if host.startswith("::ffff:") and "." in host:
@@ -143,6 +146,8 @@ class UdpMux:
         self._sockets: dict[int, socket.socket] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._by_ufrag: dict[str, IceEndpoint] = {}
+        # Advertised address -> (host, family, foundation), see _host_candidate_fields.
+        self._candidate_fields: dict[str, tuple[str, int, str]] = {}
         self._routes: dict[tuple[str, int], MuxStunProtocol] = {}
         self._endpoint_of: dict[MuxStunProtocol, IceEndpoint] = {}
         self._source_buckets: dict[tuple[str, int], _TokenBucket] = {}
@@ -222,30 +227,42 @@ class UdpMux:
         protocols: dict[int, MuxStunProtocol] = {}
         candidates: list[Candidate] = []
         for address in advertise:
-            ip = ipaddress.ip_address(address)
-            family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+            host, family, foundation = self._host_candidate_fields(address)
             sock = self._sockets.get(family)
             if sock is None:
                 continue
+            # A Candidate of its own per viewer (aioice keeps it in the connection's state).
             candidate = Candidate(
-                foundation=candidate_foundation("host", "udp", str(ip)),
+                foundation=foundation,
                 component=1,
                 transport="udp",
-                priority=candidate_priority(1, "host"),
-                host=str(ip),
+                priority=_HOST_PRIORITY,
+                host=host,
                 port=self.port,
                 type="host",
             )
             candidates.append(candidate)
             if family not in protocols:
                 protocols[family] = MuxStunProtocol(
-                    connection, self, family, candidate, (str(ip), self.port))
+                    connection, self, family, candidate, (host, self.port))
         endpoint = IceEndpoint(ufrag, connection.local_password.encode(), connection,
                                protocols, candidates)
         self._by_ufrag[ufrag] = endpoint
         for protocol in protocols.values():
             self._endpoint_of[protocol] = endpoint
         return endpoint
+
+    def _host_candidate_fields(self, address: str) -> tuple[str, int, str]:
+        """``(host, family, foundation)`` of an advertised address, worked out once per
+        address (the same for every viewer's offer)."""
+        fields = self._candidate_fields.get(address)
+        if fields is None:
+            ip = ipaddress.ip_address(address)
+            family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+            fields = (str(ip), family, candidate_foundation("host", "udp", str(ip)))
+            if len(self._candidate_fields) < 64:
+                self._candidate_fields[address] = fields
+        return fields
 
     def unregister(self, ufrag: str) -> None:
         """Forget a connection: its ufrag and every route to it (idempotent)."""

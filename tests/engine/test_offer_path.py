@@ -126,6 +126,7 @@ async def test_offer_parser_equals_aiortc_parse_and_shares_nothing() -> None:
             assert str(parsed) == str(full)
             for mine, theirs in zip(parsed.media, full.media, strict=True):
                 assert mine.rtp.codecs == theirs.rtp.codecs
+                assert mine.rtp.headerExtensions == theirs.rtp.headerExtensions
                 assert (mine.ice, mine.dtls, mine.direction, mine.rtp.muxId) == (
                     theirs.ice, theirs.dtls, theirs.direction, theirs.rtp.muxId)
         # The second came from the kept codecs: fresh objects, down to feedback and fmtp.
@@ -134,6 +135,9 @@ async def test_offer_parser_equals_aiortc_parse_and_shares_nothing() -> None:
                 assert ca is not cb and ca.parameters is not cb.parameters
                 assert ca.rtcpFeedback is not cb.rtcpFeedback
                 assert not {id(f) for f in ca.rtcpFeedback} & {id(f) for f in cb.rtcpFeedback}
+            assert a.rtp.headerExtensions, "the offers have header extensions"
+            assert not {id(x) for x in a.rtp.headerExtensions} & {
+                id(x) for x in b.rtp.headerExtensions}
     assert (parser.misses, parser.hits) == (3, 3)
 
 
@@ -179,11 +183,13 @@ async def test_sendonly_peer_connection_has_no_estimator_and_its_own_objects() -
 
 def test_offer_parser_guard_points() -> None:
     """aiortc 1.16 cuts lines with splitlines() and builds a media section's codecs only from
-    its rtpmap, fmtp and rtcp-fb lines: what OfferParser relies on."""
+    its rtpmap, fmtp and rtcp-fb lines, its header extensions only from extmap lines: what
+    OfferParser relies on."""
     assert "sdp.splitlines()" in inspect.getsource(aiortc.sdp.grouplines)
     parse = inspect.getsource(
         aiortc_internals.unhooked(SessionDescription, "parse").__func__)
-    for attr in ("rtpmap", "fmtp", "rtcp-fb"):
+    for attr in ("rtpmap", "fmtp", "rtcp-fb", "extmap"):
         assert f'attr == "{attr}"' in parse, attr
     # Three places touch the codec list: rtpmap appends, fmtp finds, rtcp-fb loops over it.
     assert parse.count("current_media.rtp.codecs") == 3
+    assert parse.count("current_media.rtp.headerExtensions") == 1
