@@ -103,7 +103,10 @@ class OfferParser:
         # Lines and sections exactly as aiortc's grouplines() cuts them (str.splitlines).
         for line in sdp.splitlines():
             if line.startswith("m="):
-                current = [line]
+                # The port (the offerer's, once it has gathered) changes from offer to offer
+                # and plays no part in the codecs: left out of the key.
+                kind, _, rest = line.partition(" ")
+                current = [kind, rest.partition(" ")[2]]
                 sections.append(current)
                 kept.append(line)
             elif current is not None and line.startswith(CODEC_LINE_PREFIXES):

@@ -139,6 +139,10 @@ async def test_offer_parser_equals_aiortc_parse_and_shares_nothing() -> None:
             assert not {id(x) for x in a.rtp.headerExtensions} & {
                 id(x) for x in b.rtp.headerExtensions}
     assert (parser.misses, parser.hits) == (3, 3)
+    # Another client's offer: other port, credentials, fingerprint, ids; the same codecs.
+    (other, *_) = await offers_to_parse()
+    assert str(parser.parse(other)) == str(SessionDescription.parse(other))
+    assert (parser.misses, parser.hits) == (3, 4)
 
 
 async def test_offer_parser_keeps_refusing_what_aiortc_refuses() -> None:
