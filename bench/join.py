@@ -537,7 +537,8 @@ def chromium_join(browser: Any, server: Any, watch_s: float) -> dict[str, Any]:
         timeout=60_000)
     sessions = server.status()["viewers"]["sessions"]
     data = page.evaluate("(() => { window.__join.stop = true; const j = window.__join; "
-                         "return {post: j.post, connected: j.connected, answered: j.answered, "
+                         "return {post: j.post, post_wall: performance.timeOrigin + j.post, "
+                         "connected: j.connected, answered: j.answered, "
                          "ice: j.ice, samples: j.samples, "
                          "presented: j.presented}; })()")
     page.close()
@@ -562,6 +563,11 @@ def chromium_join(browser: Any, server: Any, watch_s: float) -> dict[str, Any]:
         "server_answer_ms": round(server_answer_ms, 1),
         "server_handshake_ms": None if not created or not connected_at
         else round((connected_at - created) * 1000, 1),
+        # The server's clock (time.time) against the page's (timeOrigin + now), same machine:
+        # when the POST reached the session, and when the server's ICE+DTLS was up.
+        "server_created_ms": None if not created else round(created * 1000 - data["post_wall"], 1),
+        "server_connected_ms": None if not connected_at
+        else round(connected_at * 1000 - data["post_wall"], 1),
         "ice_connected_ms": None if data.get("ice") is None else round(data["ice"], 1),
         "first_packet_ms": first_at(samples, "packets", 1),
         "first_decoded_ms": first_at(samples, "decoded", 1),
@@ -605,7 +611,8 @@ if os.environ.get("JOIN_BENCH_PACE_BYTES"):
 def chromium_summary(rows: list[dict[str, Any]], path: str) -> None:
     mine = [r for r in rows if r["send_path"] == path]
     parts = []
-    for key in ("connected_ms", "first_presented_ms", "moving_presented_ms",
+    for key in ("server_created_ms", "server_connected_ms", "connected_ms",
+                "first_presented_ms", "moving_presented_ms",
                 "motion_after_connected_ms", "thirtieth_decoded_ms", "late_jitter_buffer_ms"):
         values = [r[key] for r in mine if r[key] is not None]
         if values:
@@ -750,7 +757,10 @@ def bench(modes: list[str], joins: int, seed: int, source: str) -> None:
                   f"in 1 s, {row['decode_errors']} decode errors, {row['plis']} PLIs, "
                   f"{row.get('join_mode', '')}; first packet {row['first_packet_ms']} ms, "
                   f"burst {row['burst_frames']} frames {row['burst_bytes'] // 1024} KiB in by "
-                  f"{row['burst_end_ms']} ms", flush=True)
+                  f"{row['burst_end_ms']} ms"
+                  + (f"; camera restarts so far {row['source_restarts']}"
+                     if "source_restarts" in row else ""), flush=True)
+            print(json.dumps({"figure": "join_viewer", **row}), flush=True)
         if proc.wait() != 0:
             raise RuntimeError("the client failed")
     finally:
