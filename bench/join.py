@@ -580,6 +580,9 @@ def chromium_join(browser: Any, server: Any, watch_s: float) -> dict[str, Any]:
         "presented_first_second": len({p["rtp"] for p in presented if p["t"] <= 1000}),
         "decoded_first_second": one_s["decoded"],
         "frames_sent_by_server": burst,
+        **{f"server_{k}": session.get(k) for k in ("keyframe_skips", "frames_skipped",
+                                                   "retransmitted", "send_dropped_full",
+                                                   "send_errors")},
         "freezes": last["freezes"], "freeze_s": round(last["freeze_s"], 3),
         "plis": last["plis"], "firs": last["firs"], "dropped": last["dropped"],
         "nacks": last["nacks"], "lost": last["lost"],
@@ -593,6 +596,9 @@ def chromium_join(browser: Any, server: Any, watch_s: float) -> dict[str, Any]:
         **late_jitter_buffer(samples, 1000.0),
         "decoder": last["decoder"], "width": last["width"],
         "samples": len(samples),
+        # (ms, frames received, decoded, packets, freezes) every ~50 ms of the first 1.5 s.
+        "timeline": [[round(x["t"]), x["received"], x["decoded"], x["packets"], x["freezes"]]
+                     for x in samples[::5] if x["t"] <= 1500],
         "presented": [[round(p["t"], 1), p["n"], p["rtp"],
                        None if p["received"] is None else round(p["received"], 1)]
                       for p in presented[:12]],
