@@ -31,12 +31,18 @@ socket buffer overflows on loopback: some NACK/RTX), which does not delay the fi
 
     .venv/bin/python bench/join.py                    # 12 joins per server
     .venv/bin/python bench/join.py --joins 30 --modes aiortc fanout
+    .venv/bin/python bench/join.py --source rpicam    # the fake rpicam-vid (restarts for IDRs)
     sudo .venv/bin/python bench/join.py chromium      # Chromium at 720p (see chromium_main)
+    sudo .venv/bin/python bench/join.py chromium --paths fanout fanout:8192 fanout:1048576
 
 ``chromium`` measures what Chromium shows joining the same stream through the device page
-(``ruseon serve --source file:``), inside a private network namespace (tests/e2e/browser_netns.py):
-getStats sampled every 20 ms from the page itself, plus requestVideoFrameCallback for the frames
-actually presented.
+(``ruseon serve --source file:``, one server per send path, joins interleaved), inside a private
+network namespace (tests/e2e/browser_netns.py): getStats sampled every 10 ms from the page itself
+(Chromium may cache a report for ~50 ms), requestVideoFrameCallback for the frames actually
+presented, and the server's session times on the page's clock (same machine), which split the
+handshake (POST -> the server's ICE+DTLS up) from what the join burst controls (server connected
+-> first picture -> first moving picture). Run it at the normal priority: under ``nice`` on a
+busy machine the server and Chromium are starved and stall for hundreds of ms.
 """
 
 from __future__ import annotations
