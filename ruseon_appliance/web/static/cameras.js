@@ -5,6 +5,7 @@
 // Tiles: a live WHEP viewer each up to LIVE_TILES_MAX cameras; beyond that a keyframe snapshot
 // per tile, refreshed every SNAPSHOT_MS (a phone cannot decode many H.264 streams at once, and
 // the board's cost per snapshot tile is about that of a live one: see README, Several cameras).
+import { $, authHeaders, iconButton, player, token } from "./page.js";
 import { WhepClient } from "./whep.js";
 
 const LIVE_TILES_MAX = 4;
@@ -15,13 +16,10 @@ const RETRY_MS = 4000;
 const grid = { cameras: [], tiles: new Map(), open: false, mode: "live", element: null };
 window.ruseonCameras = grid; // for diagnostics and the end-to-end tests
 
-function player() { return window.ruseon; }
-function token() { const p = player(); return p && p.token ? p.token() : ""; }
-function headers() { const t = token(); return t ? { Authorization: `Bearer ${t}` } : {}; }
 function hashCamera() { return decodeURIComponent(location.hash.slice(1)); }
 
 async function fetchCameras() {
-  const response = await fetch("/api/cameras", { headers: headers(), cache: "no-store" });
+  const response = await fetch("/api/cameras", { headers: authHeaders(), cache: "no-store" });
   if (!response.ok) throw new Error(`HTTP ${response.status}`);
   return (await response.json()).cameras;
 }
@@ -83,7 +81,7 @@ async function refreshSnapshot(tile, run = ++tile.run) {
   clearTimeout(tile.timer);
   try {
     const url = `/snapshot/${encodeURIComponent(tile.camera)}.jpg`;
-    const response = await fetch(url, { headers: headers(), cache: "no-store" });
+    const response = await fetch(url, { headers: authHeaders(), cache: "no-store" });
     if (response.ok) {
       const old = tile.media.src;
       tile.media.src = URL.createObjectURL(await response.blob());
@@ -121,17 +119,13 @@ function buildGrid() {
     showState(tile, camera);
     element.append(tile.element);
   }
-  document.getElementById("stage").append(element);
+  $("stage").append(element);
   grid.element = element;
 
-  const button = document.createElement("button");
-  button.id = "btn-cameras";
-  button.type = "button";
-  button.className = "icon-btn";
-  button.title = "All cameras";
-  button.innerHTML = '<svg viewBox="0 0 24 24" aria-hidden="true"><rect x="3" y="3" width="8" height="8" rx="1"/>'
-    + '<rect x="13" y="3" width="8" height="8" rx="1"/><rect x="3" y="13" width="8" height="8" rx="1"/>'
-    + '<rect x="13" y="13" width="8" height="8" rx="1"/></svg><span class="label">Cameras</span>';
+  const button = iconButton("btn-cameras", "All cameras",
+    '<rect x="3" y="3" width="8" height="8" rx="1"/><rect x="13" y="3" width="8" height="8" rx="1"/>'
+    + '<rect x="3" y="13" width="8" height="8" rx="1"/><rect x="13" y="13" width="8" height="8" rx="1"/>',
+    "Cameras");
   button.addEventListener("click", () => { location.hash = ""; });
   document.querySelector(".bar-bottom").prepend(button);
 }
@@ -143,7 +137,7 @@ function openGrid() {
   if (p && p.setState) p.setState("grid", "");
   grid.open = true;
   grid.element.hidden = false;
-  document.getElementById("stage").dataset.view = "grid";
+  $("stage").dataset.view = "grid";
   for (const tile of grid.tiles.values()) {
     if (grid.mode === "live") startLive(tile);
     else refreshSnapshot(tile);
@@ -153,14 +147,14 @@ function openGrid() {
 function closeGrid() {
   grid.open = false;
   grid.element.hidden = true;
-  document.getElementById("stage").dataset.view = "camera";
+  $("stage").dataset.view = "camera";
   for (const tile of grid.tiles.values()) stopTile(tile);
 }
 
 function watch(name) {
   const p = player();
   if (!p) return;
-  document.getElementById("device-name").dataset.camera = name;
+  $("device-name").dataset.camera = name;
   if (p.camera === name && p.client) return;
   p.camera = name;
   if (p.stopWebrtc) p.stopWebrtc();

@@ -4,29 +4,19 @@
 // camera source, which viewers ride through (the picture pauses for a moment). "Reset" sends null,
 // which returns a control to the config file's value. This module owns the Settings button and
 // the panel; index.html only loads it.
+import { $, authHeaders, iconButton, player, toast } from "./page.js";
+
+// Error details from the server: on screen a little longer than the page's usual toast.
+const TOAST_MS = 3000;
 
 // The controls of the camera on screen (cameras.js: /#<camera>); the first camera's otherwise.
 function controlsUrl() {
-  const p = window.ruseon;
+  const p = player();
   return p && p.camera ? `/api/camera/${encodeURIComponent(p.camera)}/controls` : "/api/camera/controls";
 }
-const $ = (id) => document.getElementById(id);
 const settings = { controls: {}, unsupported: [], source: "", error: null, open: false };
 window.ruseonControls = settings; // for diagnostics and the end-to-end tests
 
-function headers(extra = {}) {
-  const p = window.ruseon;
-  const t = p && p.token ? p.token() : "";
-  return t ? { ...extra, Authorization: `Bearer ${t}` } : extra;
-}
-function toast(text) {
-  const el = $("toast");
-  if (!el) return;
-  el.textContent = text;
-  el.classList.add("show");
-  clearTimeout(toast.timer);
-  toast.timer = setTimeout(() => el.classList.remove("show"), 3000);
-}
 const LABELS = {
   exposure_us: "Exposure", analogue_gain: "Gain", awb: "White balance", brightness: "Brightness",
   contrast: "Contrast", saturation: "Saturation", sharpness: "Sharpness", hflip: "Mirror",
@@ -34,7 +24,7 @@ const LABELS = {
 };
 
 async function load() {
-  const resp = await fetch(controlsUrl(), { headers: headers(), cache: "no-store" });
+  const resp = await fetch(controlsUrl(), { headers: authHeaders(), cache: "no-store" });
   if (!resp.ok) throw new Error(resp.status === 401 ? "the access token is needed" : `HTTP ${resp.status}`);
   const data = await resp.json();
   settings.controls = data.controls;
@@ -45,17 +35,17 @@ async function load() {
 async function change(name, value) {
   const resp = await fetch(controlsUrl(), {
     method: "PATCH",
-    headers: headers({ "Content-Type": "application/json" }),
+    headers: authHeaders({ "Content-Type": "application/json" }),
     body: JSON.stringify({ [name]: value }),
   });
   const data = await resp.json().catch(() => ({}));
   if (!resp.ok) {
     settings.error = data.detail || `HTTP ${resp.status}`;
-    toast(settings.error);
+    toast(settings.error, TOAST_MS);
   } else {
     settings.error = null;
     settings.controls = data.controls;
-    if (data.restarted) toast("Camera restarted with the new setting");
+    if (data.restarted) toast("Camera restarted with the new setting", TOAST_MS);
   }
   render();
 }
@@ -151,13 +141,10 @@ function install() {
   const stage = $("stage");
   const footer = document.querySelector(".bar-bottom");
   if (!stage || !footer) return;
-  const button = document.createElement("button");
-  button.id = "btn-settings";
-  button.className = "icon-btn";
-  button.type = "button";
-  button.title = "Camera settings";
+  const button = iconButton("btn-settings", "Camera settings",
+    '<path d="M4 6h10M18 6h2M4 12h4M12 12h8M4 18h12M20 18h0"/><circle cx="16" cy="6" r="2"/>'
+    + '<circle cx="10" cy="12" r="2"/><circle cx="18" cy="18" r="2"/>', "Settings");
   button.setAttribute("aria-pressed", "false");
-  button.innerHTML = '<svg viewBox="0 0 24 24" aria-hidden="true"><path d="M4 6h10M18 6h2M4 12h4M12 12h8M4 18h12M20 18h0"/><circle cx="16" cy="6" r="2"/><circle cx="10" cy="12" r="2"/><circle cx="18" cy="18" r="2"/></svg><span class="label">Settings</span>';
   footer.insertBefore(button, $("btn-fullscreen"));
   const panel = document.createElement("section");
   panel.id = "ctl-panel";

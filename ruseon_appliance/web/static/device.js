@@ -1,7 +1,7 @@
 // The device page: plays the camera over WHEP, reconnects by itself, shows live statistics.
+import { $, authHeaders, saveBlob, saveToken, setText, toast, token } from "./page.js";
 import { WhepClient, WhepError } from "./whep.js";
 
-const TOKEN_KEY = "ruseon.token";
 const STATS_INTERVAL_MS = 1000;
 const STATUS_INTERVAL_MS = 5000;
 // A connection that shows no new frame for this long is torn down and reopened.
@@ -10,7 +10,6 @@ const STALL_MS = 6000;
 const DISCONNECTED_GRACE_MS = 3000;
 const BACKOFF_MS = [500, 1000, 2000, 4000, 8000, 10000];
 
-const $ = (id) => document.getElementById(id);
 const stage = $("stage");
 const video = $("video");
 
@@ -42,21 +41,6 @@ function setState(state, message) {
   };
   $("state-text").textContent = labels[state] || state;
   if (message) $("veil-text").textContent = message;
-}
-
-function token() { return sessionStorage.getItem(TOKEN_KEY) || ""; }
-
-function authHeaders() {
-  const t = token();
-  return t ? { Authorization: `Bearer ${t}` } : {};
-}
-
-function toast(text) {
-  const el = $("toast");
-  el.textContent = text;
-  el.classList.add("show");
-  clearTimeout(toast.timer);
-  toast.timer = setTimeout(() => el.classList.remove("show"), 2200);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -150,7 +134,7 @@ function askForToken(hint) {
 $("token-form").addEventListener("submit", () => {
   const value = $("token-input").value.trim();
   if (!value) return;
-  sessionStorage.setItem(TOKEN_KEY, value); // per tab, gone when the tab closes
+  saveToken(value); // per tab, gone when the tab closes
   player.attempt = 0;
   connect();
   refreshStatus();
@@ -232,18 +216,17 @@ async function collectStats() {
 }
 
 function render(stats) {
-  const set = (id, text) => { $(id).textContent = text; };
   if (!stats) {
-    for (const id of ["stat-resolution", "stat-fps", "stat-bitrate", "stat-loss", "stat-rtt", "stat-jitter", "stat-codec"]) set(id, "–");
+    for (const id of ["stat-resolution", "stat-fps", "stat-bitrate", "stat-loss", "stat-rtt", "stat-jitter", "stat-codec"]) setText(id, "–");
     return;
   }
-  set("stat-resolution", stats.width ? `${stats.width}×${stats.height}` : "–");
-  set("stat-fps", stats.fps ? `${stats.fps.toFixed(0)} fps` : "–");
-  set("stat-bitrate", stats.bitrate !== null ? formatBitrate(stats.bitrate) : "–");
-  set("stat-loss", stats.lossPct !== null ? `${stats.lossPct.toFixed(1)} %` : "–");
-  set("stat-rtt", stats.rttMs !== null ? `${stats.rttMs.toFixed(0)} ms` : "–");
-  set("stat-jitter", stats.jitterMs !== null ? `${stats.jitterMs.toFixed(0)} ms` : "–");
-  set("stat-codec", stats.codec ? stats.codec.replace("video/", "") : "–");
+  setText("stat-resolution", stats.width ? `${stats.width}×${stats.height}` : "–");
+  setText("stat-fps", stats.fps ? `${stats.fps.toFixed(0)} fps` : "–");
+  setText("stat-bitrate", stats.bitrate !== null ? formatBitrate(stats.bitrate) : "–");
+  setText("stat-loss", stats.lossPct !== null ? `${stats.lossPct.toFixed(1)} %` : "–");
+  setText("stat-rtt", stats.rttMs !== null ? `${stats.rttMs.toFixed(0)} ms` : "–");
+  setText("stat-jitter", stats.jitterMs !== null ? `${stats.jitterMs.toFixed(0)} ms` : "–");
+  setText("stat-codec", stats.codec ? stats.codec.replace("video/", "") : "–");
 }
 
 async function statsTick() {
@@ -300,17 +283,6 @@ $("btn-fullscreen").addEventListener("click", async () => {
   }
 });
 
-function download(blob, name) {
-  const url = URL.createObjectURL(blob);
-  const a = document.createElement("a");
-  a.href = url;
-  a.download = name;
-  document.body.appendChild(a);
-  a.click();
-  a.remove();
-  setTimeout(() => URL.revokeObjectURL(url), 10000);
-}
-
 $("btn-snapshot").addEventListener("click", async () => {
   const stamp = new Date().toISOString().replace(/[:.]/g, "-").slice(0, 19);
   const name = `ruseon-${stamp}.jpg`;
@@ -320,14 +292,14 @@ $("btn-snapshot").addEventListener("click", async () => {
     canvas.width = video.videoWidth;
     canvas.height = video.videoHeight;
     canvas.getContext("2d").drawImage(video, 0, 0);
-    canvas.toBlob((blob) => { if (blob) { download(blob, name); toast("Snapshot saved"); } }, "image/jpeg", 0.92);
+    canvas.toBlob((blob) => { if (blob) { saveBlob(blob, name); toast("Snapshot saved"); } }, "image/jpeg", 0.92);
     return;
   }
   try {
     const url = player.camera ? `/snapshot/${encodeURIComponent(player.camera)}.jpg` : "/snapshot.jpg";
     const response = await fetch(url, { headers: authHeaders(), cache: "no-store" });
     if (!response.ok) throw new Error(String(response.status));
-    download(await response.blob(), name);
+    saveBlob(await response.blob(), name);
     toast("Snapshot saved");
   } catch {
     toast("No picture to save yet");

@@ -5,6 +5,7 @@
 //
 // device.js owns WebRTC; this module only takes the <video> over (player.stopWebrtc) and gives
 // it back (player.startWebrtc). window.ruseon.transport says which one plays.
+import { $, player, setText } from "./page.js";
 
 // The camera device.js plays (cameras.js: /#<camera>), else the first camera's /hls/.
 function playlist() {
@@ -19,7 +20,6 @@ const WATCH_MS = 500;
 const STATS_MS = 1000;
 const RETRY_MS = 1000;
 
-const $ = (id) => document.getElementById(id);
 const video = $("video");
 const state = {
   mode: "webrtc", // what plays now
@@ -34,7 +34,6 @@ const state = {
 };
 window.ruseonHls = state; // for diagnostics and the end-to-end tests
 
-function player() { return window.ruseon; }
 function chosen() { return sessionStorage.getItem(CHOICE_KEY) || ""; }
 
 function label(text, title) {
@@ -184,15 +183,14 @@ function hlsTick() {
   const fps = Math.max(0, frames - state.lastFrames) / (STATS_MS / 1000);
   state.lastFrames = frames;
   state.lastTime = video.currentTime;
-  const set = (id, text) => { const el = $(id); if (el) el.textContent = text; };
-  set("stat-resolution", video.videoWidth ? `${video.videoWidth}×${video.videoHeight}` : "–");
-  set("stat-fps", fps ? `${fps.toFixed(0)} fps` : "–");
+  setText("stat-resolution", video.videoWidth ? `${video.videoWidth}×${video.videoHeight}` : "–");
+  setText("stat-fps", fps ? `${fps.toFixed(0)} fps` : "–");
   const hls = state.hls;
-  set("stat-bitrate", hls && hls.bandwidthEstimate ? `${(hls.bandwidthEstimate / 1e6).toFixed(2)} Mbit/s` : "–");
-  set("stat-loss", "–");
-  set("stat-rtt", "–");
-  set("stat-jitter", hls && Number.isFinite(hls.latency) ? `${(hls.latency * 1000).toFixed(0)} ms` : "–");
-  set("stat-codec", state.native ? "H264 · HLS" : "H264 · LL-HLS");
+  setText("stat-bitrate", hls && hls.bandwidthEstimate ? `${(hls.bandwidthEstimate / 1e6).toFixed(2)} Mbit/s` : "–");
+  setText("stat-loss", "–");
+  setText("stat-rtt", "–");
+  setText("stat-jitter", hls && Number.isFinite(hls.latency) ? `${(hls.latency * 1000).toFixed(0)} ms` : "–");
+  setText("stat-codec", state.native ? "H264 · HLS" : "H264 · LL-HLS");
 }
 
 // Give up on WebRTC when it shows no picture for FALLBACK_MS (a blocked UDP port never fails

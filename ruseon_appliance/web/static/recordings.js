@@ -5,6 +5,7 @@
 // Media Source Extensions, so it works with auth on and never holds a whole clip in memory.
 // device.js owns WebRTC and hls-fallback.js owns HLS: this module takes the <video> from them
 // (player.stopWebrtc, the HLS state's mode) and hands it back (player.startWebrtc).
+import { $, authHeaders, player, saveBlob, saveUrl, setText, toast } from "./page.js";
 
 const LIST_MS = 5000;
 const CLIP_WINDOW_S = 300; // what one click loads; the next window follows when it ends
@@ -12,7 +13,6 @@ const WINDOW_MIN_MS = 2 * 60 * 1000;
 const WINDOW_MAX_MS = 24 * 3600 * 1000;
 const APPEND_BYTES = 256 * 1024;
 
-const $ = (id) => document.getElementById(id);
 const video = $("video");
 const track = $("rec-track");
 const rec = {
@@ -31,24 +31,11 @@ const rec = {
 };
 window.ruseonRecordings = rec; // for diagnostics and the end-to-end tests
 
-function player() { return window.ruseon; }
 // The camera on screen (cameras.js: /#<camera>) as the playback API's ?path=; none: the first.
 function camera() { const p = player(); return p && p.camera ? p.camera : ""; }
 function withPath(url) {
   const name = camera();
   return name ? `${url}${url.includes("?") ? "&" : "?"}path=${encodeURIComponent(name)}` : url;
-}
-function headers() {
-  const p = player();
-  const t = p && p.token ? p.token() : "";
-  return t ? { Authorization: `Bearer ${t}` } : {};
-}
-function toast(text) {
-  const el = $("toast");
-  el.textContent = text;
-  el.classList.add("show");
-  clearTimeout(toast.timer);
-  toast.timer = setTimeout(() => el.classList.remove("show"), 2500);
 }
 function clock(ms) {
   return new Date(ms).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit" });
@@ -65,8 +52,8 @@ function showPlayback(message) {
 async function refresh() {
   try {
     const [list, status] = await Promise.all([
-      fetch(withPath("/recordings/list"), { headers: headers(), cache: "no-store" }),
-      fetch("/api/status", { headers: headers(), cache: "no-store" }),
+      fetch(withPath("/recordings/list"), { headers: authHeaders(), cache: "no-store" }),
+      fetch("/api/status", { headers: authHeaders(), cache: "no-store" }),
     ]);
     if (list.ok) {
       rec.ranges = (await list.json()).map((r) => {
@@ -170,7 +157,7 @@ async function play(at, seconds) {
   try {
     await new Promise((resolve) => ms.addEventListener("sourceopen", resolve, { once: true }));
     const url = withPath(`/recordings/get?start=${encodeURIComponent(iso(clipStart))}&duration=${duration.toFixed(3)}&format=fmp4`);
-    const response = await fetch(url, { headers: headers(), signal: abort.signal });
+    const response = await fetch(url, { headers: authHeaders(), signal: abort.signal });
     if (!response.ok) {
       let detail = `HTTP ${response.status}`;
       try { detail = (await response.json()).detail || detail; } catch { /* not JSON */ }
@@ -290,7 +277,7 @@ $("btn-live").addEventListener("click", backToLive);
 $("btn-record").addEventListener("click", async () => {
   const recording = rec.state !== "stopped";
   try {
-    const response = await fetch(withPath(`/api/recording/${recording ? "stop" : "start"}`), { method: "POST", headers: headers() });
+    const response = await fetch(withPath(`/api/recording/${recording ? "stop" : "start"}`), { method: "POST", headers: authHeaders() });
     if (!response.ok) throw new Error(`HTTP ${response.status}`);
     const doc = await response.json();
     rec.state = doc.state;
@@ -308,26 +295,20 @@ $("btn-download").addEventListener("click", async () => {
   const seconds = Math.max(1, (span.end - span.start) / 1000);
   const url = withPath(`/recordings/get?start=${encodeURIComponent(iso(span.start))}&duration=${seconds.toFixed(3)}`);
   const name = `ruseon-${iso(span.start).replace(/[:.]/g, "-").slice(0, 19)}.mp4`;
-  const auth = headers();
-  const a = document.createElement("a");
-  a.download = name;
+  const auth = authHeaders();
   if (!auth.Authorization) {
-    a.href = url; // streamed straight to disk by the browser
+    saveUrl(url, name); // streamed straight to disk by the browser
   } else {
     // A link cannot carry the token: fetch it, then save the result.
     try {
       const response = await fetch(url, { headers: auth });
       if (!response.ok) throw new Error(`HTTP ${response.status}`);
-      a.href = URL.createObjectURL(await response.blob());
-      setTimeout(() => URL.revokeObjectURL(a.href), 10000);
+      saveBlob(await response.blob(), name);
     } catch (error) {
       toast(`Download failed: ${error.message}`);
       return;
     }
   }
-  document.body.appendChild(a);
-  a.click();
-  a.remove();
   toast("Downloading the recording");
 });
 
@@ -339,11 +320,10 @@ function statsTick() {
   const frames = quality ? quality.totalVideoFrames : 0;
   const fps = lastFrames && !video.paused ? Math.max(0, frames - lastFrames) : 0;
   lastFrames = frames;
-  const set = (id, text) => { const el = $(id); if (el) el.textContent = text; };
-  set("stat-resolution", video.videoWidth ? `${video.videoWidth}×${video.videoHeight}` : "–");
-  set("stat-fps", fps ? `${fps} fps` : "–");
-  for (const id of ["stat-bitrate", "stat-loss", "stat-rtt", "stat-jitter"]) set(id, "–");
-  set("stat-codec", "H264 · recording");
+  setText("stat-resolution", video.videoWidth ? `${video.videoWidth}×${video.videoHeight}` : "–");
+  setText("stat-fps", fps ? `${fps} fps` : "–");
+  for (const id of ["stat-bitrate", "stat-loss", "stat-rtt", "stat-jitter"]) setText(id, "–");
+  setText("stat-codec", "H264 · recording");
 }
 
 function start() {
