@@ -31,6 +31,7 @@ from .mqtt import HomeAssistantMqtt, load_device_id
 from .mqtt.publisher import SnapshotSource
 from .recording import Recorder, RecorderSettings
 from .relay import RtpRelay
+from .rtsp import RtspServer, RtspSource
 from .shutdown import StopSignals, bounded, until_stopped
 from .systemd_integration import SystemdNotifier, frames_flowing
 from .web.app import CAMERAS, DEVICE_API, HLS, make_app
@@ -72,6 +73,7 @@ class Appliance:
         self.relays: list[RtpRelay] = []
         # The relays' fan-outs (by camera) when the engine has none (send_path = "aiortc").
         self._relay_fanouts: dict[str, Fanout] = {}
+        self.rtsp: RtspServer | None = None
         self.hls: HlsStream | None = None
         self.hls_cameras: dict[str, HlsStream] = {}
         rec = config.recording
@@ -151,6 +153,7 @@ class Appliance:
         )
         await self.engine.start()
         await self._start_relays()
+        await self._start_rtsp()
         for recorder in self.recorders.values():
             await recorder.start()
 
@@ -177,6 +180,9 @@ class Appliance:
                        cameras=self.cameras, recorders=self.recorders)
         app[DEVICE_API].status_sections["integrations"] = self._integrations_status
         app[DEVICE_API].metrics_sections.append(self._integrations_metrics)
+        if self.rtsp is not None:
+            app[DEVICE_API].status_sections["rtsp"] = self.rtsp.stats
+            app[DEVICE_API].metrics_sections.append(self._rtsp_metrics)
         ControlsResource(self.controls).add_routes(app)
         for name, controls in self.camera_controls.items():
             ControlsResource(controls, path=f"/api/camera/{name}/controls").add_routes(app)
@@ -242,6 +248,35 @@ class Appliance:
                              keyframe_interval_frames=camera.keyframe_interval)
             await relay.start()
             self.relays.append(relay)
+
+    async def _start_rtsp(self) -> None:
+        """The RTSP server (``[rtsp] enable``): every camera at ``rtsp://HOST:PORT/<name>``,
+        each client a consumer of its camera's fan-out (as relays are)."""
+        if not self.config.rtsp.enable:
+            return
+        assert self.engine is not None
+        sources = []
+        for cam in self.cameras:
+            camera, feed = cam.config, cam.pipeline
+            fanout = self.engine.fanout_for(feed) or self._relay_fanouts.get(cam.name)
+            if fanout is None:
+                fanout = self._relay_fanouts[cam.name] = Fanout(
+                    feed, lambda family: None, framerate=camera.framerate,
+                    min_bitrate=camera.bitrate)
+                fanout.start()
+            catch_up = max(3, -(-camera.framerate * camera.keyframe_request_interval_ms // 1000))
+            sources.append(RtspSource(cam.name, feed, fanout, framerate=camera.framerate,
+                                      catch_up_max_frames=catch_up,
+                                      keyframe_interval_frames=camera.keyframe_interval))
+        self.rtsp = RtspServer(self.config.rtsp, sources, token=self.config.auth.resolve_token())
+        await self.rtsp.start()
+
+    def _rtsp_metrics(self) -> str:
+        """The RTSP server's figures as ``/metrics`` families (``ruseon_rtsp_*``)."""
+        out = Exposition()
+        if self.rtsp is not None:
+            out.stats("ruseon_rtsp", self.rtsp.stats(), "RTSP server")
+        return out.text()
 
     async def _start_integrations(self) -> None:
         """The stall watcher, webhooks and MQTT: all event-bus consumers that never block the
@@ -422,6 +457,8 @@ class Appliance:
             await self._runner.cleanup()
         for relay in self.relays:
             relay.stop()
+        if self.rtsp is not None:
+            await self.rtsp.stop()
         for fanout in self._relay_fanouts.values():
             await fanout.stop()
         if self.engine is not None:

@@ -197,6 +197,16 @@ class HlsConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class RtspConfig:
+    """``[rtsp]``: an RTSP server (RFC 2326) for NVRs and players: ``rtsp://HOST:8554/<camera>``."""
+
+    enable: bool = False
+    listen: HostPort = HostPort("0.0.0.0", 8554)
+    # RTSP connections at once (each playing one camera); more are answered 503.
+    max_clients: int = 20
+
+
+@dataclass(frozen=True, slots=True)
 class LogConfig:
     """``[log]``: verbosity."""
 
@@ -365,6 +375,7 @@ class Config:
     state: StateConfig = field(default_factory=StateConfig)
     log: LogConfig = field(default_factory=LogConfig)
     hls: HlsConfig = field(default_factory=HlsConfig)
+    rtsp: RtspConfig = field(default_factory=RtspConfig)
     # ``[[relay]]`` tables (an array, not a section).
     relay: tuple[RelayConfig, ...] = ()
     recording: RecordingConfig = field(default_factory=RecordingConfig)
@@ -789,6 +800,8 @@ def validate(config: Config) -> None:
     _check(4.0 <= hls.window_s <= 120.0, "hls.window_s", hls.window_s, "4 to 120 seconds")
     _check(1 <= hls.max_waiting_requests <= 100_000, "hls.max_waiting_requests",
            hls.max_waiting_requests, "1 to 100000")
+    _check(1 <= config.rtsp.max_clients <= 10_000, "rtsp.max_clients", config.rtsp.max_clients,
+           "1 to 10000")
     rec = config.recording
     _check(2 <= rec.segment_s <= 3600, "recording.segment_s", rec.segment_s, "2 to 3600 seconds")
     _check(0 <= rec.preroll_s <= 60, "recording.preroll_s", rec.preroll_s, "0 to 60 seconds")

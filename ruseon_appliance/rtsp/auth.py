@@ -1,0 +1,131 @@
+"""RTSP authentication with the appliance's token: Basic (RFC 7617) and Digest (RFC 2617, MD5).
+
+NVRs and players take credentials as ``rtsp://USER:PASSWORD@host:8554/cam``; the user name is
+anything and the password is ``auth.token``. Both schemes are offered in the 401 (Digest first:
+FFmpeg, VLC/live555 and GStreamer pick it when offered, so the token never crosses the LAN in
+the clear; Basic is for clients that only know Basic).
+
+Digest nonces are stateless: the time they were made and an HMAC of it with a key made at
+start-up, valid for :data:`NONCE_LIFETIME_S` (a player re-uses its nonce for the keep-alives of
+a whole session); an older one gets ``stale=true``, and clients retry with the new nonce
+without asking their user. Every comparison is constant-time.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import re
+import secrets
+import time
+from typing import Literal
+
+REALM = "RUSEON"
+NONCE_LIFETIME_S = 3600
+
+_PARAM = re.compile(r'([A-Za-z0-9_-]+)\s*=\s*("((?:[^"\\]|\\.)*)"|[^,\s]*)')
+
+Verdict = Literal["ok", "missing", "wrong", "stale"]
+
+
+def _md5(text: str) -> str:
+    return hashlib.md5(text.encode(), usedforsecurity=False).hexdigest()
+
+
+class RtspAuth:
+    """Checks ``Authorization`` headers against the token (see the module docstring)."""
+
+    def __init__(self, token: str, *, realm: str = REALM) -> None:
+        self.token = token
+        self.realm = realm
+        self._key = secrets.token_bytes(32)
+
+    def nonce(self, now: float | None = None) -> str:
+        """A fresh nonce: its time and an HMAC of it."""
+        stamp = f"{int(time.time() if now is None else now):x}"
+        mac = hmac.new(self._key, stamp.encode(), hashlib.sha256).hexdigest()[:24]
+        return f"{stamp}{mac}"
+
+    def _nonce_age(self, nonce: str) -> float | None:
+        """Seconds since ``nonce`` was made here, None if it was not made here."""
+        stamp, mac = nonce[:-24], nonce[-24:]
+        if not stamp or len(stamp) > 16:
+            return None
+        expected = hmac.new(self._key, stamp.encode(), hashlib.sha256).hexdigest()[:24]
+        if not hmac.compare_digest(mac.encode(), expected.encode()):
+            return None
+        try:
+            return time.time() - int(stamp, 16)
+        except ValueError:
+            return None
+
+    def challenges(self, *, stale: bool = False) -> list[tuple[str, str]]:
+        """The ``WWW-Authenticate`` headers of a 401: Digest, then Basic."""
+        digest = f'Digest realm="{self.realm}", nonce="{self.nonce()}", algorithm=MD5'
+        if stale:
+            digest += ", stale=true"
+        return [("WWW-Authenticate", digest),
+                ("WWW-Authenticate", f'Basic realm="{self.realm}"')]
+
+    def check(self, method: str, url: str, authorization: str) -> Verdict:
+        """Whether ``authorization`` (the header's value) carries the token for this request."""
+        scheme, _, rest = authorization.strip().partition(" ")
+        scheme = scheme.lower()
+        if not authorization.strip():
+            return "missing"
+        if scheme == "basic":
+            try:
+                decoded = base64.b64decode(rest.strip(), validate=True).decode("utf-8")
+            except (binascii.Error, UnicodeDecodeError):
+                return "wrong"
+            _, sep, password = decoded.partition(":")
+            if sep and hmac.compare_digest(password.encode(), self.token.encode()):
+                return "ok"
+            return "wrong"
+        if scheme == "digest":
+            return self._check_digest(method, url, rest)
+        return "wrong"
+
+    def _check_digest(self, method: str, url: str, rest: str) -> Verdict:
+        params = {m.group(1).lower(): (m.group(3) if m.group(3) is not None else m.group(2))
+                  for m in _PARAM.finditer(rest)}
+        username, nonce = params.get("username"), params.get("nonce", "")
+        uri, response = params.get("uri"), params.get("response", "")
+        if username is None or uri is None or not nonce or not response:
+            return "wrong"
+        if params.get("realm") != self.realm:
+            return "wrong"
+        if params.get("algorithm", "MD5").upper() != "MD5":
+            return "wrong"
+        # The digest covers the URI the client names; it must be this request's.
+        if uri != url and uri != _path_of(url):
+            return "wrong"
+        ha1 = _md5(f"{username}:{self.realm}:{self.token}")
+        ha2 = _md5(f"{method}:{uri}")
+        qop = params.get("qop", "")
+        if qop:
+            if qop.lower() != "auth":
+                return "wrong"
+            nc, cnonce = params.get("nc", ""), params.get("cnonce", "")
+            expected = _md5(f"{ha1}:{nonce}:{nc}:{cnonce}:{qop}:{ha2}")
+        else:
+            expected = _md5(f"{ha1}:{nonce}:{ha2}")
+        if not hmac.compare_digest(response.lower().encode(), expected.encode()):
+            return "wrong"
+        age = self._nonce_age(nonce)
+        if age is None:
+            return "wrong"
+        if not -60 <= age <= NONCE_LIFETIME_S:
+            return "stale"
+        return "ok"
+
+
+def _path_of(url: str) -> str:
+    """``/cam/trackID=0`` of ``rtsp://host:8554/cam/trackID=0`` (some clients digest that)."""
+    _, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    slash = rest.find("/")
+    return rest[slash:] if slash >= 0 else "/"

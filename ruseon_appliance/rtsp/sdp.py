@@ -1,0 +1,41 @@
+"""The session description a DESCRIBE answers: one H.264 track, parameter sets included."""
+
+from __future__ import annotations
+
+import base64
+import ipaddress
+
+from ruseon_appliance.rtsp.session import PAYLOAD_TYPE
+
+# The track's control URL, relative to the Content-Base (``rtsp://host:8554/<camera>/``).
+TRACK_CONTROL = "trackID=0"
+
+
+def describe_sdp(*, camera: str, host: str, session_id: int, profile_level_id: str,
+                 sps: bytes, pps: bytes) -> str:
+    """The SDP of ``camera``'s stream as served from ``host`` (the address the client reached).
+
+    ``profile-level-id`` is the real SPS's and ``sprop-parameter-sets`` carries SPS and PPS, so
+    a client can set up its decoder before the first in-band IDR arrives.
+    """
+    try:
+        version = 6 if ipaddress.ip_address(host).version == 6 else 4
+    except ValueError:
+        version = 4
+    any_address = "::" if version == 6 else "0.0.0.0"
+    sprop = ",".join(base64.b64encode(nal).decode() for nal in (sps, pps))
+    lines = [
+        "v=0",
+        f"o=- {session_id} 1 IN IP{version} {host}",
+        f"s=RUSEON {camera}",
+        f"c=IN IP{version} {any_address}",
+        "t=0 0",
+        "a=control:*",
+        "a=range:npt=0-",
+        f"m=video 0 RTP/AVP {PAYLOAD_TYPE}",
+        f"a=rtpmap:{PAYLOAD_TYPE} H264/90000",
+        f"a=fmtp:{PAYLOAD_TYPE} packetization-mode=1;profile-level-id={profile_level_id};"
+        f"sprop-parameter-sets={sprop}",
+        f"a=control:{TRACK_CONTROL}",
+    ]
+    return "\r\n".join(lines) + "\r\n"

@@ -1,0 +1,523 @@
+"""The RTSP server (RFC 2326, RTSP 1.0 as NVRs and players speak it).
+
+One path per camera: ``rtsp://HOST:8554/<camera>``; ``/`` and ``/stream`` are the first camera.
+Methods: OPTIONS, DESCRIBE, SETUP (``RTP/AVP/TCP;interleaved`` or ``RTP/AVP;unicast;
+client_port``), PLAY, PAUSE, TEARDOWN, GET_PARAMETER / SET_PARAMETER (keep-alives).
+
+Sessions (``Session: id;timeout=60``): a TCP-interleaved session lives as long as its
+connection; a UDP session as long as its client shows signs of life (a request naming it, or
+any datagram from it, e.g. its receiver reports) within the timeout, and is reaped otherwise.
+
+Limits: request heads of :data:`~message.MAX_HEAD_BYTES`, bodies of
+:data:`~message.MAX_BODY_BYTES`, ``max_clients`` connections and sessions (more: 503); a request
+that cannot be parsed is answered 400 and its connection closed. Authentication (when the
+appliance has a token) is in :mod:`.auth`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import secrets
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from ruseon_appliance.config import RtspConfig
+from ruseon_appliance.engine.fanout import Fanout
+from ruseon_appliance.relay.sdp import parameter_sets
+from ruseon_appliance.rtsp.auth import RtspAuth
+from ruseon_appliance.rtsp.message import (
+    MAX_HEAD_BYTES,
+    BadRequest,
+    RtspRequest,
+    RtspResponse,
+    TransportSpec,
+    content_length,
+    parse_head,
+    parse_transport,
+)
+from ruseon_appliance.rtsp.sdp import TRACK_CONTROL, describe_sdp
+from ruseon_appliance.rtsp.session import TCP_BUFFER_LIMIT, RtspFeed, RtspSession
+from ruseon_appliance.tasks import cancel_and_wait
+
+logger = logging.getLogger(__name__)
+
+SESSION_TIMEOUT_S = 60.0
+# A request that has begun must be complete within this (slow senders hold a slot otherwise).
+REQUEST_TIMEOUT_S = 10.0
+# How often idle UDP sessions are looked for.
+REAP_INTERVAL_S = 5.0
+# Sessions one connection may hold (one per camera is what clients do).
+MAX_SESSIONS_PER_CONNECTION = 8
+
+PUBLIC = "OPTIONS, DESCRIBE, SETUP, PLAY, PAUSE, TEARDOWN, GET_PARAMETER, SET_PARAMETER"
+_KNOWN = frozenset(PUBLIC.replace(",", " ").split())
+_NOT_ALLOWED = frozenset({"ANNOUNCE", "RECORD", "REDIRECT"})
+
+
+@dataclass(frozen=True, slots=True)
+class RtspSource:
+    """One camera as the server offers it (built in ``app.py``; the name is its URL path)."""
+
+    name: str
+    feed: RtspFeed
+    fanout: Fanout
+    framerate: int
+    catch_up_max_frames: int
+    keyframe_interval_frames: int
+
+
+def _plain_ip(host: str) -> str:
+    """``127.0.0.1`` for ``::ffff:127.0.0.1`` (a dual-stack socket's IPv4 peer)."""
+    try:
+        address = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return host
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return str(address.ipv4_mapped)
+    return str(address)
+
+
+@dataclass(eq=False)
+class _Connection:
+    writer: asyncio.StreamWriter
+    peer: tuple[str, int]
+    local: tuple[str, int]
+    full: bool = False
+    sessions: list[RtspSession] = field(default_factory=list)
+
+    def playing(self) -> bool:
+        return any(s.state == "playing" for s in self.sessions)
+
+
+class RtspServer:
+    """Serves every camera over RTSP (see the module docstring). Built and owned by ``app.py``."""
+
+    def __init__(
+        self,
+        config: RtspConfig,
+        sources: Sequence[RtspSource],
+        *,
+        token: str = "",
+        buffer_limit: int = TCP_BUFFER_LIMIT,
+        session_timeout_s: float = SESSION_TIMEOUT_S,
+    ) -> None:
+        if not sources:
+            raise ValueError("an RTSP server needs at least one camera")
+        self.config = config
+        self.sources = {source.name: source for source in sources}
+        self.first = sources[0]
+        self.auth = RtspAuth(token) if token else None
+        self.buffer_limit = buffer_limit
+        self.session_timeout_s = session_timeout_s
+        self.sessions: dict[str, RtspSession] = {}
+        self._connections: set[_Connection] = set()
+        self._server: asyncio.Server | None = None
+        self._reaper: asyncio.Task[None] | None = None
+        self._handlers: set[asyncio.Task[Any]] = set()
+        self._sdp_id = secrets.randbelow(1 << 31)
+        # counters (of sessions that ended; live sessions are added in stats())
+        self._ended = {"frames_sent": 0, "packets_sent": 0, "bytes_sent": 0,
+                       "frames_skipped": 0, "keyframe_skips": 0, "keyframe_requests_received": 0}
+        self.connections_total = 0
+        self.sessions_total = 0
+        self.sessions_reaped = 0
+        self.auth_failures = 0
+        self.auth_challenges = 0
+        self.bad_requests = 0
+        self.rejected_full = 0
+        self.requests: dict[str, int] = {}
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Listen on ``config.listen``; raises ``OSError`` naming the setting when it cannot."""
+        listen = self.config.listen
+        try:
+            self._server = await asyncio.start_server(
+                self._connection, listen.host, listen.port, limit=MAX_HEAD_BYTES,
+                reuse_address=True)
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot listen on rtsp.listen = {listen}: "
+                                     f"{exc.strerror}") from exc
+        self._reaper = asyncio.get_running_loop().create_task(self._reap_loop())
+        logger.info("rtsp: listening on %s (cameras: %s)", listen, ", ".join(self.sources))
+
+    async def stop(self) -> None:
+        """Close every session and connection, stop listening."""
+        await cancel_and_wait(self._reaper)
+        self._reaper = None
+        for session in list(self.sessions.values()):
+            session.close("server stopping")
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self._connections):
+            conn.writer.transport.abort()
+        for task in list(self._handlers):
+            await cancel_and_wait(task)
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await self._server.wait_closed()
+            self._server = None
+
+    @property
+    def port(self) -> int:
+        """The TCP port listened on (0 before start)."""
+        if self._server is None or not self._server.sockets:
+            return 0
+        return int(self._server.sockets[0].getsockname()[1])
+
+    # -- connections -----------------------------------------------------------------------------
+
+    async def _connection(self, reader: asyncio.StreamReader,
+                          writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._handlers.add(task)
+        peer = writer.get_extra_info("peername") or ("", 0)
+        local = writer.get_extra_info("sockname") or ("", 0)
+        conn = _Connection(writer, (_plain_ip(str(peer[0])), int(peer[1])),
+                           (_plain_ip(str(local[0])), int(local[1])))
+        conn.full = len(self._connections) >= self.config.max_clients
+        self._connections.add(conn)
+        self.connections_total += 1
+        try:
+            await self._read_loop(conn, reader)
+        except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
+            pass
+        except Exception:  # nothing a client sends may take the server down
+            logger.exception("rtsp: connection from %s failed", conn.peer[0])
+        finally:
+            self._connections.discard(conn)
+            for session in list(conn.sessions):
+                # UDP sessions may outlive their connection (RFC 2326); their timeout ends them.
+                if session.transport_kind != "udp" or session.state == "closed":
+                    session.close("connection closed")
+            writer.transport.abort()
+            if task is not None:
+                self._handlers.discard(task)
+
+    async def _read_loop(self, conn: _Connection, reader: asyncio.StreamReader) -> None:
+        writer = conn.writer
+        while True:
+            idle = None if conn.playing() else self.session_timeout_s
+            async with asyncio.timeout(idle):
+                first = await reader.readexactly(1)
+            async with asyncio.timeout(REQUEST_TIMEOUT_S):
+                if first == b"$":
+                    head = await reader.readexactly(3)
+                    data = await reader.readexactly(int.from_bytes(head[1:3], "big"))
+                    self._interleaved(conn, head[0], data)
+                    continue
+                try:
+                    head_bytes = first + await reader.readuntil(b"\r\n\r\n")
+                except asyncio.LimitOverrunError:
+                    await self._reject(
+                        conn, BadRequest(f"request head over {MAX_HEAD_BYTES} bytes"), "")
+                    return
+                cseq = ""
+                try:
+                    request = parse_head(head_bytes)
+                    cseq = request.cseq
+                    request.body = await reader.readexactly(content_length(request))
+                except BadRequest as exc:
+                    await self._reject(conn, exc, cseq)
+                    return
+            response, after = self._handle(conn, request)
+            if not writer.transport.is_closing():
+                writer.write(response.encode(request.cseq))
+            if after is not None:
+                after()
+            if response.close:
+                await self._close_after_write(writer)
+                return
+
+    async def _reject(self, conn: _Connection, exc: BadRequest, cseq: str) -> None:
+        """Answer a request that cannot be parsed, then close its connection."""
+        self.bad_requests += 1
+        logger.debug("rtsp: bad request from %s: %s", conn.peer[0], exc.reason)
+        conn.writer.write(RtspResponse(exc.status, reason=exc.reason).encode(cseq))
+        await self._close_after_write(conn.writer)
+
+    @staticmethod
+    async def _close_after_write(writer: asyncio.StreamWriter) -> None:
+        writer.close()
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(2.0):
+                await writer.wait_closed()
+
+    def _interleaved(self, conn: _Connection, channel: int, data: bytes) -> None:
+        """Data the client sends on a channel: RTCP on a session's second channel."""
+        for session in conn.sessions:
+            if session.transport_kind == "tcp" and channel == session.channels[1]:
+                session.handle_rtcp(data)
+                return
+
+    # -- requests --------------------------------------------------------------------------------
+
+    def _handle(self, conn: _Connection,
+                request: RtspRequest) -> tuple[RtspResponse, Callable[[], None] | None]:
+        method = request.method
+        key = method if method in _KNOWN else "other"
+        self.requests[key] = self.requests.get(key, 0) + 1
+        if conn.full:
+            self.rejected_full += 1
+            return RtspResponse(503, [("Retry-After", "5")],
+                                reason=f"at most {self.config.max_clients} RTSP clients",
+                                close=True), None
+        if method == "OPTIONS":
+            return RtspResponse(200, [("Public", PUBLIC)]), None
+        if method in _NOT_ALLOWED:
+            return RtspResponse(405, [("Allow", PUBLIC)],
+                                reason="this server only plays"), None
+        if method not in _KNOWN:
+            return RtspResponse(501, [("Public", PUBLIC)],
+                                reason=f"{method} is not supported"), None
+        if self.auth is not None:
+            verdict = self.auth.check(method, request.url, request.header("authorization"))
+            if verdict != "ok":
+                if verdict == "missing":
+                    self.auth_challenges += 1
+                else:
+                    self.auth_failures += 1
+                return RtspResponse(401, self.auth.challenges(stale=verdict == "stale"),
+                                    reason="credentials required: any user name, the "
+                                           "appliance's token as password"), None
+        if method == "DESCRIBE":
+            return self._describe(conn, request), None
+        if method == "SETUP":
+            return self._setup(conn, request), None
+        if method == "SET_PARAMETER" and request.body.strip():
+            return RtspResponse(451, reason="no parameter can be set"), None
+        session_id = request.header("session").split(";", 1)[0].strip()
+        if method in ("GET_PARAMETER", "SET_PARAMETER") and not session_id:
+            return RtspResponse(200), None
+        session = self._session_of(conn, session_id)
+        if session is None:
+            return RtspResponse(454, reason="no such session"), None
+        session.last_activity = time.monotonic()
+        headers = [("Session", self._session_header(session))]
+        if method == "PLAY":
+            return self._play(session, request, headers)
+        if method == "PAUSE":
+            session.pause()
+        elif method == "TEARDOWN":
+            session.close("teardown")
+            headers = []
+        return RtspResponse(200, headers), None
+
+    def _source_of(self, url: str, *, track: bool) -> tuple[RtspSource | None, str]:
+        """The camera a request URL names, and the URL of its presentation (Content-Base)."""
+        try:
+            parts = urlsplit(url)
+        except ValueError:
+            return None, ""
+        if parts.scheme.lower() not in ("rtsp", ""):
+            return None, ""
+        path = unquote(parts.path).strip("/")
+        if track:
+            head, _, tail = path.rpartition("/")
+            if tail == TRACK_CONTROL:
+                path = head
+            elif path == TRACK_CONTROL:
+                path = ""
+        source = self.sources.get(path)
+        if source is None and path in ("", "stream"):
+            source = self.first
+        base = url.split("?", 1)[0]
+        if track and base.rstrip("/").endswith("/" + TRACK_CONTROL):
+            base = base.rstrip("/")[: -len(TRACK_CONTROL)]
+        return source, base.rstrip("/") + "/"
+
+    def _describe(self, conn: _Connection, request: RtspRequest) -> RtspResponse:
+        source, base = self._source_of(request.url, track=False)
+        if source is None:
+            return RtspResponse(404, reason="no camera at this path; cameras: "
+                                            + ", ".join(self.sources))
+        info = source.feed.stream_info
+        sets = parameter_sets(source.feed.ring)
+        if info is None or sets is None:
+            return RtspResponse(503, [("Retry-After", "1")],
+                                reason="no keyframe from the camera yet")
+        body = describe_sdp(camera=source.name, host=conn.local[0], session_id=self._sdp_id,
+                            profile_level_id=info.profile_level_id, sps=sets[0], pps=sets[1])
+        return RtspResponse(200, [("Content-Base", base), ("Content-Type", "application/sdp")],
+                            body.encode())
+
+    def _setup(self, conn: _Connection, request: RtspRequest) -> RtspResponse:
+        source, _ = self._source_of(request.url, track=True)
+        if source is None:
+            return RtspResponse(404, reason="no camera at this path; cameras: "
+                                            + ", ".join(self.sources))
+        if request.header("session"):
+            return RtspResponse(459, reason="one track per session: SETUP without Session")
+        if len(self.sessions) >= self.config.max_clients:
+            self.rejected_full += 1
+            return RtspResponse(503, [("Retry-After", "5")],
+                                reason=f"at most {self.config.max_clients} RTSP sessions")
+        if len(conn.sessions) >= MAX_SESSIONS_PER_CONNECTION:
+            return RtspResponse(455, reason="too many sessions on this connection")
+        specs = parse_transport(request.header("transport"))
+        spec, refusal = self._choose_transport(conn, specs)
+        if spec is None:
+            return refusal
+        session = RtspSession(
+            secrets.token_hex(8), source.name, source.feed, source.fanout,
+            framerate=source.framerate, catch_up_max_frames=source.catch_up_max_frames,
+            keyframe_interval_frames=source.keyframe_interval_frames, peer=conn.peer,
+            buffer_limit=self.buffer_limit)
+        if spec.tcp:
+            channels = spec.interleaved or self._free_channels(conn)
+            assert channels is not None
+            session.use_tcp(conn.writer.transport, channels)
+            transport = (f"RTP/AVP/TCP;unicast;interleaved={channels[0]}-{channels[1]};"
+                         f"ssrc={session.ssrc:08X}")
+        else:
+            assert spec.client_port is not None
+            try:
+                server_ports = session.use_udp(conn.local[0], spec.client_port)
+            except OSError as exc:
+                logger.warning("rtsp: no UDP ports for %s: %s", conn.peer[0], exc)
+                return RtspResponse(503, [("Retry-After", "1")], reason="no free UDP ports")
+            transport = (f"RTP/AVP;unicast;client_port={spec.client_port[0]}-"
+                         f"{spec.client_port[1]};server_port={server_ports[0]}-"
+                         f"{server_ports[1]};ssrc={session.ssrc:08X}")
+        session.on_close = self._session_closed
+        self.sessions[session.id] = session
+        conn.sessions.append(session)
+        self.sessions_total += 1
+        return RtspResponse(200, [("Transport", transport),
+                                  ("Session", self._session_header(session))])
+
+    def _choose_transport(self, conn: _Connection, specs: list[TransportSpec]
+                          ) -> tuple[TransportSpec | None, RtspResponse]:
+        """The first proposal this server can honour, or the refusal to answer."""
+        refusal = RtspResponse(461, reason="supported: RTP/AVP/TCP;unicast;interleaved=a-b or "
+                                           "RTP/AVP;unicast;client_port=a-b")
+        for spec in specs:
+            if spec.profile not in ("RTP/AVP", "RTP/AVP/TCP") or not spec.unicast:
+                continue
+            if spec.mode and spec.mode not in ("PLAY", '"PLAY"'):
+                continue
+            if spec.tcp:
+                channels = spec.interleaved
+                if channels is None:
+                    if self._free_channels(conn) is None:
+                        continue
+                    return spec, refusal
+                if not (0 <= channels[0] <= 255 and 0 <= channels[1] <= 255
+                        and channels[0] != channels[1]):
+                    continue
+                if any(s.transport_kind == "tcp" and set(s.channels) & set(channels)
+                       for s in conn.sessions):
+                    continue
+                return spec, refusal
+            if spec.destination and _plain_ip(spec.destination) != conn.peer[0]:
+                # Never send a stream to an address the client names: that would make the
+                # appliance a traffic cannon aimed at a third party.
+                refusal = RtspResponse(403, reason="UDP delivery goes only to the RTSP "
+                                                   "client's own address (destination= refused)")
+                continue
+            ports = spec.client_port
+            if ports is None or not (0 < ports[0] <= 65535 and 0 < ports[1] <= 65535):
+                continue
+            return spec, refusal
+        return None, refusal
+
+    @staticmethod
+    def _free_channels(conn: _Connection) -> tuple[int, int] | None:
+        used = {c for s in conn.sessions if s.transport_kind == "tcp" for c in s.channels}
+        for first in range(0, 254, 2):
+            if first not in used and first + 1 not in used:
+                return first, first + 1
+        return None
+
+    def _session_of(self, conn: _Connection, session_id: str) -> RtspSession | None:
+        session = self.sessions.get(session_id)
+        if session is None or session.state == "closed":
+            return None
+        if session in conn.sessions:
+            return session
+        # A UDP session may be resumed from another connection of the same client.
+        if session.transport_kind == "udp" and session.peer[0] == conn.peer[0]:
+            conn.sessions.append(session)
+            return session
+        return None
+
+    def _session_header(self, session: RtspSession) -> str:
+        return f"{session.id};timeout={int(self.session_timeout_s)}"
+
+    def _play(self, session: RtspSession, request: RtspRequest, headers: list[tuple[str, str]]
+              ) -> tuple[RtspResponse, Callable[[], None] | None]:
+        if session.state == "playing":
+            return RtspResponse(200, headers), None
+        _, base = self._source_of(request.url, track=True)
+        seq, rtptime = session.prepare_play()
+        info = f"url={base}{TRACK_CONTROL};seq={seq}"
+        if rtptime is not None:
+            info += f";rtptime={rtptime}"
+        headers += [("Range", "npt=0.000-"), ("RTP-Info", info)]
+        return RtspResponse(200, headers), session.play
+
+    def _session_closed(self, session: RtspSession, why: str) -> None:
+        self.sessions.pop(session.id, None)
+        for key in self._ended:
+            self._ended[key] += getattr(session, key)
+        logger.info("rtsp: session of %s on %s ended (%s): %d frames, %d skipped",
+                    session.peer[0], session.camera, why, session.frames_sent,
+                    session.frames_skipped)
+
+    # -- idle UDP sessions -----------------------------------------------------------------------
+
+    async def _reap_loop(self) -> None:
+        interval = min(REAP_INTERVAL_S, self.session_timeout_s / 4)
+        while True:
+            await asyncio.sleep(interval)
+            self.reap(time.monotonic())
+
+    def reap(self, now: float) -> None:
+        """Close sessions not heard from within the timeout (UDP, or never played)."""
+        live = {id(s) for c in self._connections for s in c.sessions if s.transport_kind == "tcp"}
+        for session in list(self.sessions.values()):
+            if id(session) in live:
+                continue  # a TCP session ends with its connection
+            if now - session.last_activity > self.session_timeout_s:
+                self.sessions_reaped += 1
+                session.close("timeout")
+                for conn in self._connections:
+                    if session in conn.sessions:
+                        conn.sessions.remove(session)
+
+    # -- stats -----------------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """Figures for ``/api/status`` (and, the numbers, ``/metrics``)."""
+        live = [s for s in self.sessions.values()]
+        totals = dict(self._ended)
+        for session in live:
+            for key in totals:
+                totals[key] += getattr(session, key)
+        return {
+            "listen": str(self.config.listen),
+            "port": self.port,
+            "clients": len(self._connections),
+            "sessions": len(live),
+            "playing": sum(s.state == "playing" for s in live),
+            "by_transport": {"tcp": sum(s.transport_kind == "tcp" for s in live),
+                             "udp": sum(s.transport_kind == "udp" for s in live)},
+            **totals,
+            "connections_total": self.connections_total,
+            "sessions_total": self.sessions_total,
+            "sessions_reaped": self.sessions_reaped,
+            "auth_failures": self.auth_failures,
+            "auth_challenges": self.auth_challenges,
+            "bad_requests": self.bad_requests,
+            "rejected_full": self.rejected_full,
+            "requests": dict(self.requests),
+            "session_list": [s.stats() for s in live],
+        }

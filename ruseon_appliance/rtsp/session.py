@@ -1,0 +1,429 @@
+"""One RTSP session: a camera's RTP to one client, over its RTSP connection or over UDP.
+
+A playing session is one more consumer of the fan-out's shared packets (``FanoutConsumer``),
+like a relay: its own :class:`ViewerCursor` (the viewers' join logic: it starts at the newest
+cached keyframe, catches up or asks for a fresh IDR) takes each frame's shared packetization,
+and per packet the session writes only its 12-byte RTP header (its own SSRC, sequence number
+and timestamp, continuous for the session's life whatever the source does).
+
+Delivery:
+
+- TCP interleaved (``RTP/AVP/TCP;interleaved=0-1``): each packet framed as ``$ channel length``
+  on the RTSP connection; a frame is written whole or not at all, so framing never breaks. The
+  connection's send buffer is bounded: when more than ``buffer_limit`` bytes wait (a slow or
+  stuck client), the session skips to the next keyframe like a slow viewer; nothing ever
+  blocks the event loop or the other clients. A client stuck for :data:`STUCK_CLOSE_S` is
+  disconnected.
+- UDP (``RTP/AVP;unicast;client_port=a-b``): from a pair of sockets of its own, to the RTSP
+  client's own address only (the connection's peer), never to an address the client names.
+
+RTCP: sender reports on channel 1 / the RTCP port; the client's PLI/FIR become the capture's
+coalesced keyframe request; receiver reports give loss figures. Only the client's own address
+is heard on UDP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import socket
+import struct
+import time
+from collections.abc import Callable
+from typing import Any, Literal, Protocol
+
+from aiortc.rtp import (
+    RTCP_PSFB_FIR,
+    RTCP_PSFB_PLI,
+    RtcpPacket,
+    RtcpPsfbPacket,
+    RtcpRrPacket,
+    RtcpSrPacket,
+)
+
+from ruseon_appliance.capture.h264 import StreamInfo
+from ruseon_appliance.engine.fanout import Fanout, PacketizedFrame, ntp_now
+from ruseon_appliance.engine.track import VideoFeed, ViewerCursor
+
+logger = logging.getLogger(__name__)
+
+PAYLOAD_TYPE = 96
+# Sender report interval (randomised 0.5-1.5x, RFC 3550).
+SR_INTERVAL_S = 1.0
+# Queued frames (seconds' worth) beyond which a session skips to the next keyframe.
+MAX_BACKLOG_S = 0.5
+# Bytes waiting in a TCP connection's user-space buffer beyond which frames are skipped.
+TCP_BUFFER_LIMIT = 1 << 20
+# A TCP client that has taken nothing for this long is disconnected (it holds a slot).
+STUCK_CLOSE_S = 30.0
+
+_INTERLEAVED_RTP = struct.Struct("!BBHBBHII")  # $, channel, length, then the 12-byte RTP header
+_RTP = struct.Struct("!BBHII")
+
+
+class RtspFeed(VideoFeed, Protocol):
+    """What a session needs from capture (``CapturePipeline`` satisfies it)."""
+
+    @property
+    def stream_info(self) -> StreamInfo | None: ...
+
+
+class RtspSession:
+    """One client's session on one camera (see the module docstring)."""
+
+    def __init__(
+        self,
+        session_id: str,
+        camera: str,
+        feed: RtspFeed,
+        fanout: Fanout,
+        *,
+        framerate: int,
+        catch_up_max_frames: int,
+        keyframe_interval_frames: int,
+        peer: tuple[str, int],
+        buffer_limit: int = TCP_BUFFER_LIMIT,
+    ) -> None:
+        self.id = session_id
+        self.camera = camera
+        self._feed = feed
+        self._fanout = fanout
+        self._frame_interval = round(90_000 / max(1, framerate))
+        self._max_backlog_frames = max(2, round(framerate * MAX_BACKLOG_S))
+        self._cursor_settings = (catch_up_max_frames, keyframe_interval_frames)
+        self.peer = peer
+        self.buffer_limit = buffer_limit
+        self.transport_kind: Literal["tcp", "udp", ""] = ""
+        self.state = "init"  # "ready" after SETUP, "playing", "closed"
+        self.created = time.monotonic()
+        self.last_activity = self.created
+        self.cursor: ViewerCursor[PacketizedFrame] | None = None
+        # TCP
+        self._tcp: asyncio.WriteTransport | None = None
+        self.channels = (0, 1)
+        # UDP
+        self._rtp_sock: socket.socket | None = None
+        self._rtcp_sock: socket.socket | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.client_ports = (0, 0)
+        self.on_close: Callable[[RtspSession, str], None] | None = None
+        # RTP state
+        self.ssrc = random.randrange(1, 1 << 32)
+        self.cname = f"ruseon-{self.ssrc:08x}"
+        self._seq = random.randrange(0, 32768)
+        self._ts_origin = random.randrange(0, 1 << 32)
+        self._last_ts = 0
+        self._last_send_monotonic = 0.0
+        self._next_sr = 0.0
+        self._skipping = False
+        self._stuck_since: float | None = None
+        # counters
+        self.frames_sent = 0
+        self.keyframes_sent = 0
+        self.packets_sent = 0
+        self.payload_bytes_sent = 0
+        self.bytes_sent = 0
+        self.keyframe_skips = 0
+        self._skipped_before = 0  # frames skipped by cursors closed on PAUSE
+        self.sender_reports = 0
+        self.rtcp_received = 0
+        self.rtcp_ignored = 0
+        self.rtcp_malformed = 0
+        self.keyframe_requests_received = 0
+        self.keyframes_forced = 0
+        self.fraction_lost = 0.0
+        self.send_errors = 0
+
+    # -- setup -----------------------------------------------------------------------------------
+
+    def use_tcp(self, transport: asyncio.WriteTransport, channels: tuple[int, int]) -> None:
+        """Deliver interleaved on the RTSP connection's ``transport``."""
+        self.transport_kind = "tcp"
+        self._tcp = transport
+        self.channels = channels
+        self.state = "ready"
+
+    def use_udp(self, local_host: str, client_ports: tuple[int, int]) -> tuple[int, int]:
+        """Open this session's RTP/RTCP sockets on ``local_host`` (an even port and the next
+        one, as RFC 3550 likes); returns the server ports. Raises ``OSError``."""
+        self._loop = asyncio.get_running_loop()
+        family = socket.AF_INET6 if ":" in local_host else socket.AF_INET
+        for _ in range(20):
+            rtp = socket.socket(family, socket.SOCK_DGRAM)
+            try:
+                rtp.bind((local_host, 0))
+                port = rtp.getsockname()[1]
+                if port % 2 or port >= 65535:
+                    rtp.close()
+                    continue
+                rtcp = socket.socket(family, socket.SOCK_DGRAM)
+                try:
+                    rtcp.bind((local_host, port + 1))
+                except OSError:
+                    rtcp.close()
+                    rtp.close()
+                    continue
+            except OSError:
+                rtp.close()
+                raise
+            break
+        else:
+            raise OSError("no free pair of UDP ports for RTP/RTCP")
+        for sock in (rtp, rtcp):
+            sock.setblocking(False)
+            self._loop.add_reader(sock.fileno(), self._on_udp, sock)
+        self._rtp_sock, self._rtcp_sock = rtp, rtcp
+        self.client_ports = client_ports
+        self.transport_kind = "udp"
+        self.state = "ready"
+        return port, port + 1
+
+    # -- play / pause / close --------------------------------------------------------------------
+
+    def prepare_play(self) -> tuple[int, int | None]:
+        """Join the ring (as a viewer does) before the PLAY response; returns the sequence
+        number and, when a frame is already queued, the RTP timestamp of the first packet."""
+        catch_up, gop = self._cursor_settings
+        if self.cursor is None:
+            self.cursor = ViewerCursor(self._feed, self._fanout.take,
+                                       frame_interval=self._frame_interval,
+                                       catch_up_max_frames=catch_up,
+                                       keyframe_interval_frames=gop,
+                                       on_keyframe_request=self._request_keyframe)
+        self.cursor.pull()
+        rtptime = None
+        if self.cursor.queue:
+            rtptime = (self._ts_origin + self.cursor.queue[0][1]) & 0xFFFFFFFF
+        return self._seq, rtptime
+
+    def play(self) -> None:
+        """Start sending (after the PLAY response is written)."""
+        if self.state == "closed":
+            return
+        self.state = "playing"
+        self._next_sr = 0.0
+        self._fanout.add_consumer(self)
+        self.service(time.monotonic())
+
+    def pause(self) -> None:
+        """Stop sending; a later PLAY joins the ring again at a keyframe."""
+        if self.state != "playing":
+            return
+        self.state = "ready"
+        self._fanout.remove_consumer(self)
+        if self.cursor is not None:
+            self._skipped_before += self.cursor.frames_skipped
+            self.cursor.close()
+            self.cursor = None
+
+    def close(self, why: str = "teardown") -> None:
+        """Leave the fan-out, close the UDP sockets (idempotent)."""
+        if self.state == "closed":
+            return
+        self.state = "closed"
+        self._fanout.remove_consumer(self)
+        if self.cursor is not None:
+            self.cursor.close()
+        for sock in (self._rtp_sock, self._rtcp_sock):
+            if sock is not None:
+                if self._loop is not None:
+                    self._loop.remove_reader(sock.fileno())
+                sock.close()
+        self._rtp_sock = self._rtcp_sock = None
+        self._tcp = None
+        if self.on_close is not None:
+            self.on_close(self, why)
+
+    # -- sending (a FanoutConsumer) --------------------------------------------------------------
+
+    def service(self, now: float) -> None:
+        """Send what the ring has for this client (called by the fan-out on each ring write)."""
+        cursor = self.cursor
+        if cursor is None or self.state != "playing":
+            return
+        cursor.pull()
+        tcp = self._tcp
+        if self.transport_kind == "tcp":
+            if tcp is None or tcp.is_closing():
+                return
+            if tcp.get_write_buffer_size() > self.buffer_limit:
+                self._fell_behind(cursor, now)
+                return
+            self._stuck_since = None
+        if len(cursor.queue) > self._max_backlog_frames and self.frames_sent:
+            self._fell_behind(cursor, now)
+            cursor.pull()
+        while cursor.queue:
+            frame, out_pts, keyframe, _capture = cursor.queue.popleft()
+            timestamp = (self._ts_origin + out_pts) & 0xFFFFFFFF
+            if tcp is not None:
+                self._send_tcp(tcp, frame, timestamp)
+            else:
+                self._send_udp(frame, timestamp)
+            self.frames_sent += 1
+            self.keyframes_sent += keyframe
+            if keyframe:
+                self._skipping = False
+            self._last_ts = timestamp
+            self._last_send_monotonic = now
+        if now >= self._next_sr and self.packets_sent:
+            self._next_sr = now + SR_INTERVAL_S * (0.5 + random.random())
+            self.send_report(now)
+
+    def _fell_behind(self, cursor: ViewerCursor[PacketizedFrame], now: float) -> None:
+        """The client cannot keep up: drop what waits, go on at the next keyframe."""
+        cursor.skip_to_next_keyframe()  # the cursor counts what it drops
+        if not self._skipping:
+            self._skipping = True
+            self.keyframe_skips += 1
+        if self.transport_kind == "tcp":
+            if self._stuck_since is None:
+                self._stuck_since = now
+            elif now - self._stuck_since > STUCK_CLOSE_S and self._tcp is not None:
+                logger.info("rtsp: closing %s: it has taken nothing for %.0f s",
+                            self.peer[0], STUCK_CLOSE_S)
+                self._tcp.abort()
+
+    def _send_tcp(self, tcp: asyncio.WriteTransport, frame: PacketizedFrame,
+                  timestamp: int) -> None:
+        """The frame's packets, each framed ``$ channel length``, written in one piece."""
+        payloads = frame.payloads
+        last = len(payloads) - 1
+        channel, ssrc, seq = self.channels[0], self.ssrc, self._seq
+        pack = _INTERLEAVED_RTP.pack
+        parts: list[bytes] = []
+        octets = 0
+        for i, payload in enumerate(payloads):
+            parts.append(pack(0x24, channel, 12 + len(payload), 0x80,
+                              (0x80 | PAYLOAD_TYPE) if i == last else PAYLOAD_TYPE,
+                              seq, timestamp, ssrc))
+            parts.append(payload)
+            seq = (seq + 1) & 0xFFFF
+            octets += len(payload)
+        data = b"".join(parts)
+        tcp.write(data)
+        self._seq = seq
+        self.packets_sent += len(payloads)
+        self.payload_bytes_sent += octets
+        self.bytes_sent += len(data)
+
+    def _send_udp(self, frame: PacketizedFrame, timestamp: int) -> None:
+        sock = self._rtp_sock
+        if sock is None:
+            return
+        target = (self.peer[0], self.client_ports[0])
+        payloads = frame.payloads
+        last = len(payloads) - 1
+        ssrc, seq = self.ssrc, self._seq
+        pack = _RTP.pack
+        octets = wire = sent = 0
+        for i, payload in enumerate(payloads):
+            header = pack(0x80, (0x80 | PAYLOAD_TYPE) if i == last else PAYLOAD_TYPE, seq,
+                          timestamp, ssrc)
+            seq = (seq + 1) & 0xFFFF
+            try:
+                sock.sendmsg((header, payload), (), 0, target)
+            except OSError:  # a full socket buffer, an ICMP error: lost like on the wire
+                self.send_errors += 1
+                continue
+            octets += len(payload)
+            wire += 12 + len(payload)
+            sent += 1
+        self._seq = seq
+        self.packets_sent += sent
+        self.payload_bytes_sent += octets
+        self.bytes_sent += wire
+
+    def send_report(self, now: float) -> None:
+        """An RTCP sender report + SDES CNAME, on channel 1 or to the client's RTCP port."""
+        ntp = ntp_now()
+        rtp_ts = (self._last_ts + int((now - self._last_send_monotonic) * 90_000)) & 0xFFFFFFFF
+        sr = struct.pack("!BBHIIIIII", 0x80, 200, 6, self.ssrc, ntp >> 32, ntp & 0xFFFFFFFF,
+                         rtp_ts, self.packets_sent & 0xFFFFFFFF,
+                         self.payload_bytes_sent & 0xFFFFFFFF)
+        cname = self.cname.encode()
+        chunk = struct.pack("!IBB", self.ssrc, 1, len(cname)) + cname + b"\x00"
+        chunk += b"\x00" * (-len(chunk) % 4)
+        packet = sr + struct.pack("!BBH", 0x81, 202, len(chunk) // 4) + chunk
+        if self.transport_kind == "tcp":
+            if self._tcp is None or self._tcp.is_closing():
+                return
+            self._tcp.write(struct.pack("!BBH", 0x24, self.channels[1], len(packet)) + packet)
+        elif self._rtcp_sock is not None:
+            try:
+                self._rtcp_sock.sendto(packet, (self.peer[0], self.client_ports[1]))
+            except OSError:
+                self.send_errors += 1
+                return
+        self.sender_reports += 1
+
+    # -- receiving -------------------------------------------------------------------------------
+
+    def _on_udp(self, sock: socket.socket) -> None:
+        for _ in range(32):
+            try:
+                data, address = sock.recvfrom(2048)
+            except OSError:  # BlockingIOError, or an ICMP error from an earlier send
+                return
+            if address[0] != self.peer[0]:
+                self.rtcp_ignored += 1
+                continue
+            # Anything from the client (RTCP, or the NAT punch FFmpeg sends to the RTP port)
+            # shows it is still there.
+            self.last_activity = time.monotonic()
+            if sock is self._rtcp_sock:
+                self.handle_rtcp(data)
+
+    def handle_rtcp(self, data: bytes) -> None:
+        """RTCP from the client (interleaved channel 1, or the RTCP port)."""
+        self.last_activity = time.monotonic()
+        try:
+            packets = RtcpPacket.parse(data)
+        except Exception:  # a client's bytes must not crash anything
+            self.rtcp_malformed += 1
+            return
+        self.rtcp_received += 1
+        for packet in packets:
+            if isinstance(packet, RtcpPsfbPacket) and packet.fmt in (RTCP_PSFB_PLI,
+                                                                     RTCP_PSFB_FIR):
+                if packet.fmt == RTCP_PSFB_PLI and packet.media_ssrc not in (self.ssrc, 0):
+                    continue
+                self.keyframe_requests_received += 1
+                self._request_keyframe("pli" if packet.fmt == RTCP_PSFB_PLI else "fir")
+            elif isinstance(packet, RtcpRrPacket | RtcpSrPacket):
+                for report in packet.reports:
+                    if report.ssrc == self.ssrc:
+                        self.fraction_lost = report.fraction_lost / 256
+
+    def _request_keyframe(self, reason: str) -> None:
+        if self._feed.request_keyframe(f"rtsp {self.camera}: {reason}"):
+            self.keyframes_forced += 1
+
+    # -- stats -----------------------------------------------------------------------------------
+
+    @property
+    def frames_skipped(self) -> int:
+        """Frames this client never got (joining, or dropped because it could not keep up)."""
+        return self._skipped_before + (self.cursor.frames_skipped if self.cursor else 0)
+
+    def stats(self) -> dict[str, Any]:
+        """This session's figures, for ``/api/status``."""
+        return {
+            "camera": self.camera,
+            "transport": self.transport_kind,
+            "client": self.peer[0],
+            "state": self.state,
+            "join_mode": self.cursor.join_mode if self.cursor else "",
+            "frames_sent": self.frames_sent,
+            "keyframes_sent": self.keyframes_sent,
+            "packets_sent": self.packets_sent,
+            "bytes_sent": self.bytes_sent,
+            "frames_skipped": self.frames_skipped,
+            "keyframe_skips": self.keyframe_skips,
+            "sender_reports": self.sender_reports,
+            "rtcp_received": self.rtcp_received,
+            "keyframe_requests_received": self.keyframe_requests_received,
+            "fraction_lost": round(self.fraction_lost, 4),
+            "send_errors": self.send_errors,
+        }
