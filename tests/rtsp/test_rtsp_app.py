@@ -1,0 +1,95 @@
+"""The appliance's own wiring: ``[rtsp]`` from the config file, every camera at its path, the
+stats in ``/api/status`` and ``/metrics``, and the server off by default."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from ruseon_appliance.app import Appliance
+from ruseon_appliance.config import (
+    Config,
+    ConfigError,
+    HostPort,
+    HttpConfig,
+    RtspConfig,
+    StateConfig,
+    WebRtcConfig,
+    load_config,
+)
+from tests.rtsp.conftest import RawClient, camera, wait_for
+from tests.rtsp.test_rtsp_clients import assert_live_and_whole, decode_rtsp
+from tests.tooling import free_port
+
+
+def test_rtsp_config_is_off_by_default_and_read_from_toml(tmp_path: Path) -> None:
+    assert Config().rtsp.enable is False
+    assert Config().rtsp.listen == HostPort("0.0.0.0", 8554)
+    path = tmp_path / "ruseon.toml"
+    path.write_text('[rtsp]\nenable = true\nlisten = "127.0.0.1:9554"\nmax_clients = 3\n')
+    config = load_config(path, env={})
+    assert config.rtsp.enable and config.rtsp.listen == HostPort("127.0.0.1", 9554)
+    assert config.rtsp.max_clients == 3
+    path.write_text("[rtsp]\nmax_clients = 0\n")
+    with pytest.raises(ConfigError, match=r"rtsp\.max_clients"):
+        load_config(path, env={})
+
+
+@pytest.mark.parametrize("send_path", ["fanout", "aiortc"])
+async def test_appliance_serves_each_camera_over_rtsp(tmp_path: Path, send_path: str) -> None:
+    rtsp_port, http_port = free_port(), free_port()
+    front, back = camera(name="front"), camera(name="back", width=256, height=144)
+    config = Config(
+        cameras=(front, back),
+        http=HttpConfig(listen=HostPort("127.0.0.1", http_port)),
+        webrtc=WebRtcConfig(listen=HostPort("127.0.0.1", 0), advertise=("127.0.0.1",),
+                            send_path=send_path),
+        state=StateConfig(dir=str(tmp_path / "state")),
+        rtsp=RtspConfig(enable=True, listen=HostPort("127.0.0.1", rtsp_port)),
+    )
+    appliance = Appliance(config)
+    await appliance.start()
+    try:
+        assert appliance.rtsp is not None and appliance.rtsp.port == rtsp_port
+        result = await asyncio.to_thread(decode_rtsp, f"rtsp://127.0.0.1:{rtsp_port}/back",
+                                         "tcp", 15)
+        assert_live_and_whole(result, 15)
+        client = await RawClient.connect(rtsp_port, "front")
+        try:
+            await client.play_tcp()
+            await wait_for(lambda: client.frames >= 5, what="frames of the front camera")
+            cams = {s.camera for s in appliance.rtsp.sessions.values()}
+            assert cams == {"front"}
+            async with aiohttp.ClientSession() as http:
+                base = f"http://127.0.0.1:{http_port}"
+                async with http.get(f"{base}/api/status") as response:
+                    status = await response.json()
+                async with http.get(f"{base}/metrics") as response:
+                    metrics = await response.text()
+            rtsp = status["rtsp"]
+            assert rtsp["playing"] == 1 and rtsp["sessions_total"] == 2
+            assert rtsp["session_list"][0]["camera"] == "front"
+            assert "ruseon_rtsp_frames_sent " in metrics
+            assert 'ruseon_rtsp_requests{key="PLAY"} 2.0' in metrics
+        finally:
+            await client.close()
+    finally:
+        await appliance.stop()
+
+
+async def test_rtsp_is_off_unless_enabled(tmp_path: Path) -> None:
+    config = Config(
+        camera=camera(),
+        http=HttpConfig(listen=HostPort("127.0.0.1", free_port())),
+        webrtc=WebRtcConfig(listen=HostPort("127.0.0.1", 0), advertise=("127.0.0.1",)),
+        state=StateConfig(dir=str(tmp_path / "state")),
+    )
+    appliance = Appliance(config)
+    await appliance.start()
+    try:
+        assert appliance.rtsp is None
+    finally:
+        await appliance.stop()

@@ -1,0 +1,254 @@
+"""The RTSP server against a raw client on real TCP: status codes and headers, authentication,
+transports it refuses, bad input, a stuck client, limits, RTCP both ways, session timeouts."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import re
+import socket
+import struct
+
+from tests.rtsp.conftest import RawClient, Rig, wait_for
+
+TOKEN = "0123456789abcdef-token"
+
+
+def basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+def digest(challenge: str, method: str, uri: str, password: str, *, qop: bool = False) -> str:
+    params = dict(re.findall(r'(\w+)="([^"]*)"', challenge))
+    md5 = lambda text: hashlib.md5(text.encode()).hexdigest()  # noqa: E731
+    ha1 = md5(f"nvr:{params['realm']}:{password}")
+    ha2 = md5(f"{method}:{uri}")
+    if qop:
+        response = md5(f"{ha1}:{params['nonce']}:00000001:abcdef:auth:{ha2}")
+        extra = ', qop=auth, nc=00000001, cnonce="abcdef"'
+    else:
+        response = md5(f"{ha1}:{params['nonce']}:{ha2}")
+        extra = ""
+    return (f'Digest username="nvr", realm="{params["realm"]}", nonce="{params["nonce"]}", '
+            f'uri="{uri}", response="{response}"{extra}')
+
+
+async def test_describe_answers_an_sdp_with_the_parameter_sets_and_unknown_paths_404(
+        rig: Rig) -> None:
+    server = await rig.server()
+    client = await RawClient.connect(server.port)
+    try:
+        options = await client.request("OPTIONS")
+        assert options.status == 200 and "GET_PARAMETER" in options.header("public")
+        described = await client.request("DESCRIBE")
+        assert described.status == 200
+        assert described.header("content-type") == "application/sdp"
+        assert described.header("content-base") == client.url + "/"
+        sdp = described.body.decode()
+        info = rig.capture.stream_info
+        assert info is not None
+        assert f"profile-level-id={info.profile_level_id}" in sdp
+        assert "packetization-mode=1" in sdp and "sprop-parameter-sets=" in sdp
+        assert "a=control:trackID=0" in sdp and "a=range:npt=0-" in sdp
+        sprop = re.search(r"sprop-parameter-sets=([^;\r\n]+)", sdp)
+        assert sprop is not None
+        sps, pps = (base64.b64decode(p) for p in sprop.group(1).split(","))
+        assert sps[0] & 0x1F == 7 and pps[0] & 0x1F == 8
+
+        for path in ("", "stream"):
+            other = await client.request("DESCRIBE", f"rtsp://127.0.0.1:{server.port}/{path}")
+            assert other.status == 200
+        missing = await client.request("DESCRIBE", f"rtsp://127.0.0.1:{server.port}/nope")
+        assert missing.status == 404 and b"cam" in missing.body
+        unsupported = await client.request("ANNOUNCE")
+        assert unsupported.status == 405
+        unknown = await client.request("FROBNICATE")
+        assert unknown.status == 501
+        no_session = await client.request("PLAY", headers={"Session": "deadbeef"})
+        assert no_session.status == 454
+    finally:
+        await client.close()
+
+
+async def test_auth_401_without_or_with_wrong_credentials_basic_and_digest_let_in(
+        rig: Rig) -> None:
+    server = await rig.server(token=TOKEN)
+    client = await RawClient.connect(server.port)
+    url = client.url
+    try:
+        # OPTIONS reveals nothing and needs nothing.
+        assert (await client.request("OPTIONS")).status == 200
+        bare = await client.request("DESCRIBE")
+        assert bare.status == 401
+        challenges = bare.headers["www-authenticate"]
+        assert challenges[0].startswith("Digest ") and challenges[1].startswith("Basic ")
+        assert (await client.request("DESCRIBE", headers={
+            "Authorization": basic("nvr", "wrong")})).status == 401
+        assert (await client.request("DESCRIBE", headers={
+            "Authorization": basic("nvr", TOKEN[:-1])})).status == 401
+        assert (await client.request("DESCRIBE", headers={
+            "Authorization": digest(challenges[0], "DESCRIBE", url, "wrong")})).status == 401
+        # Digest for another URI or method does not let in.
+        assert (await client.request("DESCRIBE", headers={
+            "Authorization": digest(challenges[0], "DESCRIBE", url + "x", TOKEN)})).status == 401
+        assert (await client.request("DESCRIBE", headers={
+            "Authorization": digest(challenges[0], "SETUP", url, TOKEN)})).status == 401
+        # A nonce this server did not make does not let in.
+        forged = challenges[0].replace('nonce="', 'nonce="1')
+        assert (await client.request("DESCRIBE", headers={
+            "Authorization": digest(forged, "DESCRIBE", url, TOKEN)})).status == 401
+        assert (await client.request("DESCRIBE", headers={
+            "Authorization": "Bearer " + TOKEN})).status == 401
+        stats = server.stats()
+        assert stats["auth_challenges"] == 1 and stats["auth_failures"] == 7
+        assert stats["auth_accepted"] == {}
+
+        ok_basic = await client.request("DESCRIBE", headers={
+            "Authorization": basic("anyone", TOKEN)})
+        assert ok_basic.status == 200 and b"m=video" in ok_basic.body
+        for qop in (False, True):
+            ok_digest = await client.request("DESCRIBE", headers={
+                "Authorization": digest(challenges[0], "DESCRIBE", url, TOKEN, qop=qop)})
+            assert ok_digest.status == 200
+        assert server.stats()["auth_accepted"] == {"basic": 1, "digest": 2}
+
+        # The whole session with Basic: frames arrive.
+        await client.play_tcp({"Authorization": basic("nvr", TOKEN)})
+        await wait_for(lambda: client.frames >= 10, what="10 frames")
+    finally:
+        await client.close()
+
+
+async def test_udp_to_another_address_or_multicast_is_refused(rig: Rig) -> None:
+    server = await rig.server()
+    client = await RawClient.connect(server.port)
+    try:
+        track = f"{client.url}/trackID=0"
+        elsewhere = await client.request("SETUP", track, {
+            "Transport": "RTP/AVP;unicast;destination=127.0.0.2;client_port=40000-40001"})
+        assert elsewhere.status == 403 and b"own address" in elsewhere.body
+        multicast = await client.request("SETUP", track, {
+            "Transport": "RTP/AVP;multicast;client_port=40000-40001"})
+        assert multicast.status == 461
+        no_ports = await client.request("SETUP", track, {"Transport": "RTP/AVP;unicast"})
+        assert no_ports.status == 461
+        assert server.stats()["sessions_total"] == 0 and not server.sessions
+
+        # The client's own address is fine, named or not: packets come to it over UDP.
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as rtp:
+            rtp.bind(("127.0.0.1", 0))
+            rtp.settimeout(20)
+            port = rtp.getsockname()[1]
+            own = await client.request("SETUP", track, {
+                "Transport": f"RTP/AVP;unicast;destination=127.0.0.1;client_port={port}-"
+                             f"{port + 1}"})
+            assert own.status == 200
+            assert f"client_port={port}-{port + 1}" in own.header("transport")
+            assert "server_port=" in own.header("transport")
+            client.session = own.header("session").split(";")[0]
+            assert (await client.request("PLAY")).status == 200
+            data, source = await asyncio.to_thread(rtp.recvfrom, 2048)
+            assert data[0] == 0x80 and source[0] == "127.0.0.1"
+    finally:
+        await client.close()
+
+
+async def test_garbage_gets_400_and_a_close_other_clients_play_on(rig: Rig) -> None:
+    server = await rig.server()
+    good = await RawClient.connect(server.port)
+    try:
+        await good.play_tcp()
+        await wait_for(lambda: good.frames >= 5, what="the good client's first frames")
+        for garbage in (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n",  # TLS hello
+                        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+                        b"DESCRIBE rtsp://x/cam RTSP/1.0\r\n\r\n",  # no CSeq
+                        b"OPTIONS * RTSP/1.0\r\nCSeq: 1\r\n" + b"X: " + b"a" * 9000 + b"\r\n\r\n",
+                        b"OPTIONS * RTSP/1.0\r\nCSeq: 1\r\nContent-Length: 999999\r\n\r\n"):
+            bad = await RawClient.connect(server.port)
+            bad.writer.write(garbage)
+            response = await bad.response()
+            assert response.status in (400, 413), garbage
+            assert await bad.closed()
+            await bad.close()
+        assert server.stats()["bad_requests"] == 5
+        before = good.frames
+        await wait_for(lambda: good.frames >= before + 15, what="the good client going on")
+        assert good.sequence_gaps == 0
+        assert server.stats()["playing"] == 1
+    finally:
+        await good.close()
+
+
+async def test_a_stuck_tcp_client_does_not_delay_another(rig: Rig) -> None:
+    """A client that stops reading fills its connection; the server skips it to the next
+    keyframe (counted) while the good client gets every frame on time."""
+    server = await rig.server(buffer_limit=16 * 1024, socket_send_buffer=8 * 1024)
+    stuck = await RawClient.connect(server.port, rcvbuf=4096)
+    good = await RawClient.connect(server.port)
+    try:
+        await stuck.play_tcp()
+        await good.play_tcp()
+        stuck.stop_reading()
+        stuck_session = server.sessions[stuck.session]
+        await wait_for(lambda: stuck_session.keyframe_skips >= 1, timeout=60,
+                       what="the stuck client's buffer to fill")
+        good_before, skipped_before = good.frames, stuck_session.frames_skipped
+        await wait_for(lambda: good.frames >= good_before + 30
+                       and stuck_session.frames_skipped >= skipped_before + 30,
+                       timeout=60, what="the good client's frames while the other is stuck")
+        assert good.sequence_gaps == 0
+        good_session = server.sessions[good.session]
+        assert good_session.frames_skipped == 0 and good_session.keyframe_skips == 0
+        assert server.stats()["keyframe_skips"] >= 1
+    finally:
+        await stuck.close()
+        await good.close()
+
+
+async def test_max_clients_503_and_pli_becomes_a_keyframe_request(rig: Rig) -> None:
+    server = await rig.server(max_clients=1)
+    first = await RawClient.connect(server.port)
+    try:
+        await first.play_tcp()
+        await wait_for(lambda: first.frames >= 3, what="first frames")
+        assert first.first_nal == 7, "the stream did not start at a keyframe"
+        second = await RawClient.connect(server.port)
+        refused = await second.request("OPTIONS")
+        assert refused.status == 503 and refused.header("retry-after")
+        assert await second.closed()
+        await second.close()
+        assert server.stats()["rejected_full"] == 1
+
+        # Sender reports on channel 1; a PLI there is the capture's keyframe request.
+        await wait_for(lambda: any(p[1] == 200 for p in first.rtcp), what="a sender report")
+        session = server.sessions[first.session]
+        requests_before = rig.capture.stats()["keyframe_requests"]
+        pli = struct.pack("!BBHII", 0x81, 206, 2, 1, session.ssrc)
+        first.writer.write(struct.pack("!BBH", 0x24, 1, len(pli)) + pli)
+        await wait_for(lambda: session.keyframe_requests_received == 1, what="the PLI")
+        assert rig.capture.stats()["keyframe_requests"] > requests_before
+        alive = await first.request("GET_PARAMETER")
+        assert alive.status == 200 and alive.header("session").startswith(first.session)
+        assert (await first.request("TEARDOWN")).status == 200
+        assert not server.sessions and rig.fanout.stats()["consumers"] == 0
+    finally:
+        await first.close()
+
+
+async def test_udp_sessions_without_signs_of_life_are_reaped(rig: Rig) -> None:
+    server = await rig.server(session_timeout_s=1.0)
+    client = await RawClient.connect(server.port)
+    try:
+        setup = await client.request("SETUP", f"{client.url}/trackID=0", {
+            "Transport": "RTP/AVP;unicast;client_port=40000-40001"})
+        assert setup.status == 200 and setup.header("session").endswith(";timeout=1")
+        client.session = setup.header("session").split(";")[0]
+        assert (await client.request("PLAY")).status == 200
+        assert rig.fanout.stats()["consumers"] == 1
+        # Nothing comes back from 127.0.0.1:40000 (no RTCP, no keep-alive): reaped.
+        await wait_for(lambda: server.stats()["sessions_reaped"] == 1, what="the reaping")
+        assert not server.sessions and rig.fanout.stats()["consumers"] == 0
+        assert (await client.request("GET_PARAMETER")).status == 454
+    finally:
+        await client.close()
