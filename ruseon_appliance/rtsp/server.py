@@ -130,7 +130,8 @@ class RtspServer:
         self._sdp_id = secrets.randbelow(1 << 31)
         # counters (of sessions that ended; live sessions are added in stats())
         self._ended = {"frames_sent": 0, "packets_sent": 0, "bytes_sent": 0,
-                       "frames_skipped": 0, "keyframe_skips": 0, "keyframe_requests_received": 0}
+                       "frames_skipped": 0, "keyframe_skips": 0, "keyframe_requests_received": 0,
+                       "send_errors": 0}
         self.connections_total = 0
         self.sessions_total = 0
         self.sessions_reaped = 0

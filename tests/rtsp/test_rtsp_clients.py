@@ -26,8 +26,12 @@ def decode_rtsp(url: str, transport: str, frames: int) -> dict[str, Any]:
     av.logging.set_level(av.logging.WARNING)
     try:
         with av.logging.Capture(local=False) as logs:
-            container = av.open(url, options={"rtsp_transport": transport,
-                                              "timeout": "10000000"}, timeout=20)
+            options = {"rtsp_transport": transport, "timeout": "10000000"}
+            if transport == "udp":
+                # A receive buffer that holds the join burst while this thread waits for a
+                # core on a loaded machine (the kernel drops what overflows it: real loss).
+                options["buffer_size"] = str(4 << 20)
+            container = av.open(url, options=options, timeout=20)
             try:
                 stream = container.streams.video[0]
                 stream.codec_context.thread_count = 1
@@ -56,7 +60,11 @@ def decode_rtsp(url: str, transport: str, frames: int) -> dict[str, Any]:
     return result
 
 
-def assert_live_and_whole(result: dict[str, Any], frames: int) -> None:
+def assert_live_and_whole(result: dict[str, Any], frames: int, *, lost: int = 0) -> None:
+    """Decoded from a keyframe on, without decode errors, live (stamped numbers only go up) and
+    whole: a number skipped only where a keyframe starts a new run, or at most ``lost`` times
+    (UDP: FFmpeg's receiver drops a datagram now and then on a loaded machine, which the
+    server-side UDP test shows is not the sender's)."""
     assert result["first_key"] is True, "the first packet was not a keyframe"
     assert not result["errors"], result["errors"]
     stamps = result["stamps"]
@@ -65,9 +73,11 @@ def assert_live_and_whole(result: dict[str, Any], frames: int) -> None:
     assert result["keyframes"][0]
     # Live and whole: frame numbers only go up, by one, except where a keyframe starts a new
     # run (a join that skipped stale frames waits for a fresh keyframe).
+    gaps = 0
     for i in range(1, len(numbers)):
         assert numbers[i] > numbers[i - 1], numbers
-        assert numbers[i] == numbers[i - 1] + 1 or result["keyframes"][i], numbers
+        gaps += numbers[i] != numbers[i - 1] + 1 and not result["keyframes"][i]
+    assert gaps <= lost, numbers
 
 
 @pytest.mark.parametrize("transport", ["tcp", "udp"])
@@ -75,8 +85,9 @@ async def test_ffmpeg_decodes_the_live_stream(rig: Rig, transport: str) -> None:
     server = await rig.server()
     url = f"rtsp://127.0.0.1:{server.port}/cam"
     result = await asyncio.to_thread(decode_rtsp, url, transport, FRAMES)
-    assert_live_and_whole(result, FRAMES)
     stats = server.stats()
+    assert stats["send_errors"] == 0, stats
+    assert_live_and_whole(result, FRAMES, lost=0 if transport == "tcp" else 3)
     assert stats["frames_sent"] >= FRAMES and stats["sessions_total"] == 1
     assert stats["requests"]["DESCRIBE"] == 1 and stats["requests"]["PLAY"] == 1
     # Frames were packetized once, shared with the fan-out's other consumers.

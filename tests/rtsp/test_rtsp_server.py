@@ -148,10 +148,32 @@ async def test_udp_to_another_address_or_multicast_is_refused(rig: Rig) -> None:
             assert "server_port=" in own.header("transport")
             client.session = own.header("session").split(";")[0]
             assert (await client.request("PLAY")).status == 200
-            data, source = await asyncio.to_thread(rtp.recvfrom, 2048)
-            assert data[0] == 0x80 and source[0] == "127.0.0.1"
+            rtp.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+            # Every packet arrives, in order, from the server's port, frame after frame.
+            sequence, frames, server_port = await asyncio.to_thread(receive_frames, rtp, 45)
+            assert server_port == int(own.header("transport").split("server_port=")[1]
+                                      .split("-")[0])
+            assert sequence == list(range(sequence[0], sequence[0] + len(sequence)))
+            assert frames == 45
     finally:
         await client.close()
+
+
+def receive_frames(sock: socket.socket, frames: int) -> tuple[list[int], int, int]:
+    """RTP sequence numbers (unwrapped) until ``frames`` marker bits, and the sender's port."""
+    sequence: list[int] = []
+    seen = 0
+    port = 0
+    while seen < frames:
+        data, source = sock.recvfrom(4096)
+        assert data[0] == 0x80 and source[0] == "127.0.0.1"
+        port = source[1]
+        seq = struct.unpack_from("!H", data, 2)[0]
+        if sequence:
+            seq = sequence[-1] + ((seq - sequence[-1]) & 0xFFFF)
+        sequence.append(seq)
+        seen += data[1] >> 7
+    return sequence, seen, port
 
 
 async def test_garbage_gets_400_and_a_close_other_clients_play_on(rig: Rig) -> None:
