@@ -37,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -193,6 +194,9 @@ async def serve(send_path: str, port: int, max_viewers: int, record_dir: str = "
             "gc_full_collections": gc.get_stats()[2]["collections"],
             "offers_accepted": engine.offers_accepted,
             "sessions_ended": dict(engine.sessions_ended),
+            # SRTP profile each connected session negotiated (trees before it have none).
+            "srtp": dict(Counter(str(s.get("srtp_profile")) for s in sessions
+                                 if s["state"] == "connected")),
         })
 
     async def cleanup() -> None:
@@ -385,7 +389,7 @@ def measure(send_path: str, viewers: int, window: float, loop: str,
             "packets_per_s": round(packets / wall), "cpu_us_per_packet_per_viewer": round(us, 2),
             "packets_per_s_per_core": round(1e6 / us) if packets else 0,
             "server_cpu_load": round(cpu / wall, 3), "connected": s1["connected"],
-            "keyframe_skips": s1["keyframe_skips"]}
+            "keyframe_skips": s1["keyframe_skips"], "srtp": s1.get("srtp", {})}
 
 
 def main() -> None:
@@ -438,7 +442,7 @@ def main() -> None:
                       f"{row['packets_per_s_per_core']:>7} packets/s/core  "
                       f"({row['packets_per_s']} packets/s, server load "
                       f"{row['server_cpu_load']:.2f}, skips {row['keyframe_skips']}, "
-                      f"connected {row['connected']})", flush=True)
+                      f"connected {row['connected']}, srtp {row['srtp']})", flush=True)
                 print(json.dumps({"figure": "fanout", **row}), flush=True)
             ours = pair.get("fanout")
             for label, row in pair.items():

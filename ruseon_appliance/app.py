@@ -15,6 +15,7 @@ import ssl
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -27,8 +28,6 @@ from .engine.engine import Engine, default_advertise
 from .engine.fanout import Fanout
 from .events import EventBus, RecordingWatcher, StallWatcher, session_listener
 from .hls import HlsStream
-from .mqtt import HomeAssistantMqtt, load_device_id
-from .mqtt.publisher import SnapshotSource
 from .recording import Recorder, RecorderSettings
 from .relay import RtpRelay
 from .rtsp import RtspServer, RtspSource
@@ -40,6 +39,10 @@ from .web.hls import HlsResource
 from .web.metrics import Exposition
 from .web.snapshot import KeyframeSnapshot
 from .webhooks import WebhookSender
+
+if TYPE_CHECKING:
+    from .mqtt import HomeAssistantMqtt
+    from .mqtt.publisher import SnapshotSource
 
 log = logging.getLogger("ruseon")
 
@@ -290,6 +293,9 @@ class Appliance:
             await sender.start()
         if not self.config.mqtt.url:
             return
+        # Imported only when configured: paho + aiomqtt are ~1 MiB of RSS (issue 19).
+        from .mqtt import HomeAssistantMqtt, load_device_id
+
         def latest_jpeg_of(pipeline: CapturePipeline) -> SnapshotSource:
             snapshot = KeyframeSnapshot(pipeline)
 

@@ -1,0 +1,59 @@
+"""Issue 19 (memory): a serve without ``[mqtt]`` never imports the Home Assistant integration
+(paho-mqtt and aiomqtt, about 1 MiB of RSS). Not an RSS assertion: which modules load, in a
+fresh process that starts the whole appliance on a file source."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from tests.tooling import free_port
+
+DATA = Path(__file__).resolve().parent / "capture" / "data" / "cam_320x240_baseline.h264"
+WATCHED = ("ruseon_appliance.mqtt", "paho", "aiomqtt")
+
+
+def modules_loaded_by_serve(state_dir: Path, mqtt_url: str) -> list[str]:
+    """Which of :data:`WATCHED` a process has loaded once the appliance has started (first
+    frame in the ring, HTTP listening, integrations started) on the file source."""
+    script = textwrap.dedent(f"""
+        import asyncio, sys
+        from ruseon_appliance.app import Appliance
+        from ruseon_appliance.config import (CameraConfig, Config, HostPort, HttpConfig,
+                                             MqttConfig, StateConfig, WebRtcConfig)
+
+        async def main():
+            config = Config(
+                cameras=(CameraConfig(source={f"file:{DATA}"!r}, width=320, height=240),),
+                http=HttpConfig(listen=HostPort("127.0.0.1", {free_port()})),
+                webrtc=WebRtcConfig(listen=HostPort("127.0.0.1", 0), advertise=("127.0.0.1",)),
+                state=StateConfig(dir={str(state_dir)!r}),
+                mqtt=MqttConfig(url={mqtt_url!r}),
+            )
+            app = Appliance(config)
+            await app.start()
+            loaded = [m for m in {WATCHED!r} if m in sys.modules]
+            await app.stop()
+            print("loaded:" + ",".join(loaded))
+
+        asyncio.run(main())
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    line = out.stdout.strip().splitlines()[-1]
+    assert line.startswith("loaded:"), out.stdout
+    return [m for m in line.removeprefix("loaded:").split(",") if m]
+
+
+def test_a_serve_without_mqtt_imports_no_mqtt_client(tmp_path: Path) -> None:
+    assert modules_loaded_by_serve(tmp_path / "state", "") == []
+
+
+def test_a_serve_with_mqtt_loads_it(tmp_path: Path) -> None:
+    # The other side: the watched modules are real and load when configured (nothing listens
+    # on the port; a broker being down does not stop start-up).
+    loaded = modules_loaded_by_serve(tmp_path / "state", f"mqtt://127.0.0.1:{free_port()}")
+    assert set(loaded) == set(WATCHED)
