@@ -27,6 +27,7 @@ from .config import Config
 from .engine.engine import Engine, default_advertise
 from .engine.fanout import Fanout
 from .events import EventBus, RecordingWatcher, StallWatcher, session_listener
+from .heap import release_free_heap
 from .hls import HlsStream
 from .recording import Recorder, RecorderSettings
 from .relay import RtpRelay
@@ -215,6 +216,9 @@ class Appliance:
                 f"no frame from the {sources} source within {FIRST_FRAME_TIMEOUT_S:.0f} s"
             )
         self.notifier.ready()
+        # Start-up's temporaries (imports, certificate, sources' set-up) are freed by now; glibc
+        # keeps their pages until trimmed (~1 MiB of RSS, issue 19).
+        release_free_heap()
         # The watchdog fires while any camera delivers: restarting the service would not
         # bring back an unplugged camera, and would cut the others' viewers.
         healthy = frames_flowing(self.cameras.newest_frame_monotonic)

@@ -24,7 +24,7 @@ from ruseon_appliance.capture.sources.auto import (
     rpicam_camera_present,
 )
 from ruseon_appliance.capture.sources.base import SourceUnavailable
-from ruseon_appliance.capture.sources.file import FileSource
+from ruseon_appliance.capture.sources.file import FileSource, PlaybackUnits
 from ruseon_appliance.capture.sources.picamera import KeyframeStream
 from ruseon_appliance.capture.sources.rpicam import (
     RpicamFeatures,
@@ -97,6 +97,23 @@ async def test_file_source_loops_with_monotonic_pts(path: Path) -> None:
         assert stats["source_loops"] >= 1 and stats["frames_dropped"] == 0
     finally:
         await pipeline.stop()
+
+
+def test_file_source_reads_annex_b_back_from_the_file(tmp_path: Path) -> None:
+    """Issue 19 (memory): a plain .h264 file is indexed, not held in memory; every unit read
+    back is the splitter's, also after leading junk; a container stays in memory."""
+    expected = split_file(ONCE_STREAM)
+    junked = tmp_path / "junk-first.h264"
+    junked.write_bytes(b"\x17" * 1000 + ONCE_STREAM.read_bytes())
+    for path in (ONCE_STREAM, junked):
+        units = PlaybackUnits.load(path)
+        try:
+            assert not units.in_memory
+            assert [(units.read(i), units.idr[i]) for i in range(len(units))] == expected
+        finally:
+            units.close()
+    clip = PlaybackUnits.load(MP4_CLIP)
+    assert clip.in_memory and len(clip) == 45 and clip.idr[0]
 
 
 async def test_file_source_missing_file_is_a_clear_error(tmp_path: Path) -> None:
