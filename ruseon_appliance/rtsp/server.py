@@ -197,8 +197,15 @@ class RtspServer:
         conn = _Connection(writer, (_plain_ip(str(peer[0])), int(peer[1])),
                            (_plain_ip(str(local[0])), int(local[1])))
         conn.full = len(self._connections) >= self.config.max_clients
-        self._connections.add(conn)
         self.connections_total += 1
+        if len(self._connections) >= 2 * self.config.max_clients + 16:
+            # A flood of connections: beyond the ones answered 503, not even a response.
+            self.rejected_full += 1
+            writer.transport.abort()
+            if task is not None:
+                self._handlers.discard(task)
+            return
+        self._connections.add(conn)
         try:
             await self._read_loop(conn, reader)
         except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
@@ -218,7 +225,10 @@ class RtspServer:
     async def _read_loop(self, conn: _Connection, reader: asyncio.StreamReader) -> None:
         writer = conn.writer
         while True:
-            idle = None if conn.playing() else self.session_timeout_s
+            # Playing: no timeout (a TCP session lasts as long as its connection). Refused for
+            # being full: the first request comes at once or the connection goes.
+            idle = (REQUEST_TIMEOUT_S if conn.full
+                    else None if conn.playing() else self.session_timeout_s)
             async with asyncio.timeout(idle):
                 first = await reader.readexactly(1)
             async with asyncio.timeout(REQUEST_TIMEOUT_S):

@@ -241,6 +241,14 @@ async def test_max_clients_503_and_pli_becomes_a_keyframe_request(rig: Rig) -> N
         assert await second.closed()
         await second.close()
         assert server.stats()["rejected_full"] == 1
+        # A flood of idle connections: past twice max_clients (+16) they are cut at once.
+        idle = [await RawClient.connect(server.port) for _ in range(17)]
+        await wait_for(lambda: server.stats()["clients"] == 18, what="18 connections")
+        cut = await RawClient.connect(server.port)
+        assert await cut.closed()
+        assert server.stats()["clients"] == 18 and server.stats()["rejected_full"] == 2
+        for client in (cut, *idle):
+            await client.close()
 
         # Sender reports on channel 1; a PLI there is the capture's keyframe request.
         await wait_for(lambda: any(p[1] == 200 for p in first.rtcp), what="a sender report")
