@@ -54,6 +54,9 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
                         help="record continuously into DIR (recording.dir + recording.continuous)")
     parser.add_argument("--mqtt", metavar="URL",
                         help="MQTT broker for Home Assistant (mqtt://HOST[:PORT] or mqtts://)")
+    parser.add_argument("--rtsp", metavar="HOST:PORT",
+                        help="serve RTSP for NVRs here (rtsp.enable + rtsp.listen, e.g. "
+                             "0.0.0.0:8554)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -98,6 +101,9 @@ def config_from_args(args: argparse.Namespace) -> Config:
     put("webrtc", "max_viewers", args.max_viewers)
     put("log", "level", args.log_level)
     put("mqtt", "url", args.mqtt)
+    if args.rtsp is not None:
+        put("rtsp", "listen", args.rtsp)
+        put("rtsp", "enable", "true")
     if args.relay is not None:
         flags["relay"] = {"url": args.relay}
     if args.record_dir is not None:

@@ -294,6 +294,10 @@ class RtspServer:
                                 reason=f"at most {self.config.max_clients} RTSP clients",
                                 close=True), None
         if method == "OPTIONS":
+            # Some clients keep a UDP session alive with OPTIONS instead of GET_PARAMETER.
+            session = self._session_of(conn, request.header("session").split(";", 1)[0].strip())
+            if session is not None:
+                session.last_activity = time.monotonic()
             return RtspResponse(200, [("Public", PUBLIC)]), None
         if method in _NOT_ALLOWED:
             return RtspResponse(405, [("Allow", PUBLIC)],

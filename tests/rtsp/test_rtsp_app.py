@@ -10,6 +10,7 @@ import aiohttp
 import pytest
 
 from ruseon_appliance.app import Appliance
+from ruseon_appliance.cli import build_parser, config_from_args
 from ruseon_appliance.config import (
     Config,
     ConfigError,
@@ -33,6 +34,9 @@ def test_rtsp_config_is_off_by_default_and_read_from_toml(tmp_path: Path) -> Non
     config = load_config(path, env={})
     assert config.rtsp.enable and config.rtsp.listen == HostPort("127.0.0.1", 9554)
     assert config.rtsp.max_clients == 3
+    flags = build_parser().parse_args(["serve", "--config", str(path), "--rtsp", "[::1]:8555"])
+    from_flags = config_from_args(flags)
+    assert from_flags.rtsp.enable and from_flags.rtsp.listen == HostPort("::1", 8555)
     path.write_text("[rtsp]\nmax_clients = 0\n")
     with pytest.raises(ConfigError, match=r"rtsp\.max_clients"):
         load_config(path, env={})

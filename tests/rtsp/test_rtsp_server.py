@@ -267,15 +267,25 @@ async def test_max_clients_503_and_pli_becomes_a_keyframe_request(rig: Rig) -> N
 
 
 async def test_udp_sessions_without_signs_of_life_are_reaped(rig: Rig) -> None:
-    server = await rig.server(session_timeout_s=1.0)
+    server = await rig.server(session_timeout_s=2.0)
     client = await RawClient.connect(server.port)
     try:
         setup = await client.request("SETUP", f"{client.url}/trackID=0", {
             "Transport": "RTP/AVP;unicast;client_port=40000-40001"})
-        assert setup.status == 200 and setup.header("session").endswith(";timeout=1")
+        assert setup.status == 200 and setup.header("session").endswith(";timeout=2")
         client.session = setup.header("session").split(";")[0]
         assert (await client.request("PLAY")).status == 200
         assert rig.fanout.stats()["consumers"] == 1
+        # Keep-alives keep it: OPTIONS (as some clients send) for 1.5 timeouts, then
+        # GET_PARAMETER for 1.5 timeouts; then it is left alone.
+        for i in range(12):
+            if i < 6:  # (the raw client names the session itself in all but OPTIONS)
+                alive = await client.request("OPTIONS", headers={"Session": client.session})
+            else:
+                alive = await client.request("GET_PARAMETER")
+            assert alive.status == 200
+            await asyncio.sleep(0.4)  # a fifth of the timeout: room for a loaded machine
+        assert server.stats()["sessions_reaped"] == 0 and len(server.sessions) == 1
         # Nothing comes back from 127.0.0.1:40000 (no RTCP, no keep-alive): reaped.
         await wait_for(lambda: server.stats()["sessions_reaped"] == 1, what="the reaping")
         assert not server.sessions and rig.fanout.stats()["consumers"] == 0
