@@ -32,6 +32,7 @@ from .hls import HlsStream
 from .recording import Recorder, RecorderSettings
 from .relay import RtpRelay
 from .rtsp import RtspServer, RtspSource
+from .rtsp.server import METRICS as RTSP_METRICS
 from .shutdown import StopSignals, bounded, until_stopped
 from .systemd_integration import SystemdNotifier, frames_flowing
 from .web.app import CAMERAS, DEVICE_API, HLS, make_app
@@ -281,8 +282,14 @@ class Appliance:
     def _rtsp_metrics(self) -> str:
         """The RTSP server's figures as ``/metrics`` families (``ruseon_rtsp_*``)."""
         out = Exposition()
-        if self.rtsp is not None:
-            out.stats("ruseon_rtsp", self.rtsp.stats(), "RTSP server")
+        if self.rtsp is None:
+            return out.text()
+        stats = self.rtsp.stats()
+        for key, kind, help_text in RTSP_METRICS:
+            name = f"ruseon_rtsp_{key}" + ("_total" if kind == "counter" else "")
+            out.family(name, kind, help_text, [("", stats[key])])
+        out.family("ruseon_rtsp_requests_total", "counter", "RTSP requests by method.",
+                   [(f'{{method="{m}"}}', n) for m, n in sorted(stats["requests"].items())])
         return out.text()
 
     async def _start_integrations(self) -> None:

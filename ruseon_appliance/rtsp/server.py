@@ -65,6 +65,28 @@ _KNOWN = frozenset(PUBLIC.replace(",", " ").split())
 _NOT_ALLOWED = frozenset({"ANNOUNCE", "RECORD", "REDIRECT"})
 
 
+# What /metrics exports of stats(): (key, "counter" or "gauge", help). Counters get "_total".
+METRICS = (
+    ("clients", "gauge", "RTSP connections open."),
+    ("sessions", "gauge", "RTSP sessions set up."),
+    ("playing", "gauge", "RTSP sessions playing."),
+    ("bytes_sent", "counter", "Bytes of RTP (with interleaved framing) sent to RTSP clients."),
+    ("packets_sent", "counter", "RTP packets sent to RTSP clients."),
+    ("frames_sent", "counter", "Frames sent to RTSP clients."),
+    ("frames_skipped", "counter",
+     "Frames RTSP clients did not get (joining, or too slow: skipped to a keyframe)."),
+    ("keyframe_skips", "counter", "Times an RTSP client fell behind and skipped to a keyframe."),
+    ("keyframe_requests_received", "counter", "PLI/FIR received from RTSP clients."),
+    ("send_errors", "counter", "RTP packets to RTSP clients that could not be sent."),
+    ("sessions_total", "counter", "RTSP sessions set up since start."),
+    ("sessions_reaped", "counter", "UDP sessions closed for showing no sign of life."),
+    ("auth_failures", "counter", "RTSP requests with wrong credentials."),
+    ("auth_challenges", "counter", "RTSP requests without credentials (answered 401)."),
+    ("bad_requests", "counter", "RTSP requests that could not be parsed (400, closed)."),
+    ("rejected_full", "counter", "RTSP connections or sessions refused at max_clients (503)."),
+)
+
+
 @dataclass(frozen=True, slots=True)
 class RtspSource:
     """One camera as the server offers it (built in ``app.py``; the name is its URL path)."""

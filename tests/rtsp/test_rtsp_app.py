@@ -76,8 +76,11 @@ async def test_appliance_serves_each_camera_over_rtsp(tmp_path: Path, send_path:
             rtsp = status["rtsp"]
             assert rtsp["playing"] == 1 and rtsp["sessions_total"] == 2
             assert rtsp["session_list"][0]["camera"] == "front"
-            assert "ruseon_rtsp_frames_sent " in metrics
-            assert 'ruseon_rtsp_requests{key="PLAY"} 2.0' in metrics
+            assert "# TYPE ruseon_rtsp_frames_sent_total counter" in metrics
+            assert "ruseon_rtsp_frames_sent_total " in metrics
+            assert "ruseon_rtsp_playing 1.0" in metrics
+            assert 'ruseon_rtsp_requests_total{method="PLAY"} 2.0' in metrics
+            assert "ruseon_rtsp_auth_failures_total 0.0" in metrics
         finally:
             await client.close()
     finally:
