@@ -16,6 +16,13 @@ from its own ``/proc/self/status`` after a ``gc.collect()``:
   (``malloc_trim``) and RSS read again: what remains is memory actually in use.
 
     .venv/bin/python bench/memory.py [--quick] [--cycles 1000]
+
+``--serve`` measures the real ``ruseon serve --source file:`` instead (the whole appliance:
+web, HLS, recorder, default config, no viewers): RSS at ``--at`` seconds after start (default
+8 and 45: fresh, and once the ring has wrapped and the HLS window is full), with the largest
+mappings from ``/proc/PID/smaps``; ``--baseline DIR`` serves another checkout in the same run.
+
+    .venv/bin/python bench/memory.py --serve --baseline /tmp/base-tree
 """
 
 from __future__ import annotations
@@ -47,6 +54,70 @@ def inspect(server: Server, *, trim: bool = False, collect: bool = True) -> dict
     return stats
 
 
+def smaps_top(pid: int, count: int = 8) -> list[tuple[str, int]]:
+    """The ``count`` largest mappings of a process by RSS (KiB), by file name or kind."""
+    sizes: dict[str, int] = {}
+    name = ""
+    with open(f"/proc/{pid}/smaps") as fh:
+        for line in fh:
+            first = line.split(maxsplit=6)
+            if "-" in first[0] and len(first) >= 5 and ":" in first[3]:
+                name = first[5].strip().rsplit("/", 1)[-1] if len(first) > 5 else "[anon]"
+            elif first[0] == "Rss:":
+                sizes[name] = sizes.get(name, 0) + int(first[1])
+    return sorted(sizes.items(), key=lambda kv: -kv[1])[:count]
+
+
+def rss_of(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:"))
+
+
+def serve_rss(tree: Path, at: list[float]) -> list[dict[str, Any]]:
+    """RSS of ``ruseon serve --source file:`` from ``tree`` at each of ``at`` seconds."""
+    import subprocess
+    import tempfile
+
+    from fanout import free_port
+
+    state = tempfile.mkdtemp()
+    config = Path(state) / "empty.toml"
+    config.write_text("")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ruseon_appliance", "serve", "--config", str(config),
+         "--source", f"file:{recorded_stream()}", "--http", f"127.0.0.1:{free_port()}",
+         "--rtc", "127.0.0.1:0", "--advertise", "127.0.0.1", "--state-dir", state,
+         "--log-level", "warning"], cwd=tree, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
+    started = time.monotonic()
+    rows = []
+    try:
+        for seconds in at:
+            time.sleep(max(0.0, started + seconds - time.monotonic()))
+            if proc.poll() is not None:
+                raise RuntimeError(f"ruseon serve in {tree} exited with {proc.returncode}")
+            rows.append({"tree": str(tree), "at_s": seconds, "rss_kib": rss_of(proc.pid),
+                         "top": smaps_top(proc.pid)})
+    finally:
+        proc.terminate()
+        proc.wait(20)
+    return rows
+
+
+def serve_main(args: argparse.Namespace) -> None:
+    recorded_stream()
+    trees = [Path(__file__).resolve().parent.parent]
+    if args.baseline is not None:
+        trees.insert(0, args.baseline.resolve())
+    for _ in range(args.runs):
+        for tree in trees:
+            for row in serve_rss(tree, args.at):
+                top = ", ".join(f"{name} {kib / 1024:.1f}" for name, kib in row["top"])
+                print(f"serve {tree}: RSS {row['rss_kib'] / 1024:6.1f} MiB at {row['at_s']:.0f} s"
+                      f"  ({top})", flush=True)
+                print(json.dumps({"figure": "serve_rss", **row}), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="0, 10, 30 viewers")
@@ -56,7 +127,17 @@ def main() -> None:
     parser.add_argument("--no-collect", action="store_true",
                         help="checkpoints read RSS as it is, without a gc.collect() (only the "
                              "final reading collects): shows what waits for the collector")
+    parser.add_argument("--serve", action="store_true",
+                        help="the RSS of the real ruseon serve --source file: instead")
+    parser.add_argument("--at", type=float, nargs="*", default=[8.0, 45.0],
+                        help="--serve: seconds after start to read RSS at")
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="--serve: another checkout measured in the same run")
+    parser.add_argument("--runs", type=int, default=2, help="--serve: runs (interleaved)")
     args = parser.parse_args()
+    if args.serve:
+        serve_main(args)
+        return
     recorded_stream()
     counts = [10, 30] if args.quick else [10, 30, 100]
 

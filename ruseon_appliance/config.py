@@ -37,6 +37,11 @@ RESERVED_CAMERA_NAMES = frozenset({"sessions"})
 PROFILES = ("baseline", "main", "high")
 # White balance modes both camera sources accept: libcamera's AwbModeEnum (picamera2) and
 # rpicam-apps' --awb table (core/options.cpp), which also has "normal" as a synonym of auto.
+# camera.ring_bytes = 0: the arena holds this many seconds of the configured bitrate (the GOP
+# catch-up needs up to 2.5 s, a recording's pre-roll 5 s plus a GOP), within these bounds.
+RING_SECONDS = 16
+RING_AUTO_MIN_BYTES = 2 * 1024 * 1024
+RING_AUTO_MAX_BYTES = 8 * 1024 * 1024
 # SRTP protection profiles webrtc.srtp_profiles may name (OpenSSL's names), in aiortc's order.
 SRTP_PROFILE_NAMES = ("SRTP_AEAD_AES_256_GCM", "SRTP_AEAD_AES_128_GCM", "SRTP_AES128_CM_SHA1_80")
 # List keys that also take one string ("auto") from a file.
@@ -98,13 +103,26 @@ class CameraConfig:
     gain: float = 0.0
     # Auto white balance mode name as picamera2 knows it (auto, daylight, cloudy, ...).
     awb: str = "auto"
-    # Ring buffer arena and slot table.
-    ring_bytes: int = 8 * 1024 * 1024
+    # Ring buffer arena (0: sized from the bitrate, see ring_arena_bytes) and slot table.
+    ring_bytes: int = 0
     ring_slots: int = 1024
     # Largest access unit the muxer can assemble.
     max_frame_bytes: int = 1024 * 1024
     # rpicam-vid executable (for source = rpicam).
     rpicam_command: str = "rpicam-vid"
+
+    @property
+    def ring_arena_bytes(self) -> int:
+        """The ring arena's size: ``ring_bytes``, or for 0 :data:`RING_SECONDS` of ``bitrate``
+        (2 to 8 MiB; a file source's ``bitrate`` is taken as the file's, as the GOP catch-up
+        does), 8 MiB for a network camera (its bitrate is not the configured one). The arena is
+        resident from the start (``bytearray`` zero-fills it): 8 MiB held 33 s of a 2 Mbit/s
+        stream (issue 19)."""
+        if self.ring_bytes:
+            return self.ring_bytes
+        if self.source_kind not in SOURCE_KINDS and not self.source.startswith("file:"):
+            return RING_AUTO_MAX_BYTES
+        return min(RING_AUTO_MAX_BYTES, max(RING_AUTO_MIN_BYTES, self.bitrate // 8 * RING_SECONDS))
 
     @property
     def source_kind(self) -> str:
@@ -870,17 +888,17 @@ def validate_camera(cam: CameraConfig, key: str = "camera") -> None:
     _check(cam.gain >= 0, f"{key}.gain", cam.gain, "0 (auto) or more")
     _check(cam.awb in AWB_MODES, f"{key}.awb", cam.awb, "allowed are " + ", ".join(AWB_MODES))
     _check(
-        64 * 1024 <= cam.ring_bytes <= 512 * 1024 * 1024,
+        cam.ring_bytes == 0 or 64 * 1024 <= cam.ring_bytes <= 512 * 1024 * 1024,
         f"{key}.ring_bytes",
         cam.ring_bytes,
-        "64 KiB to 512 MiB",
+        "0 (sized from the bitrate) or 64 KiB to 512 MiB",
     )
     _check(16 <= cam.ring_slots <= 65536, f"{key}.ring_slots", cam.ring_slots, "16 to 65536")
     _check(
-        16 * 1024 <= cam.max_frame_bytes <= cam.ring_bytes,
+        16 * 1024 <= cam.max_frame_bytes <= cam.ring_arena_bytes,
         f"{key}.max_frame_bytes",
         cam.max_frame_bytes,
-        "16 KiB up to camera.ring_bytes",
+        f"16 KiB up to the ring arena ({cam.ring_arena_bytes} bytes, camera.ring_bytes)",
     )
 
 

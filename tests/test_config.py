@@ -9,12 +9,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ruseon_appliance.config import (
+    CameraConfig,
     Config,
     ConfigError,
     HostPort,
     load_config,
     parse_host_port,
     to_toml,
+    validate_camera,
 )
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "ruseon_appliance" / "ruseon.example.toml"
@@ -102,6 +104,20 @@ def test_srtp_profiles_auto_or_a_list(tmp_path: Path) -> None:
     env = {"RUSEON_WEBRTC_SRTP_PROFILES": "SRTP_AES128_CM_SHA1_80,SRTP_AEAD_AES_256_GCM"}
     assert load_config(tmp_path / "x.toml", env=env).webrtc.srtp_profiles == (
         "SRTP_AES128_CM_SHA1_80", "SRTP_AEAD_AES_256_GCM")
+
+
+def test_ring_arena_from_the_bitrate_unless_set() -> None:
+    """Issue 19: the arena holds 16 s of the configured bitrate (2-8 MiB); a network camera's
+    bitrate is not the configured one, so it keeps 8 MiB."""
+    assert CameraConfig().ring_arena_bytes == 4_000_000  # 2 Mbit/s
+    assert CameraConfig(source="rpicam:1", bitrate=300_000).ring_arena_bytes == 2 * 1024 * 1024
+    assert CameraConfig(source="picamera", bitrate=8_000_000).ring_arena_bytes == 8 * 1024 * 1024
+    assert CameraConfig(source="file:/x.h264").ring_arena_bytes == 4_000_000
+    rtsp = CameraConfig(source="rtsp://127.0.0.1/cam", bitrate=300_000)
+    assert rtsp.ring_arena_bytes == 8 * 1024 * 1024
+    assert CameraConfig(ring_bytes=1024 * 1024).ring_arena_bytes == 1024 * 1024
+    with pytest.raises(ConfigError, match=r"max_frame_bytes .* up to the ring arena \(2097152"):
+        validate_camera(CameraConfig(bitrate=300_000, max_frame_bytes=3 * 1024 * 1024))
 
 
 def test_bad_environment_variable_is_named(tmp_path: Path) -> None:

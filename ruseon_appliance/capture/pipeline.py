@@ -34,7 +34,7 @@ class CapturePipeline:
 
     def __init__(self, camera: CameraConfig, *, source: Source | None = None) -> None:
         self.camera = camera
-        self.ring = RingBuffer(camera.ring_bytes, camera.ring_slots)
+        self.ring = RingBuffer(camera.ring_arena_bytes, camera.ring_slots)
         self._muxer = Muxer(camera.max_frame_bytes)
         self._source: Source = source if source is not None else create_source(camera)
         self._coalescer = KeyframeCoalescer(
