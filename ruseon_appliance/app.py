@@ -24,7 +24,12 @@ from .capture.controls import CameraControls, camera_with
 from .capture.pipeline import CapturePipeline
 from .capture.sources.base import SourceUnavailable
 from .config import Config
-from .engine.engine import Engine, default_advertise
+from .engine.engine import (
+    GOP_CATCH_UP_MAX_S,
+    NO_KEYFRAME_ON_DEMAND,
+    Engine,
+    default_advertise,
+)
 from .engine.fanout import Fanout
 from .events import EventBus, RecordingWatcher, StallWatcher, session_listener
 from .heap import release_free_heap
@@ -273,9 +278,13 @@ class Appliance:
                     min_bitrate=camera.bitrate)
                 fanout.start()
             catch_up = max(3, -(-camera.framerate * camera.keyframe_request_interval_ms // 1000))
+            # As the engine does for viewers: the GOP so far when no fresh IDR can be had.
+            gop_bytes = (int(camera.bitrate / 8 * GOP_CATCH_UP_MAX_S)
+                         if feed.source_kind in NO_KEYFRAME_ON_DEMAND else 0)
             sources.append(RtspSource(cam.name, feed, fanout, framerate=camera.framerate,
                                       catch_up_max_frames=catch_up,
-                                      keyframe_interval_frames=camera.keyframe_interval))
+                                      keyframe_interval_frames=camera.keyframe_interval,
+                                      catch_up_max_bytes=gop_bytes))
         self.rtsp = RtspServer(self.config.rtsp, sources, token=self.config.auth.resolve_token())
         await self.rtsp.start()
 

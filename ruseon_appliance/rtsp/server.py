@@ -97,6 +97,9 @@ class RtspSource:
     framerate: int
     catch_up_max_frames: int
     keyframe_interval_frames: int
+    # A source that cannot make a keyframe on demand: the GOP so far (up to this many bytes)
+    # goes out at PLAY, as for a WebRTC viewer, instead of a still picture until the next IDR.
+    catch_up_max_bytes: int = 0
 
 
 def _plain_ip(host: str) -> str:
@@ -188,7 +191,9 @@ class RtspServer:
         if self._server is not None:
             self._server.close()
         for conn in list(self._connections):
-            conn.writer.transport.abort()
+            conn.writer.transport.abort()  # their handlers end on the closed connection
+        if self._handlers:
+            await asyncio.wait(list(self._handlers), timeout=2.0)
         for task in list(self._handlers):
             await cancel_and_wait(task)
         if self._server is not None:
@@ -423,7 +428,7 @@ class RtspServer:
             secrets.token_hex(8), source.name, source.feed, source.fanout,
             framerate=source.framerate, catch_up_max_frames=source.catch_up_max_frames,
             keyframe_interval_frames=source.keyframe_interval_frames, peer=conn.peer,
-            buffer_limit=self.buffer_limit)
+            buffer_limit=self.buffer_limit, catch_up_max_bytes=source.catch_up_max_bytes)
         if spec.tcp:
             channels = spec.interleaved or self._free_channels(conn)
             assert channels is not None

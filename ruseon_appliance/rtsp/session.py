@@ -43,7 +43,13 @@ from aiortc.rtp import (
 )
 
 from ruseon_appliance.capture.h264 import StreamInfo
-from ruseon_appliance.engine.fanout import Fanout, PacketizedFrame, ntp_now
+from ruseon_appliance.engine.fanout import (
+    JOIN_PACE_BYTES,
+    JOIN_PACE_S,
+    Fanout,
+    PacketizedFrame,
+    ntp_now,
+)
 from ruseon_appliance.engine.track import VideoFeed, ViewerCursor
 
 logger = logging.getLogger(__name__)
@@ -84,6 +90,7 @@ class RtspSession:
         keyframe_interval_frames: int,
         peer: tuple[str, int],
         buffer_limit: int = TCP_BUFFER_LIMIT,
+        catch_up_max_bytes: int = 0,
     ) -> None:
         self.id = session_id
         self.camera = camera
@@ -91,7 +98,8 @@ class RtspSession:
         self._fanout = fanout
         self._frame_interval = round(90_000 / max(1, framerate))
         self._max_backlog_frames = max(2, round(framerate * MAX_BACKLOG_S))
-        self._cursor_settings = (catch_up_max_frames, keyframe_interval_frames)
+        self._cursor_settings = (catch_up_max_frames, keyframe_interval_frames,
+                                 catch_up_max_bytes)
         self.peer = peer
         self.buffer_limit = buffer_limit
         self.transport_kind: Literal["tcp", "udp", ""] = ""
@@ -118,6 +126,10 @@ class RtspSession:
         self._next_sr = 0.0
         self._skipping = False
         self._stuck_since: float | None = None
+        # UDP: the join burst leaves in slices (as the fan-out paces its viewers'), so a Wi-Fi
+        # link or a switch buffer does not lose part of it.
+        self._pace_handle: asyncio.TimerHandle | None = None
+        self.paced_slices = 0
         # counters
         self.frames_sent = 0
         self.keyframes_sent = 0
@@ -184,13 +196,14 @@ class RtspSession:
     def prepare_play(self) -> tuple[int, int | None]:
         """Join the ring (as a viewer does) before the PLAY response; returns the sequence
         number and, when a frame is already queued, the RTP timestamp of the first packet."""
-        catch_up, gop = self._cursor_settings
+        catch_up, gop, gop_bytes = self._cursor_settings
         if self.cursor is None:
             self.cursor = ViewerCursor(self._feed, self._fanout.take,
                                        frame_interval=self._frame_interval,
                                        catch_up_max_frames=catch_up,
                                        keyframe_interval_frames=gop,
-                                       on_keyframe_request=self._request_keyframe)
+                                       on_keyframe_request=self._request_keyframe,
+                                       catch_up_max_bytes=gop_bytes)
         self.cursor.pull()
         rtptime = None
         if self.cursor.queue:
@@ -201,6 +214,7 @@ class RtspSession:
         """Start sending (after the PLAY response is written)."""
         if self.state == "closed":
             return
+        self._loop = asyncio.get_running_loop()
         self.state = "playing"
         self._next_sr = 0.0
         self._fanout.add_consumer(self)
@@ -212,6 +226,7 @@ class RtspSession:
             return
         self.state = "ready"
         self._fanout.remove_consumer(self)
+        self._cancel_pacing()
         if self.cursor is not None:
             self._skipped_before += self.cursor.frames_skipped
             self.cursor.close()
@@ -223,6 +238,7 @@ class RtspSession:
             return
         self.state = "closed"
         self._fanout.remove_consumer(self)
+        self._cancel_pacing()
         if self.cursor is not None:
             self.cursor.close()
         for sock in (self._rtp_sock, self._rtcp_sock):
@@ -251,11 +267,21 @@ class RtspSession:
                 self._fell_behind(cursor, now)
                 return
             self._stuck_since = None
-        if len(cursor.queue) > self._max_backlog_frames and self.frames_sent:
+            if len(cursor.queue) > self._max_backlog_frames and self.frames_sent:
+                self._fell_behind(cursor, now)
+                cursor.pull()
+        elif len(cursor.queue) > 4 * self._max_backlog_frames:
+            # UDP's queue only outlasts a call while a burst is paced; this long, the pacing
+            # timer is starved (an overloaded board): catch up at the next keyframe.
             self._fell_behind(cursor, now)
             cursor.pull()
+        sent_bytes = 0
         while cursor.queue:
+            if tcp is None and sent_bytes >= JOIN_PACE_BYTES:
+                self._pace_later()
+                break
             frame, out_pts, keyframe, _capture = cursor.queue.popleft()
+            sent_bytes += frame.size
             timestamp = (self._ts_origin + out_pts) & 0xFFFFFFFF
             if tcp is not None:
                 self._send_tcp(tcp, frame, timestamp)
@@ -270,6 +296,23 @@ class RtspSession:
         if now >= self._next_sr and self.packets_sent:
             self._next_sr = now + SR_INTERVAL_S * (0.5 + random.random())
             self.send_report(now)
+
+    def _pace_later(self) -> None:
+        if self._pace_handle is None and self._loop is not None:
+            self.paced_slices += 1
+            self._pace_handle = self._loop.call_later(JOIN_PACE_S, self._paced)
+
+    def _paced(self) -> None:
+        self._pace_handle = None
+        try:
+            self.service(time.monotonic())
+        except Exception:  # as the fan-out guards its consumers: one client's trouble only
+            logger.exception("rtsp: sending to %s failed", self.peer[0])
+
+    def _cancel_pacing(self) -> None:
+        if self._pace_handle is not None:
+            self._pace_handle.cancel()
+            self._pace_handle = None
 
     def _fell_behind(self, cursor: ViewerCursor[PacketizedFrame], now: float) -> None:
         """The client cannot keep up: drop what waits, go on at the next keyframe."""
@@ -426,4 +469,5 @@ class RtspSession:
             "keyframe_requests_received": self.keyframe_requests_received,
             "fraction_lost": round(self.fraction_lost, 4),
             "send_errors": self.send_errors,
+            "paced_slices": self.paced_slices,
         }

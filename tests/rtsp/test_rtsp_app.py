@@ -87,6 +87,40 @@ async def test_appliance_serves_each_camera_over_rtsp(tmp_path: Path, send_path:
         await appliance.stop()
 
 
+async def test_a_file_source_joins_with_the_gop_so_far_not_a_still_picture(
+        tmp_path: Path) -> None:
+    """A source that cannot make a keyframe on demand (a file replay): PLAY sends the GOP so
+    far, as a WebRTC viewer gets it, instead of one stale keyframe and nothing until the next."""
+    data = Path(__file__).resolve().parents[1] / "capture" / "data" / "cam_320x240_baseline.h264"
+    rtsp_port = free_port()
+    config = Config(
+        camera=camera(source=f"file:{data}"),
+        http=HttpConfig(listen=HostPort("127.0.0.1", free_port())),
+        webrtc=WebRtcConfig(listen=HostPort("127.0.0.1", 0), advertise=("127.0.0.1",)),
+        state=StateConfig(dir=str(tmp_path / "state")),
+        rtsp=RtspConfig(enable=True, listen=HostPort("127.0.0.1", rtsp_port)),
+    )
+    appliance = Appliance(config)
+    await appliance.start()
+    try:
+        assert appliance.rtsp is not None
+        for _ in range(3):
+            await asyncio.sleep(0.4)  # joins at different places in the GOP
+            client = await RawClient.connect(rtsp_port)
+            try:
+                await client.play_tcp()
+                await wait_for(lambda: client.frames >= 10, what="10 frames")
+                session = appliance.rtsp.sessions[client.session]
+                assert client.first_nal == 7 and client.sequence_gaps == 0
+                assert session.cursor is not None
+                assert session.cursor.join_mode != "keyframe-then-live"
+                assert session.frames_skipped == 0
+            finally:
+                await client.close()
+    finally:
+        await appliance.stop()
+
+
 async def test_rtsp_is_off_unless_enabled(tmp_path: Path) -> None:
     config = Config(
         camera=camera(),
