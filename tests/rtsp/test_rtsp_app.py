@@ -109,7 +109,7 @@ async def test_a_file_source_joins_with_the_gop_so_far_not_a_still_picture(
             client = await RawClient.connect(rtsp_port)
             try:
                 await client.play_tcp()
-                await wait_for(lambda: client.frames >= 10, what="10 frames")
+                await wait_for(lambda c=client: c.frames >= 10, what="10 frames")
                 session = appliance.rtsp.sessions[client.session]
                 assert client.first_nal == 7 and client.sequence_gaps == 0
                 assert session.cursor is not None
