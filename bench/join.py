@@ -611,12 +611,38 @@ def chromium_join(browser: Any, server: Any, watch_s: float) -> dict[str, Any]:
     }
 
 
-# Loaded by a ``ruseon serve`` started for a ``fanout:BYTES`` path: the join burst leaves in
-# slices of BYTES (every JOIN_PACE_S) instead of the engine's JOIN_PACE_BYTES.
+# Loaded by a ``ruseon serve`` started for a ``fanout:BYTES`` path (the join burst leaves in
+# slices of BYTES every JOIN_PACE_S instead of the engine's JOIN_PACE_BYTES), or for
+# ``fanout:spread`` (an experiment: the burst's RTP timestamps spread at the pacing rate, each
+# frame stamped when it is due to leave, instead of squeezed into the last ticks).
 PACE_HOOK = """import os
 if os.environ.get("JOIN_BENCH_PACE_BYTES"):
     from ruseon_appliance.engine import fanout
     fanout.JOIN_PACE_BYTES = int(os.environ["JOIN_BENCH_PACE_BYTES"])
+if os.environ.get("JOIN_BENCH_SPREAD"):
+    from ruseon_appliance.engine import fanout, track
+    original_join = track.ViewerCursor.join
+
+    def join(self):
+        original_join(self)
+        if self.join_mode not in ("catch-up", "catch-up-gop") or len(self.queue) < 2:
+            return
+        entries = list(self.queue)
+        sizes = [getattr(e[0], "size", 0) or len(e[0]) for e in entries]
+        per_tick = fanout.JOIN_PACE_BYTES / (fanout.JOIN_PACE_S * 90_000)
+        now_pts = entries[-1][1]
+        after = sum(sizes)
+        stamped = []
+        for (taken, _pts, keyframe, capture), size in zip(entries, sizes):
+            after -= size
+            stamped.append((taken, now_pts - round(after / per_tick), keyframe, capture))
+        for i in range(len(stamped) - 2, -1, -1):  # strictly increasing, ending at now_pts
+            if stamped[i][1] >= stamped[i + 1][1]:
+                stamped[i] = (stamped[i][0], stamped[i + 1][1] - 1, *stamped[i][2:])
+        self.queue.clear()
+        self.queue.extend(stamped)
+
+    track.ViewerCursor.join = join
 """
 
 
@@ -679,8 +705,11 @@ def chromium_main(joins: int, watch_s: float, source: str, paths: list[str]) -> 
             server = Server(Path(state) / path.replace(":", "-"),
                             extra_args=["--source", source, "--config", str(config)])
             saved = dict(os.environ)
-            if pace:  # a join-burst slice size other than the engine's (an experiment)
-                os.environ["JOIN_BENCH_PACE_BYTES"] = pace
+            if pace:  # an experiment: see PACE_HOOK
+                if pace == "spread":
+                    os.environ["JOIN_BENCH_SPREAD"] = "1"
+                else:
+                    os.environ["JOIN_BENCH_PACE_BYTES"] = pace
                 os.environ["PYTHONPATH"] = os.pathsep.join(
                     filter(None, [str(hook), os.environ.get("PYTHONPATH")]))
             try:
