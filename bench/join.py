@@ -34,6 +34,7 @@ socket buffer overflows on loopback: some NACK/RTX), which does not delay the fi
     .venv/bin/python bench/join.py --source rpicam    # the fake rpicam-vid (restarts for IDRs)
     sudo .venv/bin/python bench/join.py chromium      # Chromium at 720p (see chromium_main)
     sudo .venv/bin/python bench/join.py chromium --paths fanout fanout:8192 fanout:1048576
+    sudo .venv/bin/python bench/join.py chromium --paths fanout fanout:squeeze
 
 ``chromium`` measures what Chromium shows joining the same stream through the device page
 (``ruseon serve --source file:``, one server per send path, joins interleaved), inside a private
@@ -613,36 +614,21 @@ def chromium_join(browser: Any, server: Any, watch_s: float) -> dict[str, Any]:
 
 # Loaded by a ``ruseon serve`` started for a ``fanout:BYTES`` path (the join burst leaves in
 # slices of BYTES every JOIN_PACE_S instead of the engine's JOIN_PACE_BYTES), or for
-# ``fanout:spread`` (an experiment: the burst's RTP timestamps spread at the pacing rate, each
-# frame stamped when it is due to leave, instead of squeezed into the last ticks).
+# ``fanout:squeeze`` (the join burst's RTP timestamps squeezed into the last ticks, as before they
+# followed the pacing: see engine/track.py).
 PACE_HOOK = """import os
 if os.environ.get("JOIN_BENCH_PACE_BYTES"):
     from ruseon_appliance.engine import fanout
     fanout.JOIN_PACE_BYTES = int(os.environ["JOIN_BENCH_PACE_BYTES"])
-if os.environ.get("JOIN_BENCH_SPREAD"):
-    from ruseon_appliance.engine import fanout, track
-    original_join = track.ViewerCursor.join
+if os.environ.get("JOIN_BENCH_SQUEEZE"):
+    from ruseon_appliance.engine import track
+    original_init = track.ViewerCursor.__init__
 
-    def join(self):
-        original_join(self)
-        if self.join_mode not in ("catch-up", "catch-up-gop") or len(self.queue) < 2:
-            return
-        entries = list(self.queue)
-        sizes = [getattr(e[0], "size", 0) or len(e[0]) for e in entries]
-        per_tick = fanout.JOIN_PACE_BYTES / (fanout.JOIN_PACE_S * 90_000)
-        now_pts = entries[-1][1]
-        after = sum(sizes)
-        stamped = []
-        for (taken, _pts, keyframe, capture), size in zip(entries, sizes):
-            after -= size
-            stamped.append((taken, now_pts - round(after / per_tick), keyframe, capture))
-        for i in range(len(stamped) - 2, -1, -1):  # strictly increasing, ending at now_pts
-            if stamped[i][1] >= stamped[i + 1][1]:
-                stamped[i] = (stamped[i][0], stamped[i + 1][1] - 1, *stamped[i][2:])
-        self.queue.clear()
-        self.queue.extend(stamped)
+    def init(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        self.burst_ticks_per_byte = 0.0
 
-    track.ViewerCursor.join = join
+    track.ViewerCursor.__init__ = init
 """
 
 
@@ -706,8 +692,8 @@ def chromium_main(joins: int, watch_s: float, source: str, paths: list[str]) -> 
                             extra_args=["--source", source, "--config", str(config)])
             saved = dict(os.environ)
             if pace:  # an experiment: see PACE_HOOK
-                if pace == "spread":
-                    os.environ["JOIN_BENCH_SPREAD"] = "1"
+                if pace == "squeeze":
+                    os.environ["JOIN_BENCH_SQUEEZE"] = "1"
                 else:
                     os.environ["JOIN_BENCH_PACE_BYTES"] = pace
                 os.environ["PYTHONPATH"] = os.pathsep.join(
@@ -850,7 +836,8 @@ def main() -> None:
     parser.add_argument("--watch", type=float, default=1.5, help="chromium: seconds per join")
     parser.add_argument("--paths", nargs="*", default=["fanout", "aiortc"],
                         help="chromium: the engine's send paths to join; fanout:BYTES = the "
-                        "fan-out with join-burst slices of BYTES (default 32768)")
+                        "fan-out with join-burst slices of BYTES (default 32768); "
+                        "fanout:squeeze = the burst's timestamps squeezed (the old way)")
     args = parser.parse_args()
     source = args.source or f"file:{recorded_stream()}"
     if args.role == "serve":

@@ -43,7 +43,12 @@ from ruseon_appliance.engine.errors import (
     UnknownSession,
     UnsupportedOffer,
 )
-from ruseon_appliance.engine.fanout import Fanout, FanoutTrack, FanoutViewer
+from ruseon_appliance.engine.fanout import (
+    JOIN_TICKS_PER_BYTE,
+    Fanout,
+    FanoutTrack,
+    FanoutViewer,
+)
 from ruseon_appliance.engine.offer import CheckedOffer, OfferParser, check_offer
 from ruseon_appliance.engine.prebuilt import PrebuiltPool
 from ruseon_appliance.engine.session import WhepSession
@@ -431,7 +436,8 @@ class Engine:
         interval, catch_up, gop = self._cursor_settings(feed)
         cursor = ViewerCursor(feed, fanout.take, frame_interval=interval,
                               catch_up_max_frames=catch_up, keyframe_interval_frames=gop,
-                              catch_up_max_bytes=self._gop_catch_up_bytes(feed))
+                              catch_up_max_bytes=self._gop_catch_up_bytes(feed),
+                              burst_ticks_per_byte=JOIN_TICKS_PER_BYTE)
         return FanoutViewer(fanout, cursor, on_keyframe_request=lambda reason: None,
                             on_nack=lambda seq: None)
 

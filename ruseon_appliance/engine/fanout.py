@@ -69,6 +69,8 @@ BUDGET_BURST_S = 1.0
 # ~100 ms without overrunning the socket's send buffer or a Wi-Fi link in one go.
 JOIN_PACE_BYTES = 32_768
 JOIN_PACE_S = 0.005
+# The join burst's RTP timestamps follow that pace (see ``track.py``): 90 kHz ticks per byte.
+JOIN_TICKS_PER_BYTE = JOIN_PACE_S * 90_000 / JOIN_PACE_BYTES
 # Sender report interval (randomised 0.5-1.5x, as RFC 3550 asks).
 SR_INTERVAL_S = 1.0
 # A failing viewer or consumer is logged with its traceback at most this often.

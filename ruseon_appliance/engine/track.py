@@ -8,17 +8,23 @@ appears at once. What follows depends on how old that keyframe is:
 
 - it is the newest frame: nothing to do;
 - a few frames old (up to ``catch_up_max_frames``): those frames are sent straight behind it as a
-  burst whose timestamps are squeezed into the last few RTP ticks, so the decoder catches up
-  immediately and the jitter buffer sees no backlog;
+  burst whose timestamps end at the newest frame's and are squeezed into the RTP ticks just
+  before it, so the decoder catches up immediately and the jitter buffer sees no backlog;
 - older, and the source cannot make a keyframe on demand (a file replay; ``rpicam-vid``
   between restarts), so a still picture would stand until the next natural IDR (up to a GOP):
-  the whole GOP so far is sent the same way, squeezed into the last RTP ticks, as long as it
-  is at most ``catch_up_max_bytes`` ("catch-up-gop"). The decoder runs through it at once (a
-  P-chain cannot be fast-forwarded, so nothing is dropped) and shows the live picture moving
-  within the time it takes to decode it; the fan-out paces the burst;
+  the whole GOP so far is sent the same way, as long as it is at most ``catch_up_max_bytes``
+  ("catch-up-gop"). The decoder runs through it at once (a P-chain cannot be fast-forwarded, so
+  nothing is dropped) and shows the live picture moving within the time it takes to decode it;
+  the fan-out paces the burst;
 - older otherwise: the keyframe is sent alone, re-stamped as "now", a fresh IDR is requested
   from the source (coalesced in capture) and the stale P-frames in between are skipped until a
   keyframe arrives. The viewer is then exactly as live as one who joined on a keyframe.
+
+A paced burst (``burst_ticks_per_byte``, the fan-out's pacing rate) is stamped at the pace it
+leaves, each frame at the moment its last byte is due to go out, rather than squeezed into a
+few ticks: a 720p GOP takes tens of ms to send, and frames arriving that much later than their
+timestamps say threw Chromium's receive-time estimate off, freezing the picture for 0.2-0.6 s
+right after the burst in about one join in four (``bench/join.py chromium``; none when spread).
 
 Output timestamps are continuous and strictly increasing in 1/90000 s, whatever the source does.
 """
@@ -68,10 +74,12 @@ class ViewerCursor(Generic[T]):
         keyframe_interval_frames: int,
         on_keyframe_request: Callable[[str], None] | None = None,
         catch_up_max_bytes: int = 0,
+        burst_ticks_per_byte: float = 0.0,
     ) -> None:
         self._feed = feed
         self._take = take
         self._catch_up_max_bytes = catch_up_max_bytes
+        self.burst_ticks_per_byte = burst_ticks_per_byte
         self._frame_interval = max(1, frame_interval)
         self._catch_up_max = catch_up_max_frames
         self._gop = keyframe_interval_frames
@@ -138,14 +146,16 @@ class ViewerCursor(Generic[T]):
             # Burst: keyframe + the frames after it, squeezed into the last `behind` ticks.
             self.join_mode = "catch-up-gop" if gop_burst else "catch-up"
             views: list[tuple[T, bool, int]] = []
+            sizes: list[int] = []
             while len(views) <= behind:
                 view = self.reader.poll()
                 if view is None:
                     break
                 views.append((self._take(view), view.keyframe, view.capture_time_us))
-            base = now_pts - (len(views) - 1)
-            for i, (taken, keyframe, capture_us) in enumerate(views):
-                self._emit(taken, base + i, keyframe, capture_us, rebase=False)
+                sizes.append(len(view.data))
+            stamps = self.burst_stamps(now_pts, sizes, self.burst_ticks_per_byte)
+            for (taken, keyframe, capture_us), pts in zip(views, stamps, strict=True):
+                self._emit(taken, pts, keyframe, capture_us, rebase=False)
             self._offset = 0
             return
         # Stale keyframe: send it as "now", ask for a fresh IDR, skip the stale P-frames.
@@ -165,6 +175,20 @@ class ViewerCursor(Generic[T]):
             self.request("viewer join: cached keyframe older than the GOP")
         else:
             self.request("viewer join mid-GOP")
+
+    @staticmethod
+    def burst_stamps(now_pts: int, sizes: list[int], ticks_per_byte: float) -> list[int]:
+        """Output timestamps for a join burst of frames of ``sizes`` bytes, the last at
+        ``now_pts``: each frame ``ticks_per_byte`` per byte still to send after it earlier
+        (when pacing lets it leave); at least one tick apart (with 0: the last ticks)."""
+        stamps: list[int] = []
+        after = sum(sizes)
+        for size in sizes:
+            after -= size
+            stamps.append(now_pts - round(after * ticks_per_byte))
+        for i in range(len(stamps) - 2, -1, -1):
+            stamps[i] = min(stamps[i], stamps[i + 1] - 1)
+        return stamps
 
     @staticmethod
     def _gop_bytes(ring: RingBuffer, first: int, last: int) -> int:

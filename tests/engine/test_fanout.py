@@ -33,6 +33,7 @@ from ruseon_appliance.capture.stamp import read_stamp
 from ruseon_appliance.engine import Engine, aiortc_internals
 from ruseon_appliance.engine import fanout as fanout_module
 from ruseon_appliance.engine.fanout import FanoutViewer
+from ruseon_appliance.engine.track import ViewerCursor
 from tests.datagram_loss import LOSS_HOOK, segment_udp_in_software
 from tests.engine.conftest import wait_for
 
@@ -411,6 +412,7 @@ async def test_joining_late_in_a_gop_of_a_file_source_sends_the_gop_paced(
             # but the last frame, which aiortc's jitter buffer releases when the next begins).
             await wait_for(lambda: len(v.frames) + v.unstamped >= 25, timeout=20)
             assert viewer.cursor.join_mode == "catch-up-gop"
+            assert viewer.cursor.burst_ticks_per_byte == fanout_module.JOIN_TICKS_PER_BYTE
             assert viewer.frames_sent == 26 and viewer.cursor.frames_skipped == 0
             assert viewer.join_slices > 3 and viewer.keyframe_skips == 0
             camera.go.set()
@@ -422,6 +424,28 @@ async def test_joining_late_in_a_gop_of_a_file_source_sends_the_gop_paced(
             assert viewer.cursor.frames_skipped == 0 and viewer.keyframe_skips == 0
         finally:
             await v.close()
+
+
+def test_join_burst_timestamps_follow_the_pacing() -> None:
+    """A paced join burst is stamped at the pace it leaves (a 720p GOP takes tens of ms: frames
+    arriving that much later than their squeezed timestamps froze Chromium after the burst);
+    unpaced (the aiortc path, relays) it stays squeezed into the last ticks."""
+    sizes = [30_000, 6_000, 9_000, 10, 12_000]
+    squeezed = ViewerCursor.burst_stamps(900_000, sizes, 0.0)
+    assert squeezed == [899_996, 899_997, 899_998, 899_999, 900_000]
+    per_byte = fanout_module.JOIN_TICKS_PER_BYTE
+    # 32 KiB every 5 ms: 450 ticks (5 ms at 90 kHz) per 32 KiB.
+    assert per_byte == pytest.approx(450 / 32_768)
+    stamps = ViewerCursor.burst_stamps(900_000, sizes, per_byte)
+    assert stamps[-1] == 900_000
+    assert all(b > a for a, b in itertools.pairwise(stamps))
+    # Each step is the next frame's size at the pacing rate (the 10-byte frame: one tick),
+    # give or take a tick of rounding.
+    steps = [b - a for a, b in itertools.pairwise(stamps)]
+    for step, size in zip(steps, sizes[1:], strict=True):
+        assert abs(step - max(1.0, size * per_byte)) <= 1, (steps, sizes)
+    # The whole burst spans its bytes at the pacing rate: about 5 ms per 32 KiB.
+    assert abs((stamps[-1] - stamps[0]) - sum(sizes[1:]) * per_byte) <= 2
 
 
 async def test_a_viewer_that_cannot_keep_up_skips_to_keyframes_others_unaffected(
