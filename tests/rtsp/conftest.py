@@ -101,6 +101,9 @@ class RawClient:
         self.rtcp: list[bytes] = []
         self.sequence_gaps = 0
         self.first_nal: int | None = None  # of the first RTP packet (7: SPS, a keyframe)
+        self.first_seq: int | None = None
+        self.first_timestamp: int | None = None
+        self.played: Response | None = None
         self._last_seq: int | None = None
         self._pending: list[Response] = []
         self._task: asyncio.Task[None] | None = None
@@ -147,7 +150,9 @@ class RawClient:
         if channel % 2:
             self.rtcp.append(data)
             return
-        _, second, seq = struct.unpack_from("!BBH", data)
+        _, second, seq, timestamp = struct.unpack_from("!BBHI", data)
+        if self.first_seq is None:
+            self.first_seq, self.first_timestamp = seq, timestamp
         if self._last_seq is not None and (seq - self._last_seq) & 0xFFFF != 1:
             self.sequence_gaps += 1
         self._last_seq = seq
@@ -193,6 +198,7 @@ class RawClient:
         self.session = setup.header("session").split(";")[0]
         played = await self.request("PLAY", headers=headers)
         assert played.status == 200, played
+        self.played = played
 
     async def closed(self, timeout: float = 20.0) -> bool:
         """Wait until the server closes the connection."""

@@ -235,6 +235,11 @@ async def test_max_clients_503_and_pli_becomes_a_keyframe_request(rig: Rig) -> N
         await first.play_tcp()
         await wait_for(lambda: first.frames >= 3, what="first frames")
         assert first.first_nal == 7, "the stream did not start at a keyframe"
+        # RTP-Info names the first packet's sequence number and timestamp.
+        assert first.played is not None
+        info = first.played.header("rtp-info")
+        assert info.startswith(f"url={first.url}/trackID=0;")
+        assert f";seq={first.first_seq}" in info and f";rtptime={first.first_timestamp}" in info
         second = await RawClient.connect(server.port)
         refused = await second.request("OPTIONS")
         assert refused.status == 503 and refused.header("retry-after")
@@ -258,6 +263,13 @@ async def test_max_clients_503_and_pli_becomes_a_keyframe_request(rig: Rig) -> N
         first.writer.write(struct.pack("!BBH", 0x24, 1, len(pli)) + pli)
         await wait_for(lambda: session.keyframe_requests_received == 1, what="the PLI")
         assert rig.capture.stats()["keyframe_requests"] > requests_before
+        # PAUSE stops the stream, PLAY resumes it at a keyframe, numbering continuous.
+        assert (await first.request("PAUSE")).status == 200
+        assert rig.fanout.stats()["consumers"] == 0
+        keyframes = first.keyframes
+        assert (await first.request("PLAY")).status == 200
+        await wait_for(lambda: first.keyframes > keyframes, what="a keyframe after PLAY")
+        assert first.sequence_gaps == 0
         alive = await first.request("GET_PARAMETER")
         assert alive.status == 200 and alive.header("session").startswith(first.session)
         assert (await first.request("TEARDOWN")).status == 200
