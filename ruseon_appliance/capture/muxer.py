@@ -24,6 +24,7 @@ from .h264 import (
     nal_spans,
     parse_sps,
 )
+from .ring import zeroed_buffer
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,8 @@ class Muxer:
     """
 
     def __init__(self, max_frame_bytes: int = 1024 * 1024) -> None:
-        self._buf = bytearray(max_frame_bytes)
+        # Only the pages the largest frame so far reached are resident (not max_frame_bytes).
+        self._buf = zeroed_buffer(max_frame_bytes)
         self._view = memoryview(self._buf)
         self._sps: bytes | None = None
         self._pps: bytes | None = None
