@@ -22,7 +22,7 @@ from ruseon_appliance.config import (
     load_config,
 )
 from tests.rtsp.conftest import RawClient, camera, wait_for
-from tests.rtsp.test_rtsp_clients import assert_live_and_whole, decode_rtsp
+from tests.rtsp.test_rtsp_clients import assert_live_and_whole, decode_rtsp, frames_late
 from tests.tooling import free_port
 
 
@@ -60,7 +60,9 @@ async def test_appliance_serves_each_camera_over_rtsp(tmp_path: Path, send_path:
         assert appliance.rtsp is not None and appliance.rtsp.port == rtsp_port
         result = await asyncio.to_thread(decode_rtsp, f"rtsp://127.0.0.1:{rtsp_port}/back",
                                          "tcp", 15)
-        assert_live_and_whole(result, 15)
+        back_camera = appliance.cameras.get("back")
+        assert back_camera is not None
+        assert_live_and_whole(result, 15, late=frames_late(back_camera.pipeline))
         client = await RawClient.connect(rtsp_port, "front")
         try:
             await client.play_tcp()

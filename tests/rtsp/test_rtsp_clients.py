@@ -60,11 +60,18 @@ def decode_rtsp(url: str, transport: str, frames: int) -> dict[str, Any]:
     return result
 
 
-def assert_live_and_whole(result: dict[str, Any], frames: int, *, lost: int = 0) -> None:
+def frames_late(capture: Any) -> int:
+    """Frame numbers the synthetic camera skipped so far (it skips slots when the machine is
+    too busy to encode in time, rather than bursting): gaps in the stamps that are no loss."""
+    return int(getattr(capture.source, "frames_late", 0))
+
+
+def assert_live_and_whole(result: dict[str, Any], frames: int, *, lost: int = 0,
+                          late: int = 0) -> None:
     """Decoded from a keyframe on, without decode errors, live (stamped numbers only go up) and
-    whole: a number skipped only where a keyframe starts a new run, or at most ``lost`` times
-    (UDP: FFmpeg's receiver drops a datagram now and then on a loaded machine, which the
-    server-side UDP test shows is not the sender's)."""
+    whole: numbers are skipped only where a keyframe starts a new run (a join that waited for
+    a fresh IDR), where the camera itself skipped (at most ``late`` numbers, its
+    :func:`frames_late`), or at most ``lost`` frames (UDP is allowed to lose)."""
     assert result["first_key"] is True, "the first packet was not a keyframe"
     assert not result["errors"], result["errors"]
     stamps = result["stamps"]
@@ -73,11 +80,12 @@ def assert_live_and_whole(result: dict[str, Any], frames: int, *, lost: int = 0)
     assert result["keyframes"][0]
     # Live and whole: frame numbers only go up, by one, except where a keyframe starts a new
     # run (a join that skipped stale frames waits for a fresh keyframe).
-    gaps = 0
+    missing = 0
     for i in range(1, len(numbers)):
         assert numbers[i] > numbers[i - 1], numbers
-        gaps += numbers[i] != numbers[i - 1] + 1 and not result["keyframes"][i]
-    assert gaps <= lost, numbers
+        if not result["keyframes"][i]:
+            missing += numbers[i] - numbers[i - 1] - 1
+    assert missing <= lost + late, (numbers, f"camera skipped {late}")
 
 
 @pytest.mark.parametrize("transport", ["tcp", "udp"])
@@ -87,7 +95,8 @@ async def test_ffmpeg_decodes_the_live_stream(rig: Rig, transport: str) -> None:
     result = await asyncio.to_thread(decode_rtsp, url, transport, FRAMES)
     stats = server.stats()
     assert stats["send_errors"] == 0, stats
-    assert_live_and_whole(result, FRAMES, lost=0 if transport == "tcp" else 3)
+    assert_live_and_whole(result, FRAMES, lost=0 if transport == "tcp" else 2,
+                          late=frames_late(rig.capture))
     assert stats["frames_sent"] >= FRAMES and stats["sessions_total"] == 1
     assert stats["requests"]["DESCRIBE"] == 1 and stats["requests"]["PLAY"] == 1
     # Frames were packetized once, shared with the fan-out's other consumers.
@@ -100,7 +109,7 @@ async def test_ffmpeg_digest_auth_with_the_token(rig: Rig) -> None:
     server = await rig.server(token="s3cret-token")
     url = f"rtsp://nvr:s3cret-token@127.0.0.1:{server.port}/cam"
     result = await asyncio.to_thread(decode_rtsp, url, "tcp", 15)
-    assert_live_and_whole(result, 15)
+    assert_live_and_whole(result, 15, late=frames_late(rig.capture))
     stats = server.stats()
     assert stats["auth_accepted"].get("digest", 0) >= 3  # DESCRIBE, SETUP, PLAY
     assert "basic" not in stats["auth_accepted"]
