@@ -11,10 +11,45 @@ reproduction). ``HYPOTHESIS_PROFILE=ci`` runs the CI examples locally.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
+import pytest
 from hypothesis import settings
+
+from tests import background_prepare
 
 settings.register_profile("ci", database=None, derandomize=True, print_blob=True)
 settings.register_profile("dev", database=None, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE")
                       or ("ci" if os.environ.get("CI") == "true" else "dev"))
+
+
+# -- preparation steps running in the background (tests/background_prepare.py) -------------------
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "background_prepare(name): needs tests/prepare.d/NAME, which scripts/test runs in the "
+        "background; such tests run last and wait for it",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests that wait for a background preparation go last (stable otherwise), so the rest of
+    the suite runs while the preparation does."""
+    items.sort(key=lambda item: item.get_closest_marker("background_prepare") is not None)
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Wait for the test's background preparation before its protocol starts: this wrapper is
+    outside pytest-timeout's, so the wait is not counted against the test's timeout."""
+    marker = item.get_closest_marker("background_prepare")
+    if marker is not None:
+        reporter = item.config.pluginmanager.get_plugin("terminalreporter")
+
+        def report(line: str) -> None:
+            if reporter is not None:
+                reporter.write_line(f"[{item.nodeid}] {line}")
+
+        background_prepare.wait(marker.args[0], report)
+    yield

@@ -21,6 +21,7 @@ namespace (so it shares loopback with the test) and controls it with ``nsenter -
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -31,7 +32,7 @@ import sys
 import tempfile
 import time
 import tomllib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,6 +51,32 @@ HOST_ARCH = next((a for a, m in ARCHES.items() if m == os.uname().machine), os.u
 
 class PrepareError(RuntimeError):
     """A cached layer is missing and cannot be built here (e.g. no mirror in a netns)."""
+
+
+@contextlib.contextmanager
+def cache_lock(name: str) -> Iterator[None]:
+    """Hold ``.cache/NAME.lock`` exclusively: the arm64 preparation runs in the background while
+    the amd64 one and pytest run, and they share the host's wheels and the project's build."""
+    locks = CACHE / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    with (locks / f"{name}.lock").open("w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
+
+
+def remove_tree(path: Path) -> None:
+    """``rm -rf`` a cached tree left by a killed build, unmounting what it left mounted first
+    (image/build bind-mounts /dev into its rootfs: deleting through that would empty the host's)."""
+    prefix = str(path.resolve()) + "/"
+    with open("/proc/self/mounts", encoding="utf-8") as fh:
+        points = [line.split()[1].replace("\\040", " ") for line in fh]
+    for point in sorted((p for p in points if p.startswith(prefix)), key=len, reverse=True):
+        subprocess.run(["umount", "-l", point], check=False, capture_output=True)
+    with open("/proc/self/mounts", encoding="utf-8") as fh:
+        left = [line.split()[1] for line in fh if line.split()[1].startswith(prefix)]
+    if left:
+        raise PrepareError(f"cannot remove {path}: still mounted: {' '.join(left)}")
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def debian_packages() -> list[str]:
@@ -78,9 +105,15 @@ def base_rootfs(arch: str = "amd64", *, build: bool = True) -> Path:
             f"no cached rootfs at {path}: run `.venv/bin/python -m tests.e2e.nspawn prepare` "
             "outside the test network namespace (make test does it)"
         )
-    CACHE.mkdir(exist_ok=True)
+    with cache_lock(path.name):
+        if not (path / ".complete").exists():
+            _build_base_rootfs(arch, path)
+    return path
+
+
+def _build_base_rootfs(arch: str, path: Path) -> None:
     partial = path.with_name(path.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
+    remove_tree(partial)
     _log(f"building {path.name} with mmdebstrap ({len(debian_packages())} packages)")
     subprocess.run(
         [
@@ -95,7 +128,6 @@ def base_rootfs(arch: str = "amd64", *, build: bool = True) -> Path:
                            "image_python in image/build together")
     (partial / ".complete").write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     partial.rename(path)
-    return path
 
 
 def _project_dependencies() -> list[str]:
@@ -125,6 +157,13 @@ def wheels_dir(arch: str = HOST_ARCH, *, build: bool = True) -> Path:
         raise PrepareError(
             f"no cached wheels at {path}: run `.venv/bin/python -m tests.e2e.nspawn prepare`"
         )
+    with cache_lock(path.name):
+        if not (path / ".complete").exists():
+            _download_wheels(arch, path)
+    return path
+
+
+def _download_wheels(arch: str, path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
     path.mkdir(parents=True)
     _log(f"downloading {path.name}: {' '.join(_project_dependencies())}")
@@ -137,7 +176,6 @@ def wheels_dir(arch: str = HOST_ARCH, *, build: bool = True) -> Path:
                     "--wheel", str(project)], check=True)
     shutil.rmtree(dist)
     (path / ".complete").touch()
-    return path
 
 
 def project_wheel(out_dir: Path, *, wheels: Path | None = None) -> Path:
@@ -148,14 +186,17 @@ def project_wheel(out_dir: Path, *, wheels: Path | None = None) -> Path:
     wheels = wheels or wheels_dir(build=False)
     source = Path(os.environ.get("E2E_PROJECT_SOURCE") or REPO)
     out_dir.mkdir(parents=True, exist_ok=True)
-    subprocess.run(
-        [
-            sys.executable, "-m", "pip", "--disable-pip-version-check", "wheel", "-q",
-            "--no-index", "--find-links", str(wheels), "--no-deps", "-w", str(out_dir), str(source),
-        ],
-        check=True,
-        env={**os.environ, "PIP_NO_INPUT": "1"},
-    )
+    # pip builds in the source tree (build/, *.egg-info): one build at a time.
+    with cache_lock("project-wheel"):
+        subprocess.run(
+            [
+                sys.executable, "-m", "pip", "--disable-pip-version-check", "wheel", "-q",
+                "--no-index", "--find-links", str(wheels), "--no-deps", "-w", str(out_dir),
+                str(source),
+            ],
+            check=True,
+            env={**os.environ, "PIP_NO_INPUT": "1"},
+        )
     found = sorted(out_dir.glob("ruseon_appliance-*.whl"), key=lambda p: p.stat().st_mtime)
     if not found:
         raise PrepareError(f"pip wheel wrote no ruseon_appliance wheel into {out_dir}")
@@ -227,12 +268,21 @@ def appliance_image(arch: str, *, build: bool = True) -> Path:
     problem = emulation_problem(arch)
     if problem:
         raise PrepareError(f"cannot build the {arch} image: {problem}")
+    with cache_lock(path.name):
+        if not (path / ".complete").exists():
+            _build_appliance_image(arch, path)
+    return path
+
+
+def _build_appliance_image(arch: str, path: Path) -> None:
     for stale in CACHE.glob(f"image-{arch}-*"):
-        shutil.rmtree(stale, ignore_errors=True)
+        remove_tree(stale)
     wheels = wheels_dir(arch, build=False)
     began = time.monotonic()
     with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
-        wheel = project_wheel(Path(tmp), wheels=wheels_dir(HOST_ARCH, build=False))
+        # The host's wheels (the build requirements): the amd64 preparation may be building
+        # them right now, in parallel with this one; wheels_dir waits for it (cache_lock).
+        wheel = project_wheel(Path(tmp), wheels=wheels_dir(HOST_ARCH))
         _log(f"building {path.name}: image/build debian --arch {arch} (under emulation)")
         subprocess.run(
             [str(REPO / "image/build"), "debian", "--arch", arch,
@@ -243,7 +293,6 @@ def appliance_image(arch: str, *, build: bool = True) -> Path:
     seconds = time.monotonic() - began
     (path / ".complete").write_text(f"{seconds:.0f}\n")
     _log(f"{path.name} built in {seconds:.0f} s")
-    return path
 
 
 def missing_tools() -> list[str]:

@@ -1,13 +1,14 @@
 """The appliance on aarch64, end to end, under qemu-user emulation.
 
-``image/build debian --arch arm64`` (cached by ``tests/prepare.d/systemd-rootfs-arm64`` on its
-inputs: the package list, the dependencies, ``image/``, ``systemd/``) installed every dependency
-offline from aarch64 wheels downloaded on the host. Here, in an overlay over that image, the
-project wheel from this checkout replaces the cached one. The appliance then starts under
-systemd with the image's own ``ruseon.service`` (Type=notify, watchdog, sandboxing), its process
-aarch64 code from the arm64 image, reaches READY, and an aiortc viewer on the host decodes its
-stream over a veth pair into the device's own network namespace; the decoder's first access unit
-must be a keyframe with SPS and PPS.
+``image/build debian --arch arm64`` (cached by ``tests/prepare.d/image-arm64`` on its inputs:
+the package list, the dependencies, ``image/``, ``systemd/``; scripts/test builds it in the
+background while the rest of the suite runs, and these tests run last, waiting for it) installed
+every dependency offline from aarch64 wheels downloaded on the host. Here, in an overlay over
+that image, the project wheel from this checkout replaces the cached one. The appliance then
+starts under systemd with the image's own ``ruseon.service`` (Type=notify, watchdog,
+sandboxing), its process aarch64 code from the arm64 image, reaches READY, and an aiortc viewer
+on the host decodes its stream over a veth pair into the device's own network namespace; the
+decoder's first access unit must be a keyframe with SPS and PPS.
 
 Why PID 1 is not the arm64 image's own systemd: systemd >= 256 as PID 1 does not run under
 qemu-user (systemd issue #31219, open: qemu refuses the clone(CLONE_NEWNS) that credential and
@@ -43,11 +44,14 @@ import aiortc.rtcrtpreceiver
 import pytest
 from aiortc.codecs.h264 import H264Decoder
 
+from tests import background_prepare
 from tests.e2e import nspawn
 from tests.e2e.whep_viewer import watch
 from tests.tooling import IN_CI, require_root, require_tool
 
-pytestmark = [pytest.mark.container, pytest.mark.slow, pytest.mark.timeout(1200)]
+PREPARE = "image-arm64"
+pytestmark = [pytest.mark.container, pytest.mark.slow, pytest.mark.timeout(1200),
+              pytest.mark.background_prepare(PREPARE)]
 
 ARCH = "arm64"
 # 198.18.0.0/15 is reserved for benchmarking; the browser tests use 198.18.0.0/24.
@@ -101,7 +105,11 @@ def service_config() -> str:
 
 
 def require_arm64_bench() -> Path:
-    """Root, the tools, emulation and the cached arm64 image; fail in CI, skip elsewhere."""
+    """Root, the tools, emulation and the cached arm64 image; fail in CI, skip elsewhere.
+    A failed background preparation (scripts/test) fails, with its log, everywhere."""
+    failed = background_prepare.failure(PREPARE)
+    if failed:
+        pytest.fail(failed, pytrace=False)
     require_root("mount overlayfs, make a network namespace and boot systemd-nspawn")
     for tool in ("systemd-nspawn", "nsenter", "unshare", "ip"):
         require_tool(tool, "scripts/install-system-deps")
