@@ -49,6 +49,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
         def report(line: str) -> None:
             if reporter is not None:
+                reporter.ensure_newline()
                 reporter.write_line(f"[{item.nodeid}] {line}")
 
         background_prepare.wait(marker.args[0], report)
