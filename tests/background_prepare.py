@@ -4,7 +4,7 @@ The arm64 image (``tests/prepare.d/image-arm64``) is about ten minutes of mostly
 qemu emulation; run before pytest it doubled the suite's time on a 2-core machine. A
 ``tests/prepare.d`` script with the line ``# run: background`` is started by ``scripts/test`` in
 its own process group, its output goes to ``artifacts/prepare/NAME.log`` and, when it ends, its
-exit status to ``NAME.rc``; ``$RUSEON_BACKGROUND_PREPARE`` tells pytest that directory.
+exit status to ``NAME.rc``; ``$TEST_BACKGROUND_PREPARE`` tells pytest that directory.
 
 Tests that need such a step carry ``@pytest.mark.background_prepare("NAME")``. ``tests/conftest.py``
 runs them last, and before each one (outside its pytest-timeout, so the wait does not eat the
@@ -13,7 +13,7 @@ succeed, with the tail of its log, for the test to fail with: a broken preparati
 silent skip. ``scripts/test`` also fails the run itself when a background step failed, and kills
 the step's process group when pytest ends early or is interrupted.
 
-Without ``$RUSEON_BACKGROUND_PREPARE`` (plain ``pytest``) nothing waits: the tests find the cached
+Without ``$TEST_BACKGROUND_PREPARE`` (plain ``pytest``) nothing waits: the tests find the cached
 layers or not, as before.
 """
 
@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-ENV = "RUSEON_BACKGROUND_PREPARE"
+ENV = "TEST_BACKGROUND_PREPARE"
 # CI's hard limit is 90 minutes; a step still running after an hour of waiting is stuck.
 WAIT_LIMIT_S = 3600.0
 LOG_TAIL_LINES = 60
