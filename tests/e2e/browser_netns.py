@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 import urllib.request
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,11 @@ TEST_ADDRESS6, TEST_GATEWAY6 = "fd00:7275:7365::1/64", "fd00:7275:7365::2"
 # The synthetic source's size in browser tests: small enough for three decoders on two cores.
 SOURCE_WIDTH, SOURCE_HEIGHT = 640, 360
 READY_TIMEOUT_S = 90
+# Playwright's own waits (goto, click, wait_for_*) default to 30 s. On a starved machine the
+# page took longer than that to load (every CPU busy, the test at a lower priority: the server
+# answered each static file after seconds and "load" came after more than 30 s). A bound for a
+# broken run, not a timing: nothing asserts how long anything takes.
+PAGE_TIMEOUT_MS = 120_000
 
 
 def inside_browser_netns() -> bool:
@@ -212,7 +218,8 @@ def running_server(state_dir: Path, *, token: str = "",
 
 @contextlib.contextmanager
 def chromium() -> Iterator[Any]:
-    """Debian's Chromium driven by Playwright (never a downloaded browser)."""
+    """Debian's Chromium driven by Playwright (never a downloaded browser). Its pages wait up
+    to PAGE_TIMEOUT_MS and note what went wrong on them (:func:`page_problems`)."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
@@ -220,9 +227,65 @@ def chromium() -> Iterator[Any]:
             executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
         )
         try:
-            yield browser
+            yield WatchedBrowser(browser)
         finally:
             browser.close()
+
+
+# What went wrong on each page, by page (see watch_page); weakly, so closed pages go.
+_PROBLEMS: weakref.WeakKeyDictionary[Any, list[str]] = weakref.WeakKeyDictionary()
+
+
+def watch_page(page: Any) -> None:
+    """Give ``page`` the generous timeout and note its failed requests, its error answers for
+    the page's own files and its script errors, for :func:`page_problems`."""
+    problems = _PROBLEMS.setdefault(page, [])
+    page.set_default_timeout(PAGE_TIMEOUT_MS)
+    page.on("requestfailed", lambda r: problems.append(f"{r.method} {r.url}: {r.failure}"))
+    page.on("response", lambda r: problems.append(f"{r.request.method} {r.url}: {r.status}")
+            if r.status >= 400 and "/static/" in r.url else None)
+    page.on("pageerror", lambda error: problems.append(f"script error: {error}"))
+
+
+def page_problems(page: Any) -> list[str]:
+    """What :func:`watch_page` noted on ``page`` so far."""
+    return list(_PROBLEMS.get(page, []))
+
+
+class WatchedBrowser:
+    """A Playwright browser whose new pages (and new contexts' pages) are watched (see
+    :func:`watch_page`); anything else is the browser's own."""
+
+    def __init__(self, browser: Any) -> None:
+        self._browser = browser
+
+    def new_page(self, **options: Any) -> Any:
+        """``Browser.new_page``, watched."""
+        page = self._browser.new_page(**options)
+        watch_page(page)
+        return page
+
+    def new_context(self, **options: Any) -> Any:
+        """``Browser.new_context``; each page it opens is watched."""
+        context = self._browser.new_context(**options)
+        context.set_default_timeout(PAGE_TIMEOUT_MS)
+        context.on("page", watch_page)
+        return context
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._browser, name)
+
+
+def wait_for_element(page: Any, selector: str) -> None:
+    """Wait until ``selector`` is visible; fail naming what went wrong on the page otherwise
+    (a module that never ran leaves its controls out: its request failed, or it threw)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.wait_for_selector(selector, state="visible")
+    except PlaywrightTimeout:
+        raise AssertionError(f"{selector} never showed; problems on the page: "
+                             f"{page_problems(page) or 'none noted'}") from None
 
 
 # What the page reports about its stream, read from the player's RTCPeerConnection.

@@ -16,6 +16,7 @@ from tests.e2e.browser_netns import (
     in_browser_netns,
     running_server,
     save_screenshot,
+    wait_for_element,
     wait_for_page,
 )
 from tests.tooling import free_port
@@ -95,6 +96,7 @@ def test_grid_plays_every_camera_and_a_click_watches_one(
         assert (rows["front"]["viewers"], rows["side"]["viewers"]) == (0, 1), rows
 
         # The settings panel and the Record button act on the camera on screen.
+        wait_for_element(page, "#btn-settings")
         page.click("#btn-settings")
         page.wait_for_selector("[data-control=brightness] input[type=range]")
         page.eval_on_selector("[data-control=brightness] input", """(el) => {

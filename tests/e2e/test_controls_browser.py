@@ -17,6 +17,7 @@ from tests.e2e.browser_netns import (
     page_stats,
     running_server,
     save_screenshot,
+    wait_for_element,
     wait_for_page,
 )
 
@@ -38,6 +39,9 @@ def test_settings_panel_changes_the_camera_and_playback_survives_a_restart(
         page.goto(server.url)
         first = wait_for_page(page, "live", lambda s: s["state"] == "live"
                               and s["framesDecoded"] > 30)
+        # controls.js adds the button when it runs, before "load"; if it never ran (its request
+        # failed, or it threw), say so rather than time out on a click.
+        wait_for_element(page, "#btn-settings")
         page.click("#btn-settings")
         page.wait_for_selector("[data-control=brightness] input[type=range]")
         assert page.is_visible("[data-control=resolution] .ctl-restart")
