@@ -73,6 +73,9 @@ class RigOptions:
     max_freeze_ratio: float = 0.05
     # Longest single gap between pictures that steady-state tolerates.
     max_gap_s: float = 1.0
+    # Share of the watch the rig itself may spend starved of CPU (left out of the freezes)
+    # before steady-state says it could not judge (an error, not a pass).
+    max_rig_starved_ratio: float = 0.25
     fps_tolerance: float = 0.10
     status_tolerance: float = 0.20
     churn_s: float = 10.0
@@ -400,7 +403,8 @@ class Battery:
                        before: ProcessSample | None, after: ProcessSample | None) -> CheckResult:
         o = self.opts
         device = _device_figures(before, after)
-        figures = {k: a[k] for k in ("freezes", "freeze_ratio", "max_gap_s", "bitrate_bps",
+        figures = {k: a[k] for k in ("freezes", "freeze_ratio", "max_gap_s", "max_gap_s_raw",
+                                     "freeze_s_raw", "rig_starved_ratio", "bitrate_bps",
                                      "packets_lost", "packets_unrecovered", "packets_expected",
                                      "rtx_packets", "nacks_sent", "plis_sent", "nack_retries",
                                      "packets_abandoned")}
@@ -419,9 +423,19 @@ class Battery:
                   f"(unrecovered {a['packets_unrecovered']}), NACKs {a['nacks_sent']} "
                   f"(+{a['nack_retries']} retries), PLIs "
                   f"{a['plis_sent']}; device {_device_text(device)}")
+        if a["rig_starved_ratio"]:
+            reason += (f"; the rig itself was starved of CPU up to {a['rig_starved_ratio']:.1%} "
+                       f"of the time (left out; max gap as timed "
+                       f"{a['max_gap_s_raw'] * 1000:.0f} ms)")
         if problems:
             return CheckResult("steady-state", Verdict.FAIL, "; ".join(problems) + "; " + reason,
                                figures)
+        if a["rig_starved_ratio"] > o.max_rig_starved_ratio:
+            # What the rig could watch was fine, but it watched too little to vouch for it.
+            return CheckResult("steady-state", Verdict.ERROR,
+                               f"the rig was starved of CPU {a['rig_starved_ratio']:.0%} of the "
+                               f"time (> {o.max_rig_starved_ratio:.0%}): too little watched to "
+                               "judge; " + reason, figures)
         return CheckResult("steady-state", Verdict.PASS, reason, figures)
 
     # --- churn ------------------------------------------------------------------------------
@@ -637,7 +651,9 @@ def same_fingerprint(a: str | None, b: str | None) -> bool | None:
 def _viewer_row(r: dict[str, Any]) -> dict[str, Any]:
     keys = ("index", "ok", "error", "post_status", "answer_s", "connected_s", "first_rtp_s",
             "first_frame_s", "frames", "fps", "decode_errors", "first_au_nals",
-            "first_au_keyframe", "freezes", "max_gap_s", "bitrate_bps", "packets_lost",
+            "first_au_keyframe", "freezes", "freeze_s", "freeze_s_raw", "watched_s",
+            "observed_s", "rig_starved_s", "freeze_detail", "max_gap_s", "max_gap_s_raw",
+            "bitrate_bps", "packets_lost",
             "packets_unrecovered", "nacks_sent", "plis_sent", "join_phase", "delete_status")
     return {k: r.get(k) for k in keys}
 
@@ -676,7 +692,11 @@ def analyse_viewers(results: list[dict[str, Any]], opts: RigOptions) -> dict[str
     def col(key: str) -> list[float]:
         return [r[key] for r in results if isinstance(r.get(key), int | float)]
 
-    watched = [(r.get("freeze_s", 0.0) / r["watched_s"]) for r in results if r.get("watched_s")]
+    # Frozen share of the time the rig could watch (its own CPU starvation left out: viewer.py).
+    watched = [r.get("freeze_s", 0.0) / observed for r in results
+               if (observed := r.get("observed_s", r.get("watched_s")))]
+    starved = [r.get("rig_starved_s", 0.0) / r["watched_s"] for r in results
+               if r.get("watched_s")]
     return {
         "connected": sum(1 for r in results if r.get("connected_s") is not None),
         "decoding": sum(1 for r in results if r.get("frames")),
@@ -700,6 +720,9 @@ def analyse_viewers(results: list[dict[str, Any]], opts: RigOptions) -> dict[str
         "freezes": sum(r.get("freezes", 0) for r in results),
         "freeze_ratio": percentiles(watched),
         "max_gap_s": max(col("max_gap_s"), default=0.0),
+        "max_gap_s_raw": max(col("max_gap_s_raw"), default=0.0),
+        "freeze_s_raw": sum(r.get("freeze_s_raw", 0.0) for r in results),
+        "rig_starved_ratio": max(starved, default=0.0),
         "bitrate_bps": percentiles(col("bitrate_bps")),
         **{k: sum(r.get(k, 0) for r in results)
            for k in ("packets_lost", "packets_unrecovered", "packets_expected", "rtx_packets",

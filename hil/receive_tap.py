@@ -23,12 +23,11 @@ that wants honest figures has to reach into the receiver; every such reach is in
 
 from __future__ import annotations
 
-import itertools
 import queue
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,6 +114,9 @@ class FrameRecord:
     wall_us: int
     keyframe: bool
     stamp: tuple[int, int] | None
+    # When its access unit left the jitter buffer for the decoder (monotonic): what separates
+    # a picture that arrived late from one this harness's decoder was late with.
+    arrived: float | None = None
 
 
 @dataclass
@@ -188,14 +190,14 @@ class FrameDecoder:
         self.decode_all = decode_all
         # The synthetic source's fixed-place stamp, or (--glass) a GlassStampReader's read.
         self.read = read
-        self._queue: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[bytes, float] | None] = queue.SimpleQueue()
         self._codec = av.CodecContext.create("h264", "r")
         self._thread = threading.Thread(target=self._run, name="hil-decoder", daemon=True)
         self._thread.start()
 
     def feed(self, access_unit: bytes | None) -> None:
         """Queue one access unit (None ends the thread)."""
-        self._queue.put(access_unit)
+        self._queue.put(None if access_unit is None else (access_unit, time.monotonic()))
 
     def close(self, timeout_s: float = 5.0) -> None:
         """End the thread and wait for it."""
@@ -205,9 +207,10 @@ class FrameDecoder:
     def _run(self) -> None:
         fig = self.figures
         while True:
-            au = self._queue.get()
-            if au is None:
+            item = self._queue.get()
+            if item is None:
                 return
+            au, arrived = item
             nals = nal_types(au)
             fig.access_units += 1
             if fig.access_units == 1:
@@ -215,7 +218,7 @@ class FrameDecoder:
             if not self.decode_all and fig.frames:
                 # Count the access unit as a "frame" for freezes and fps, without decoding.
                 fig.frames.append(FrameRecord(time.monotonic(), time.time_ns() // 1000,
-                                              NAL_IDR in nals, None))
+                                              NAL_IDR in nals, None, arrived))
                 continue
             try:
                 pictures = self._codec.decode(av.Packet(au))
@@ -229,7 +232,7 @@ class FrameDecoder:
                 if not fig.frames:
                     fig.first_decoded_au_nals = nals
                 keyframe = bool(picture.key_frame) or NAL_IDR in nals
-                fig.frames.append(FrameRecord(now, wall_us, keyframe, stamp))
+                fig.frames.append(FrameRecord(now, wall_us, keyframe, stamp, arrived))
                 if NAL_IDR in nals and stamp is not None:
                     fig.idr_capture_us.append(stamp[0])
 
@@ -364,9 +367,3 @@ class LossRecovery:
         distance = (seq - jitter._origin) & 0xFFFF
         if distance < jitter.capacity:
             jitter.smart_remove(distance + 1)
-
-
-def gaps(frames: list[FrameRecord]) -> Iterator[float]:
-    """Seconds between consecutive decoded pictures."""
-    for a, b in itertools.pairwise(frames):
-        yield b.monotonic - a.monotonic

@@ -11,6 +11,7 @@ is in the picture (:class:`~ruseon_appliance.capture.stamp.GlassStampReader`).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,14 +26,17 @@ from hil.receive_tap import (
     NAL_PPS,
     NAL_SPS,
     FrameDecoder,
+    FrameRecord,
     LossRecovery,
     TapFigures,
 )
-from hil.receive_tap import gaps as frame_gaps
 from hil.receive_tap import install as install_tap
 from hil.report import percentiles
+from hil.starvation import StarvationProbe
 from ruseon_appliance.capture.stamp import GlassStampReader, read_stamp
 
+# Freezes described one by one in a viewer's result (the first ones).
+FREEZE_DETAIL_MAX = 20
 # How long a viewer waits for each milestone before it gives up.
 CONNECT_TIMEOUT_S = 20.0
 # POSTs of one offer when the device answers 429 (its pending cap for this address).
@@ -93,6 +97,8 @@ async def watch(
     decoder = FrameDecoder(figures, lambda: None, decode_all=plan.decode_all, read=read)
     connected = asyncio.Event()
     failed = asyncio.Event()
+    starvation = StarvationProbe()
+    starvation_task = asyncio.ensure_future(starvation.run())
     t_connected: list[float] = []
 
     def _on_state() -> None:
@@ -162,6 +168,7 @@ async def watch(
         # The end of watching: a stall that lasts until here is a freeze too.
         t_end = time.monotonic()
         result["watched_s"] = t_end - t_post
+        starvation_task.cancel()
         if recovery_task is not None:
             recovery_task.cancel()
         if location:
@@ -170,10 +177,67 @@ async def watch(
         decoder.close()
         if live is not None:
             live(None)
-    result.update(_summarize(figures, t_post, t_end, plan, result.get("connected_wall_us")))
+    result.update(_summarize(figures, t_post, t_end, plan, result.get("connected_wall_us"),
+                             starvation))
     if result["ok"] and result.get("first_au_keyframe") is False:
         result["error"] = "first access unit is not an IDR with SPS and PPS"
     return result
+
+
+def _freezes(frames: list[FrameRecord], t_post: float, t_end: float,
+             starvation: StarvationProbe | None) -> dict[str, Any]:
+    """Freezes (gaps between pictures > FREEZE_GAP_S, the last one up to the end of watching),
+    judged on what the device is answerable for.
+
+    A picture's time is when its complete access unit reached this viewer's decoder (left the
+    jitter buffer), not when the decoder here got round to it: a decoder thread that falls
+    behind is the rig's doing. And while the rig's own process waited for a CPU it could not
+    receive pictures either, so that part of a gap is left out too (``rig_starved_s``). A device
+    that stops sending, sends late or sends what cannot be decoded is caught all the same: the
+    next decoded picture's access unit then arrives late, and a rig waiting for it is idle, not
+    starved. ``freezes``, ``freeze_s`` and ``max_gap_s`` are these; ``freeze_s_raw`` and
+    ``max_gap_s_raw`` are the gaps between decoded pictures as timed here; ``observed_s`` is the
+    time watched less the rig's starvation (what a frozen share is of). ``freeze_detail`` tells
+    each freeze apart: ``capture_gap_s`` (stamps of the pictures on both sides: a camera that
+    captured nothing shows the gap there too), ``arrival_gap_s`` and ``rig_starved_s``.
+    """
+    def starved(start: float, end: float) -> float:
+        return starvation.starved_s(start, end) if starvation is not None else 0.0
+
+    def arrived(frame: FrameRecord) -> float:
+        return frame.arrived if frame.arrived is not None else frame.monotonic
+
+    ends: list[tuple[FrameRecord, FrameRecord | None]] = [
+        *itertools.pairwise(frames), (frames[-1], None)]
+    raw: list[float] = []
+    net: list[float] = []
+    detail: list[dict[str, Any]] = []
+    for a, b in ends:
+        gap = (b.monotonic if b is not None else t_end) - a.monotonic
+        start = arrived(a)
+        end = max(start, arrived(b) if b is not None else t_end)
+        rig = min(end - start, starved(start, end)) if end - start > FREEZE_GAP_S else 0.0
+        raw.append(gap)
+        net.append(end - start - rig)
+        if max(gap, end - start) <= FREEZE_GAP_S or len(detail) >= FREEZE_DETAIL_MAX:
+            continue
+        row: dict[str, Any] = {"at_s": round(a.monotonic - t_post, 3), "gap_s": round(gap, 3),
+                               "arrival_gap_s": round(end - start, 3),
+                               "rig_starved_s": round(rig, 3)}
+        if b is not None and a.stamp is not None and b.stamp is not None:
+            row["capture_gap_s"] = round((b.stamp[0] - a.stamp[0]) / 1e6, 3)
+        detail.append(row)
+    rig_total = starved(t_post, t_end)
+    return {
+        "freezes": sum(1 for g in net if g > FREEZE_GAP_S),
+        "freeze_s": sum(g for g in net if g > FREEZE_GAP_S),
+        "max_gap_s": max(net, default=0.0),
+        "freeze_s_raw": sum(g for g in raw if g > FREEZE_GAP_S),
+        "max_gap_s_raw": max(raw, default=0.0),
+        "rig_starved_s": rig_total,
+        "observed_s": max(0.0, t_end - t_post - rig_total),
+        "freeze_detail": detail,
+    }
 
 
 class ViewerError(Exception):
@@ -203,7 +267,8 @@ async def _delete(http: aiohttp.ClientSession, plan: ViewerPlan, location: str) 
 
 
 def _summarize(fig: TapFigures, t_post: float, t_end: float, plan: ViewerPlan,
-               connected_wall_us: int | None = None) -> dict[str, Any]:
+               connected_wall_us: int | None = None,
+               starvation: StarvationProbe | None = None) -> dict[str, Any]:
     """The per-viewer figures from what the tap recorded.
 
     Latency is split in two. A joining viewer first gets the device's cached keyframe and the
@@ -211,6 +276,9 @@ def _summarize(fig: TapFigures, t_post: float, t_end: float, plan: ViewerPlan,
     transport was even up, so they are old by design and their age says how stale the first
     picture is, not how late the live stream runs. ``latency_s`` covers only pictures captured
     after the viewer connected; ``catch_up_latency_s`` the ones before; ``latency_all_s`` both.
+
+    Gaps between pictures are judged net of the time ``starvation`` says the rig itself was
+    starved of CPU (see :func:`_freezes`).
     """
     frames = fig.frames
     out: dict[str, Any] = {
@@ -244,10 +312,7 @@ def _summarize(fig: TapFigures, t_post: float, t_end: float, plan: ViewerPlan,
         span = t_end - frames[0].monotonic
         out["fps"] = (len(frames) - 1) / span if span > 0 else None
         out["bitrate_bps"] = 8 * fig.rtp_bytes / span if span > 0 else None
-        gap_list = [*frame_gaps(frames), max(0.0, t_end - frames[-1].monotonic)]
-        out["freezes"] = sum(1 for g in gap_list if g > FREEZE_GAP_S)
-        out["freeze_s"] = sum(g for g in gap_list if g > FREEZE_GAP_S)
-        out["max_gap_s"] = max(gap_list, default=0.0)
+        out.update(_freezes(frames, t_post, t_end, starvation))
         stamped = [f for f in frames if f.stamp is not None]
         out["stamps_read"] = len(stamped)
         latencies = [(f.wall_us - f.stamp[0]) / 1e6 for f in stamped if f.stamp is not None]

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import os
 import subprocess
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -13,8 +15,9 @@ import av
 import pytest
 from aiortc import RTCPeerConnection, RTCRtpReceiver
 
-from hil import receive_tap, whep_conformance
+from hil import receive_tap, starvation, whep_conformance
 from hil.battery import (
+    Battery,
     Expectation,
     RigOptions,
     analyse_viewers,
@@ -25,6 +28,7 @@ from hil.battery import (
 from hil.device import parse_prometheus
 from hil.report import CheckResult, Progress, Report, Verdict, percentiles
 from hil.simulated_rig import SimulatedRig, _max_viewers, _strip_sim_flags, loss_ruleset, switch
+from hil.starvation import StarvationProbe
 from hil.viewer import ViewerPlan, _summarize
 from tests.tooling import require_root, require_tool
 
@@ -206,6 +210,101 @@ def test_live_latency_excludes_pictures_captured_before_the_viewer_connected() -
     assert out["first_frame_latency_s"] == pytest.approx(0.9)
     assert out["latency_s"]["n"] == 3 and out["latency_s"]["max"] == pytest.approx(0.04)
     assert out["latency_all_s"]["n"] == 6 and out["latency_all_s"]["max"] == pytest.approx(0.9)
+
+
+def _stream_with_a_hole(hole: tuple[float, float]) -> receive_tap.TapFigures:
+    """20 s of 30 fps pictures from t=10 s, none between ``hole``'s ends (seconds); the device
+    captured nothing then either (the stamps jump too)."""
+    figures = receive_tap.TapFigures()
+    for i in range(600):
+        at = 10.0 + i / 30
+        if hole[0] < at < hole[1]:
+            continue
+        us = round(at * 1e6)
+        figures.frames.append(receive_tap.FrameRecord(at, us + 40_000, i % 30 == 0, (us, i), at))
+    return figures
+
+
+def test_a_gap_while_the_rig_was_starved_is_the_rigs_one_while_it_ran_the_devices() -> None:
+    plan = ViewerPlan(index=0, device="d")
+    figures = _stream_with_a_hole((15.0, 15.6))
+    # The rig's own process waited for a CPU throughout the hole: no freeze of the device's.
+    starved = _summarize(figures, 9.9, 30.1, plan, None,
+                         StarvationProbe([(14.9, 15.8, 1.0)]))
+    assert starved["freezes"] == 0 and starved["max_gap_s"] < 0.2
+    assert starved["freeze_s_raw"] == pytest.approx(0.6, abs=0.04)
+    assert starved["max_gap_s_raw"] == pytest.approx(0.6, abs=0.04)
+    assert starved["rig_starved_s"] == pytest.approx(0.9)
+    assert starved["observed_s"] == pytest.approx(20.2 - 0.9)
+    # Starved half the time: half the gap is still the device's.
+    half = _summarize(figures, 9.9, 30.1, plan, None, StarvationProbe([(14.9, 15.8, 0.5)]))
+    assert half["freezes"] == 1 and half["freeze_s"] == pytest.approx(0.3, abs=0.04)
+    # The rig ran: the whole gap is the device's, and it is told apart as a capture gap.
+    ran = _summarize(figures, 9.9, 30.1, plan, None, StarvationProbe())
+    assert ran["freezes"] == 1 and ran["freeze_s"] == pytest.approx(0.6, abs=0.04)
+    (row,) = ran["freeze_detail"]
+    assert row["rig_starved_s"] == 0 and row["capture_gap_s"] == pytest.approx(0.6, abs=0.04)
+    # Every picture arrived on time, but this rig's decoder fell 0.5 s behind and caught up:
+    # the rig's doing (only the gaps as timed here show it).
+    late = receive_tap.TapFigures()
+    for i in range(600):
+        at = 10.0 + i / 30
+        decoded = 10.0 + 315 / 30 if 300 <= i < 315 else at  # held up, then all at once
+        late.frames.append(receive_tap.FrameRecord(decoded, round(decoded * 1e6), False,
+                                                   (round(at * 1e6), i), at))
+    behind = _summarize(late, 9.9, 30.1, plan, None, StarvationProbe())
+    assert behind["freezes"] == 0 and behind["max_gap_s_raw"] > 0.5
+
+
+def test_steady_state_fails_on_a_device_stall_and_errs_when_the_rig_starved() -> None:
+    opts = RigOptions(device="d", expect=Expectation(fps=30, keyframe_interval=30))
+    battery = Battery(opts, Progress(quiet=True))
+    plan = ViewerPlan(index=0, device="d")
+
+    def verdict(hole: tuple[float, float], probe: StarvationProbe) -> CheckResult:
+        result = {"index": 0, "ok": True, "watched_s": 20.2,
+                  **_summarize(_stream_with_a_hole(hole), 9.9, 30.1, plan, None, probe)}
+        return battery._steady_result([result], analyse_viewers([result], opts), None, None)
+
+    # A 1 s stall of the device while the rig ran: caught (gap > 1 s, frozen > 5 %).
+    stall = verdict((15.0, 16.05), StarvationProbe())
+    assert stall.verdict == Verdict.FAIL and "gap between pictures" in stall.reason
+    # The same stall while the rig was starved for a moment elsewhere: still caught.
+    elsewhere = verdict((15.0, 16.05), StarvationProbe([(20.0, 21.0, 1.0)]))
+    assert elsewhere.verdict == Verdict.FAIL
+    # A short hole during a short starvation of the rig: a pass that says so.
+    short = verdict((15.0, 15.6), StarvationProbe([(14.9, 15.8, 1.0)]))
+    assert short.verdict == Verdict.PASS and "starved" in short.reason
+    # A rig starved for a third of the watch cannot vouch for the device: an error, not a pass.
+    starved = verdict((15.0, 15.6), StarvationProbe([(12.0, 19.0, 1.0)]))
+    assert starved.verdict == Verdict.ERROR and "starved" in starved.reason
+
+
+@pytest.mark.parametrize("starved", [True, False])
+async def test_the_probe_charges_a_late_tick_to_starvation_only_by_run_queue_wait(
+        monkeypatch: pytest.MonkeyPatch, starved: bool) -> None:
+    waited = [0.0]
+    monkeypatch.setattr(starvation, "run_delay_s", lambda: waited[0])
+    probe = StarvationProbe()
+    task = asyncio.ensure_future(probe.run())
+    await asyncio.sleep(0.2)
+    # The loop cannot run for 0.3 s: waiting for a CPU (starved), or busy with its own work.
+    if starved:
+        waited[0] += 0.3
+    time.sleep(0.3)
+    await asyncio.sleep(0.2)
+    task.cancel()
+    if starved:
+        assert len(probe.spans) == 1 and probe.total_s() == pytest.approx(0.3)
+    else:
+        assert probe.spans == []
+
+
+def test_run_delay_is_read_from_this_process_schedstat() -> None:
+    first = starvation.run_delay_s()
+    assert first is not None and first >= 0
+    second = starvation.run_delay_s()
+    assert second is not None and second >= first
 
 
 def test_fingerprints_compare_by_digest_and_power_commands_expand() -> None:
