@@ -125,6 +125,8 @@ class Engine:
         self._rtc_configuration = RTCConfiguration(iceServers=[])
         self._prebuilt: PrebuiltPool[tuple[RTCPeerConnection, RTCRtpTransceiver,
                                            FanoutTrack]] | None = None
+        # DTLS contexts built ahead, one per connection (aiortc builds one when DTLS starts).
+        self._prebuilt_ssl: PrebuiltPool[Any] | None = None
         self._started = False
         self._stopping = False
         self.offers_accepted = 0
@@ -157,11 +159,17 @@ class Engine:
                                                    bundlePolicy=RTCBundlePolicy.BALANCED)
         self._codecs.install()
         self._mux.start()
+        capacity = min(PREBUILT_PEER_CONNECTIONS, self.config.max_viewers)
         if self.config.send_path == "fanout":
-            self._prebuilt = PrebuiltPool(
-                self._build_fanout_peer_connection,
-                min(PREBUILT_PEER_CONNECTIONS, self.config.max_viewers))
+            self._prebuilt = PrebuiltPool(self._build_fanout_peer_connection, capacity)
             self._prebuilt.start()
+        create_ssl_context = aiortc_internals.ssl_context_factory(self._certificate.rtc)
+        srtp_offer = list(self._srtp_offer)
+        ssl_pool: PrebuiltPool[Any] = PrebuiltPool(
+            lambda: create_ssl_context(srtp_offer), capacity)
+        aiortc_internals.take_ssl_contexts_from(self._certificate.rtc, srtp_offer, ssl_pool.take)
+        ssl_pool.start()
+        self._prebuilt_ssl = ssl_pool
         self._started = True
         if self._feed is not None:
             self.fanout_for(self._feed)
@@ -184,9 +192,10 @@ class Engine:
         self._stopping = True
         await asyncio.gather(*(s.close("shutdown") for s in list(self._sessions.values())),
                              return_exceptions=True)
-        if self._prebuilt is not None:
-            self._prebuilt.stop()
-            self._prebuilt = None
+        for pool in (self._prebuilt, self._prebuilt_ssl):
+            if pool is not None:
+                pool.stop()
+        self._prebuilt = self._prebuilt_ssl = None
         fanouts, self._fanouts = list(self._fanouts.values()), {}
         for fanout in fanouts:
             await fanout.stop()
@@ -314,6 +323,8 @@ class Engine:
             "srtp": self._srtp_stats(),
             "fanout": _summed([f.stats() for f in self._fanouts.values()]),
             "prebuilt": self._prebuilt.stats() if self._prebuilt is not None else None,
+            "prebuilt_dtls": (self._prebuilt_ssl.stats()
+                              if self._prebuilt_ssl is not None else None),
         }
 
     # -- offer handling --------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import aiortc.sdp
 import pytest
 from aiortc import RTCSessionDescription
 from aiortc.sdp import SessionDescription
+from OpenSSL import SSL
 
 from ruseon_appliance.capture.pipeline import CapturePipeline
 from ruseon_appliance.engine import Engine, aiortc_internals
@@ -32,11 +33,14 @@ async def test_pool_hands_out_each_object_once_and_refills_when_idle() -> None:
 
     pool: PrebuiltPool[object] = PrebuiltPool(build, capacity=4, idle_s=0.05)
     pool.start()
+    await asyncio.sleep(0.2)
+    assert not built  # nothing built before anything is asked for
+    first = pool.take()
     await wait_for(lambda: pool.ready == 4, timeout=10)
-    assert len(built) == 4
-    taken = [pool.take() for _ in range(6)]  # 4 built ahead, then 2 on the spot
-    assert len({id(x) for x in taken}) == 6 and len(built) == 6
-    assert (pool.taken_prebuilt, pool.built_inline) == (4, 2)
+    assert len(built) == 5
+    taken = [first] + [pool.take() for _ in range(6)]  # 4 built ahead, then 2 on the spot
+    assert len({id(x) for x in taken}) == 7 and len(built) == 7
+    assert (pool.taken_prebuilt, pool.built_inline) == (4, 3)
     await wait_for(lambda: pool.ready == 4, timeout=10)
     again = [pool.take() for _ in range(4)]
     assert not {id(x) for x in again} & {id(x) for x in taken}
@@ -53,6 +57,11 @@ async def test_prebuilt_and_inline_viewers_never_share_objects(
     await engine.start()
     viewers: list[Viewer] = []
     try:
+        # The pools fill once a first viewer came (built on the spot) and things are quiet.
+        pc, offer = await make_offer()
+        session, _ = await engine.offer(offer)
+        await engine.close(session.id)
+        await pc.close()
         await wait_for(lambda: engine.stats()["prebuilt"]["ready"] == 3)
         offers = [await make_offer() for _ in range(6)]
         # Back to back: three come from the pool, the others are built on the spot (the pool
@@ -79,6 +88,11 @@ async def test_prebuilt_and_inline_viewers_never_share_objects(
         every = [id(o) for objs in owned for o in objs]
         assert len(every) == len(set(every)), "an object is shared between two viewers"
         assert prebuilt["taken_prebuilt"] >= 1 and prebuilt["built_inline"] >= 1, prebuilt
+        # DTLS: one OpenSSL context per connection too, built ahead for some.
+        contexts = [o.get_context() for objs in owned for o in objs
+                    if isinstance(o, SSL.Connection)]
+        assert len(contexts) == 6 and len({id(c) for c in contexts}) == 6
+        assert engine.stats()["prebuilt_dtls"]["taken_prebuilt"] >= 1
         assert len({s.ufrag for s in sessions}) == 6
         ssrcs = [aiortc_internals.sender_ssrcs(s.sender) for s in sessions]
         assert len({x for pair in ssrcs for x in pair}) == 12
@@ -197,3 +211,25 @@ def test_offer_parser_guard_points() -> None:
     # Three places touch the codec list: rtpmap appends, fmtp finds, rtcp-fb loops over it.
     assert parse.count("current_media.rtp.codecs") == 3
     assert parse.count("current_media.rtp.headerExtensions") == 1
+
+
+def test_ssl_context_hook_points() -> None:
+    """aiortc 1.16 asks the (shared) certificate for a new SSL context per DTLS connection,
+    with the transport's SRTP profiles: where the engine hands out contexts built ahead."""
+    from aiortc import RTCCertificate
+    from aiortc.rtcdtlstransport import SRTP_PROFILES, RTCDtlsTransport
+
+    start = inspect.getsource(RTCDtlsTransport.start)
+    assert "self.__local_certificate._create_ssl_context(" in start
+    assert "srtp_profiles=self._srtp_profiles" in start
+    certificate = RTCCertificate.generateCertificate()
+    create = aiortc_internals.ssl_context_factory(certificate)
+    profiles = list(SRTP_PROFILES)
+    first, second = create(profiles), create(profiles)
+    assert isinstance(first, SSL.Context) and first is not second
+    built_ahead = [create(profiles[:1]), create(profiles[:1])]
+    aiortc_internals.take_ssl_contexts_from(certificate, profiles[:1], built_ahead.pop)
+    assert certificate._create_ssl_context(srtp_profiles=profiles[:1]) is not None
+    assert len(built_ahead) == 1
+    other = certificate._create_ssl_context(srtp_profiles=profiles)
+    assert isinstance(other, SSL.Context) and len(built_ahead) == 1
