@@ -20,18 +20,21 @@ from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
-# How long after the last take (or the start) the pool waits before building again.
-REFILL_IDLE_S = 0.25
+# How long after the last take the pool waits before building again: longer than the gap
+# between the offers of a burst (they arrive within milliseconds), shorter than the gap
+# between viewers joining one after another (each takes tens of ms to connect), so the pool
+# is full again for the next one.
+REFILL_IDLE_S = 0.05
 
 
 class PrebuiltPool(Generic[T]):
     """Up to ``capacity`` objects from ``build()``, made when idle, each taken once."""
 
     def __init__(self, build: Callable[[], T], capacity: int,
-                 idle_s: float = REFILL_IDLE_S) -> None:
+                 idle_s: float | None = None) -> None:
         self._build = build
         self.capacity = max(0, capacity)
-        self._idle_s = idle_s
+        self._idle_s = REFILL_IDLE_S if idle_s is None else idle_s
         self._ready: list[T] = []
         self._timer: asyncio.TimerHandle | asyncio.Handle | None = None
         self._running = False

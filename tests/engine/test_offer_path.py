@@ -17,6 +17,7 @@ from OpenSSL import SSL
 from ruseon_appliance.capture.pipeline import CapturePipeline
 from ruseon_appliance.engine import Engine, aiortc_internals
 from ruseon_appliance.engine import engine as engine_module
+from ruseon_appliance.engine import prebuilt as prebuilt_module
 from ruseon_appliance.engine.errors import MalformedOffer
 from ruseon_appliance.engine.offer import OfferParser, check_offer, strip_remote_candidates
 from ruseon_appliance.engine.prebuilt import PrebuiltPool
@@ -53,6 +54,8 @@ async def test_pool_hands_out_each_object_once_and_refills_when_idle() -> None:
 async def test_prebuilt_and_inline_viewers_never_share_objects(
         feed: CapturePipeline, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(engine_module, "PREBUILT_PEER_CONNECTIONS", 3)
+    # Long enough that no refill slips in between the back-to-back offers, however loaded.
+    monkeypatch.setattr(prebuilt_module, "REFILL_IDLE_S", 1.0)
     engine = Engine(webrtc_config(), tmp_path / "state", feed)
     await engine.start()
     viewers: list[Viewer] = []
