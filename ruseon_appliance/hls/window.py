@@ -354,15 +354,19 @@ def part_layout(part_duration_s: float, framerate: float) -> PartLayout:
     or a camera a little slower than measured, does not push a part over PART-TARGET).
     PART-TARGET is then ``part_duration_s`` unless the frames fill less than 85% of it (0.25 s
     at 15 fps is 3 frames, 0.2 s), in which case it shrinks to what those frames fill at 85%
-    (with the same 2% to spare), still leaving them room for timing jitter.
+    (with the same 2% to spare), still leaving them room for timing jitter. A camera so slow
+    that one frame outlasts ``part_duration_s`` gets parts of one frame and a PART-TARGET 2%
+    above it (exactly one frame was refused by :func:`layout_fits`, and the stream then laid
+    its parts out anew at every keyframe without end).
     """
     fps = max(1.0, framerate)
     frames = max(1, math.floor(part_duration_s * fps * LAYOUT_SLACK + 1e-9))
     filled = frames / fps
     part_target = min(part_duration_s,
                       math.floor(filled / PART_MIN_SHARE * LAYOUT_SLACK * 1000) / 1000)
+    roomy = math.ceil(filled / LAYOUT_SLACK * 1000 - 1e-9) / 1000
     # The segmenter closes a fragment once it holds this much: half a frame short of the part.
-    return PartLayout(frames, (frames - 0.5) / fps, max(filled, part_target))
+    return PartLayout(frames, (frames - 0.5) / fps, max(roomy, part_target))
 
 
 def fragment_max_for(part_target_s: float, framerate: float) -> float:

@@ -22,7 +22,12 @@ from ruseon_appliance.capture.h264 import AccessUnitSplitter
 from ruseon_appliance.capture.ring import RingBuffer
 from ruseon_appliance.hls import HlsStream, LiveWindow, render
 from ruseon_appliance.hls.playlist import init_name
-from ruseon_appliance.hls.window import fragment_max_for, layout_fits, target_duration_for
+from ruseon_appliance.hls.window import (
+    fragment_max_for,
+    layout_fits,
+    part_layout,
+    target_duration_for,
+)
 from ruseon_appliance.segmenter import Fragment
 from tests.hls.m3u8 import ContinuityChecker, MediaPlaylist, parse
 
@@ -292,6 +297,43 @@ def test_media_sequence_starts_from_the_wall_clock_so_a_restart_never_goes_back(
     after = parse(render(again.window))
     assert after.media_sequence > newest_before
     assert again.window.run_id != first.window.run_id
+
+
+def test_every_layout_fits_the_frame_rate_it_was_made_for() -> None:
+    """The stream lays parts out anew whenever the layout does not fit the measured rate: a
+    layout that does not fit its own rate would be laid out again for ever."""
+    misfits = [(part_s, fps) for part_s in (0.1, 0.2, 0.25, 0.33, 0.5, 1.0)
+               for fps in [q / 4 for q in range(2, 241)]
+               if not layout_fits(part_layout(part_s, fps), fps)]
+    assert misfits == []
+
+
+@pytest.mark.parametrize("real_fps", [2, 3, 4])
+async def test_a_camera_slower_than_one_frame_per_part_gets_parts_of_one_frame(
+        real_fps: int) -> None:
+    """At 4 fps or less one frame outlasts the configured part (0.25 s): each part is one frame
+    and PART-TARGET must hold it with room to spare. (It was exactly one frame long, which the
+    layout check itself refused, so the segmenter started over at the same keyframe again and
+    again without ever waiting, and the service's event loop stood still.)"""
+    units = AccessUnitSplitter().split_all(CAM_STREAM.read_bytes())  # GOP 30
+    ring = RingBuffer(2 * 1024 * 1024, 256)
+    stream = HlsStream(ring, framerate=30, keyframe_interval=60, part_target_s=0.25,
+                       window_s=60.0)
+    await stream.start()
+    try:
+        for i in range(len(units) * 2):
+            data, keyframe = units[i % len(units)]
+            ring.write(AccessUnit(data, i * (90_000 // real_fps), keyframe,
+                                  1_764_000_000_000_000 + i * 1_000_000 // real_fps))
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+        playlist = parse(render(stream.window))  # the parser checks part durations
+        assert len([s for s in playlist.segments if s.uri]) >= 2, playlist
+        assert layout_fits(stream.layout, real_fps), (stream.layout, stream.framerate)
+        assert stream.layout.frames == 1 and playlist.part_target >= 1 / real_fps
+        assert stream.window.discontinuities == 0 and stream.stats()["segmenter_failures"] == 0
+    finally:
+        await stream.stop()
 
 
 @pytest.mark.parametrize("real_fps", [15, 25, 60])
