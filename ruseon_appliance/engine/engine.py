@@ -161,12 +161,13 @@ class Engine:
         self._mux.start()
         capacity = min(PREBUILT_PEER_CONNECTIONS, self.config.max_viewers)
         if self.config.send_path == "fanout":
-            self._prebuilt = PrebuiltPool(self._build_fanout_peer_connection, capacity)
+            self._prebuilt = PrebuiltPool(self._build_fanout_peer_connection, capacity,
+                                          busy=self._answering_offers)
             self._prebuilt.start()
         create_ssl_context = aiortc_internals.ssl_context_factory(self._certificate.rtc)
         srtp_offer = list(self._srtp_offer)
         ssl_pool: PrebuiltPool[Any] = PrebuiltPool(
-            lambda: create_ssl_context(srtp_offer), capacity)
+            lambda: create_ssl_context(srtp_offer), capacity, busy=self._answering_offers)
         aiortc_internals.take_ssl_contexts_from(self._certificate.rtc, srtp_offer, ssl_pool.take)
         ssl_pool.start()
         self._prebuilt_ssl = ssl_pool
@@ -413,6 +414,10 @@ class Engine:
         if feed.source_kind not in NO_KEYFRAME_ON_DEMAND:
             return 0
         return int(feed.camera.bitrate / 8 * GOP_CATCH_UP_MAX_S)
+
+    def _answering_offers(self) -> bool:
+        """Whether offers are being answered now (the pools wait until they are done)."""
+        return self._pending > 0
 
     def _build_fanout_peer_connection(
             self) -> tuple[RTCPeerConnection, RTCRtpTransceiver, FanoutTrack]:

@@ -20,19 +20,19 @@ from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
-# How long after the last take the pool waits before building again: longer than the gap
-# between the offers of a burst (they arrive within milliseconds), shorter than the gap
-# between viewers joining one after another (each takes tens of ms to connect), so the pool
-# is full again for the next one.
-REFILL_IDLE_S = 0.05
+# How long after the last take the pool waits before building again (and it also waits while
+# ``busy()``, e.g. offers are being answered): shorter than the gap between viewers joining one
+# after another (each takes tens of ms to connect), so the pool is full again for the next one.
+REFILL_IDLE_S = 0.02
 
 
 class PrebuiltPool(Generic[T]):
     """Up to ``capacity`` objects from ``build()``, made when idle, each taken once."""
 
     def __init__(self, build: Callable[[], T], capacity: int,
-                 idle_s: float | None = None) -> None:
+                 idle_s: float | None = None, busy: Callable[[], bool] | None = None) -> None:
         self._build = build
+        self._busy = busy
         self.capacity = max(0, capacity)
         self._idle_s = REFILL_IDLE_S if idle_s is None else idle_s
         self._ready: list[T] = []
@@ -90,6 +90,10 @@ class PrebuiltPool(Generic[T]):
     def _fill_one(self) -> None:
         self._timer = None
         if not self._running or len(self._ready) >= self.capacity:
+            return
+        if self._busy is not None and self._busy():
+            # Not while a burst is being answered: try again after another idle wait.
+            self._timer = asyncio.get_running_loop().call_later(self._idle_s, self._fill_one)
             return
         try:
             self._ready.append(self._build())

@@ -51,6 +51,19 @@ async def test_pool_hands_out_each_object_once_and_refills_when_idle() -> None:
     assert pool.ready == 0  # stopped: no more building
 
 
+async def test_pool_waits_while_busy() -> None:
+    busy = [True]
+    pool: PrebuiltPool[object] = PrebuiltPool(object, capacity=2, idle_s=0.02,
+                                              busy=lambda: busy[0])
+    pool.start()
+    pool.take()
+    await asyncio.sleep(0.3)
+    assert pool.ready == 0  # offers being answered: nothing built meanwhile
+    busy[0] = False
+    await wait_for(lambda: pool.ready == 2, timeout=10)
+    pool.stop()
+
+
 async def test_prebuilt_and_inline_viewers_never_share_objects(
         feed: CapturePipeline, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(engine_module, "PREBUILT_PEER_CONNECTIONS", 3)
