@@ -75,7 +75,7 @@ class HlsStream:
             window_s=window_s,
             first_msn=first_msn_for(wall_clock()),
         )
-        self.segmenter = Fmp4Segmenter(fragment_max_s=self.layout.fragment_max_s)
+        self.segmenter = self._new_segmenter()
         self.max_waiting = max_waiting
         self.clock = clock
         self.waiting = 0
@@ -123,7 +123,7 @@ class HlsStream:
                 # for the real frame rate (PART-TARGET must not change once players saw it).
                 self.layout, self._relayout = self._relayout, None
                 self.window.part_target_s = self.layout.part_target_s
-                self.segmenter = Fmp4Segmenter(fragment_max_s=self.layout.fragment_max_s)
+                self.segmenter = self._new_segmenter()
                 log.info("HLS: the camera sends %.2f fps, not the configured rate: parts of "
                          "%d frames, PART-TARGET %.3f s", self.framerate, self.layout.frames,
                          self.layout.part_target_s)
@@ -131,6 +131,12 @@ class HlsStream:
             self.segmenter.reset()
             self.window.mark_break()
             await asyncio.sleep(RESTART_DELAY_S)
+
+    def _new_segmenter(self) -> Fmp4Segmenter:
+        """Parts cut for the current layout; a frame that would take a part past PART-TARGET
+        (the camera skipped frames before it) starts the next part instead."""
+        return Fmp4Segmenter(fragment_max_s=self.layout.fragment_max_s,
+                             fragment_limit_s=self.layout.part_target_s)
 
     def _sink(self, fragments: list[Fragment]) -> None:
         if self._relayout is not None:
@@ -233,6 +239,9 @@ class HlsStream:
             "discontinuities": window.discontinuities,
             "segments_split": window.segments_split,
             "segmenter_failures": self.failures,
+            # Parts closed early because the next frame (after skipped ones) would have taken
+            # them past PART-TARGET.
+            "parts_split_at_target": self.segmenter.split_for_limit,
             "newest_capture_time_us": (newest.parts[-1].capture_time_us
                                        if newest and newest.parts else None),
             "codec": self.segmenter.codec,

@@ -195,17 +195,26 @@ class Fmp4Segmenter:
     """H.264 Annex B access units in, CMAF fMP4 out. No re-encoding.
 
     ``fragment_max_s``: an open fragment is closed once it holds this much media (LL-HLS parts
-    ~0.25 s; recording may use ~1 s). A fragment is always closed before an IDR, so every IDR
-    starts a new, independent fragment. A sample's duration is known when the next access unit
-    arrives, so :meth:`push` returns the fragments that became complete (usually [] or one),
-    delayed by at most one frame.
+    ~0.25 s; recording may use ~1 s). ``fragment_limit_s``: what no fragment of more than one
+    sample may exceed (LL-HLS's PART-TARGET). A fragment is always closed before an IDR, so
+    every IDR starts a new, independent fragment. A sample's duration is known when the next
+    access unit arrives, so :meth:`push` returns the fragments that became complete (usually []
+    or one), delayed by at most one frame.
     """
 
-    def __init__(self, *, fragment_max_s: float = 0.25, timescale: int = 90_000) -> None:
+    def __init__(self, *, fragment_max_s: float = 0.25, fragment_limit_s: float | None = None,
+                 timescale: int = 90_000) -> None:
         if fragment_max_s <= 0:
             raise ValueError("fragment_max_s must be positive")
         self.timescale = timescale
         self._max_ticks = max(1, round(fragment_max_s * timescale))
+        # A sample that would take the open fragment past this starts the next one instead
+        # (LL-HLS: no part may outlast PART-TARGET, even when the camera skipped frames and a
+        # sample lasts several frame times). Only a single sample longer than this (a camera
+        # stalled for longer than a part) still makes a longer fragment.
+        self._limit_ticks = (max(self._max_ticks, int(fragment_limit_s * timescale))
+                             if fragment_limit_s is not None else None)
+        self.split_for_limit = 0
         self._default_duration = timescale // 30
         self._max_sample_ticks = int(_MAX_SAMPLE_S * timescale)
         self._sequence = 0
@@ -357,6 +366,10 @@ class Fmp4Segmenter:
 
     def _append(self, sample: _Sample, duration: int, *, next_is_idr: bool) -> None:
         if sample.keyframe and self._open:
+            self._close()
+        elif (self._open and self._limit_ticks is not None
+              and self._open_ticks + duration > self._limit_ticks):
+            self.split_for_limit += 1
             self._close()
         if sample.parameter_sets is not None and sample.parameter_sets != self._params:
             # Changed parameter sets take effect with this IDR, which starts a fragment, so every

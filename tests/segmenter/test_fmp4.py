@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import struct
 from pathlib import Path
 
@@ -59,6 +60,36 @@ def test_recorded_camera_stream_round_trips(tmp_path: Path) -> None:
         assert struct.unpack_from(">I", f.data, mfhd[0] + 4)[0] == f.sequence
         assert struct.unpack_from(">Q", f.data, tfdt[0] + 4)[0] == f.start_pts
         assert [k for k, _, _ in iter_boxes(f.data)] == [b"moof", b"mdat"]
+
+
+def test_skipped_frames_never_take_a_part_past_its_limit(tmp_path: Path) -> None:
+    """A camera that skips frames (a busy board, a starved encoder) gives samples several frame
+    times long. The part they fall in is closed before them rather than outgrow PART-TARGET,
+    which LL-HLS forbids; only a single sample longer than the limit makes a longer part."""
+    # The recorded frames, with frame slots skipped before some of them (what the encoder never
+    # got): 1 to 5 slots at different places within parts, and a stall of 12.
+    skips_before = {3: 5, 9: 2, 15: 3, 33: 4, 52: 1, 60: 12}
+    kept, slot = [], 0
+    for i, unit in enumerate(cam_units()):
+        slot += skips_before.get(i, 0)
+        kept.append(Unit(unit.data, slot * 3000, unit.keyframe, 1_000_000 + slot * 33_333))
+        slot += 1
+    limit = 0.25
+    loose = segment(kept, Fmp4Segmenter(fragment_max_s=0.2167))
+    assert any(f.frames > 1 and f.duration > limit * 90_000 for f in loose), (
+        "the control: without a limit the skips do make over-long parts")
+    seg = Fmp4Segmenter(fragment_max_s=0.2167, fragment_limit_s=limit)
+    fragments = segment(kept, seg)
+    assert seg.split_for_limit > 0
+    for f in fragments:
+        assert f.frames == 1 or f.duration <= limit * 90_000, (f.frames, f.duration)
+    # The timeline stays whole: each fragment starts where the one before ended.
+    for before, after in itertools.pairwise(fragments):
+        assert after.start_pts == before.start_pts + before.duration
+    assert sum(f.frames for f in fragments) == len(kept)
+    out = write(tmp_path / "skips.mp4", seg.init_segment, fragments)
+    assert ffmpeg_errors(out) == ""
+    assert len(probe_frames(out)) == len(kept)
 
 
 def test_longer_fragments_and_high_profile(tmp_path: Path) -> None:
