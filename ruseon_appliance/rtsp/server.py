@@ -252,12 +252,18 @@ class RtspServer:
     async def _read_loop(self, conn: _Connection, reader: asyncio.StreamReader) -> None:
         writer = conn.writer
         while True:
-            # Playing: no timeout (a TCP session lasts as long as its connection). Refused for
-            # being full: the first request comes at once or the connection goes.
-            idle = (REQUEST_TIMEOUT_S if conn.full
-                    else None if conn.playing() else self.session_timeout_s)
-            async with asyncio.timeout(idle):
-                first = await reader.readexactly(1)
+            # Playing: no idle limit (a TCP session lasts as long as its connection), but the
+            # wait is looked at again every timeout: a UDP session reaped meanwhile (a client
+            # gone without closing) must not leave its connection holding a slot for ever.
+            # Refused for being full: the first request comes at once or the connection goes.
+            idle = REQUEST_TIMEOUT_S if conn.full else self.session_timeout_s
+            try:
+                async with asyncio.timeout(idle):
+                    first = await reader.readexactly(1)
+            except TimeoutError:
+                if not conn.full and conn.playing():
+                    continue
+                raise
             async with asyncio.timeout(REQUEST_TIMEOUT_S):
                 if first == b"$":
                     head = await reader.readexactly(3)

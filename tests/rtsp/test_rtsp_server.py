@@ -304,3 +304,28 @@ async def test_udp_sessions_without_signs_of_life_are_reaped(rig: Rig) -> None:
         assert (await client.request("GET_PARAMETER")).status == 454
     finally:
         await client.close()
+
+
+async def test_a_silent_udp_client_whose_session_was_reaped_frees_its_connection(
+        rig: Rig) -> None:
+    # A client that played over UDP, then vanished without closing its RTSP connection (an NVR
+    # that lost power): the session is reaped, and its connection must go too, or such ghosts
+    # fill max_clients and every later client gets 503 for ever.
+    server = await rig.server(session_timeout_s=1.0, max_clients=1)
+    ghost = await RawClient.connect(server.port)
+    other: RawClient | None = None
+    try:
+        setup = await ghost.request("SETUP", f"{ghost.url}/trackID=0", {
+            "Transport": "RTP/AVP;unicast;client_port=40000-40001"})
+        assert setup.status == 200
+        ghost.session = setup.header("session").split(";")[0]
+        assert (await ghost.request("PLAY")).status == 200
+        await wait_for(lambda: server.stats()["sessions_reaped"] == 1, what="the reaping")
+        assert await ghost.closed(timeout=30.0)
+        await wait_for(lambda: server.stats()["clients"] == 0, what="the connection to go")
+        other = await RawClient.connect(server.port)
+        assert (await other.request("DESCRIBE")).status == 200
+    finally:
+        await ghost.close()
+        if other is not None:
+            await other.close()
