@@ -116,6 +116,47 @@ def test_file_source_reads_annex_b_back_from_the_file(tmp_path: Path) -> None:
     assert clip.in_memory and len(clip) == 45 and clip.idr[0]
 
 
+async def test_file_source_plays_on_when_its_file_is_rewritten_in_place(tmp_path: Path) -> None:
+    # Units are read back from the file when due, so a file overwritten in place (cp onto it:
+    # truncated, then written) must not stop the camera for good nor feed it stale offsets:
+    # playback goes on with the new file's pictures.
+    path = tmp_path / "clip.h264"
+    path.write_bytes(CAM_STREAM.read_bytes())
+    old = {data for data, _ in split_file(CAM_STREAM)}
+    new = {data for data, _ in split_file(ONCE_STREAM)}
+    delivered: list[AccessUnit] = []
+    source = FileSource(CAMERA, path)
+    await source.start(delivered.append)
+    try:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30
+        while len(delivered) < 5:
+            assert loop.time() < deadline, "no frames from the file source"
+            await asyncio.sleep(0.05)
+        assert source._units is not None and not source._units.in_memory
+        with path.open("r+b") as f:  # as cp does: the same file, truncated, then written
+            f.truncate(0)
+            f.write(ONCE_STREAM.read_bytes())
+        changed_at = len(delivered)
+        deadline = loop.time() + 30
+        while sum(bytes(au.data) in new for au in delivered[changed_at:]) < 20:
+            assert source._task is not None and not source._task.done(), \
+                "the file source's playback ended"
+            assert loop.time() < deadline, "the new file's pictures never came"
+            await asyncio.sleep(0.05)
+        after = [bytes(au.data) for au in delivered[changed_at:]]
+        # Nothing but whole pictures of one file or the other (never bytes from stale offsets),
+        # and once the new file's began, only those.
+        assert all(data in old or data in new for data in after)
+        first_new = next(i for i, data in enumerate(after) if data in new)
+        assert all(data in new for data in after[first_new:])
+        assert source.stats()["reloads"] >= 1
+        pts = [au.pts for au in delivered]
+        assert pts == sorted(pts) and len(set(pts)) == len(pts)
+    finally:
+        await source.stop()
+
+
 async def test_file_source_missing_file_is_a_clear_error(tmp_path: Path) -> None:
     source = FileSource(CAMERA, tmp_path / "nope.h264")
     with pytest.raises(SourceUnavailable, match="cannot be read"):

@@ -24,6 +24,9 @@ from .base import Deliver, SourceUnavailable
 
 log = logging.getLogger(__name__)
 
+# How soon a file that changed under playback and could not be loaded again is retried.
+RELOAD_RETRY_S = 1.0
+
 # Loading holds the whole file in memory (containers: while replaying too); refuse files that
 # would hurt a Pi.
 MAX_FILE_BYTES = 256 * 1024 * 1024
@@ -89,6 +92,9 @@ class PlaybackUnits:
         self._offsets = offsets
         self._memory: list[bytes] | None = None if offsets is not None else [d for d, _ in units]
         self._fd = os.open(path, os.O_RDONLY) if offsets is not None and path else -1
+        # Size and modification time of the file the offsets are for: a file rewritten in place
+        # (cp onto it) no longer has those units at those offsets.
+        self._stamp = _stamp(os.fstat(self._fd)) if self._fd >= 0 else (0, 0)
 
     @classmethod
     def load(cls, path: Path) -> PlaybackUnits:
@@ -113,6 +119,8 @@ class PlaybackUnits:
         if self._memory is not None:
             return self._memory[index]
         assert self._offsets is not None
+        if _stamp(os.fstat(self._fd)) != self._stamp:
+            raise SourceUnavailable("the file source's file changed while it was replayed")
         data = os.pread(self._fd, self.lengths[index], self._offsets[index])
         if len(data) != self.lengths[index]:
             raise SourceUnavailable("the file source's file changed while it was replayed")
@@ -123,6 +131,10 @@ class PlaybackUnits:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+def _stamp(st: os.stat_result) -> tuple[int, int]:
+    return st.st_size, st.st_mtime_ns
 
 
 def _offsets_in_file(path: Path, units: list[tuple[bytes, bool]]) -> list[int] | None:
@@ -154,6 +166,7 @@ class FileSource:
         self._task: asyncio.Task[None] | None = None
         self._units: PlaybackUnits | None = None
         self.loops = 0
+        self.reloads = 0
         self.frames_sent = 0
         self.keyframe_requests_ignored = 0
 
@@ -187,9 +200,28 @@ class FileSource:
         """Playback counters."""
         return {
             "loops": self.loops,
+            "reloads": self.reloads,
             "frames_sent": self.frames_sent,
             "keyframe_requests_ignored": self.keyframe_requests_ignored,
         }
+
+    async def _reload(self, units: PlaybackUnits, why: SourceUnavailable) -> PlaybackUnits:
+        """Load the file again after it changed (retried while it cannot be: mid-copy)."""
+        units.close()
+        log.warning("file source: %s: %s; loading it again", self.path, why)
+        failures = 0
+        while True:
+            try:
+                fresh = await asyncio.to_thread(PlaybackUnits.load, self.path)
+            except SourceUnavailable as exc:
+                failures += 1
+                log.log(logging.WARNING if failures == 1 else logging.DEBUG,
+                        "file source: %s; retrying every %.0f s", exc, RELOAD_RETRY_S)
+                await asyncio.sleep(RELOAD_RETRY_S)
+                continue
+            self._units = fresh
+            self.reloads += 1
+            return fresh
 
     async def _play(self, units: PlaybackUnits, deliver: Deliver) -> None:
         fps = self._camera.framerate
@@ -206,10 +238,18 @@ class FileSource:
                         await asyncio.sleep(delay)
                     elif delay < -1.0:
                         start = loop.time() - n / fps  # the loop was stalled: resync
-                    deliver(AccessUnit(units.read(i), n * VIDEO_CLOCK_RATE // fps, units.idr[i],
+                    try:
+                        data = units.read(i)
+                    except SourceUnavailable as exc:
+                        # Rewritten in place: play the file as it is now, from its first IDR.
+                        units = await self._reload(units, exc)
+                        first_idr = units.idr.index(True)
+                        break
+                    deliver(AccessUnit(data, n * VIDEO_CLOCK_RATE // fps, units.idr[i],
                                        time.time_ns() // 1000))
                     self.frames_sent += 1
                     n += 1
-                self.loops += 1
+                else:
+                    self.loops += 1
         finally:
             units.close()  # (stop() too, in case the task never ran)
