@@ -110,6 +110,8 @@ def content_length(request: RtspRequest) -> int:
         return 0
     if not value.isdigit():
         raise BadRequest("Content-Length is not a number")
+    if len(value) > 9:  # (int() refuses thousands of digits with ValueError)
+        raise BadRequest(f"a body larger than {MAX_BODY_BYTES} bytes", 413)
     length = int(value)
     if length > MAX_BODY_BYTES:
         raise BadRequest(f"a body larger than {MAX_BODY_BYTES} bytes", 413)
@@ -164,6 +166,8 @@ def _pair(text: str) -> tuple[int, int] | None:
     first, sep, second = text.partition("-")
     if not first.isdigit() or (sep and not second.isdigit()):
         return None
+    if len(first) > 5 or len(second) > 5:  # no port or channel is longer (int() refuses
+        return None                        # thousands of digits with ValueError)
     a = int(first)
     b = int(second) if sep else a + 1
     return (a, b)

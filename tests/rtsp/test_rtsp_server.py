@@ -329,3 +329,27 @@ async def test_a_silent_udp_client_whose_session_was_reaped_frees_its_connection
         await ghost.close()
         if other is not None:
             await other.close()
+
+
+async def test_numbers_too_long_for_int_get_a_4xx_answer(rig: Rig) -> None:
+    # Python refuses int() of more than 4300 digits (ValueError): a Content-Length or a port
+    # that long must be answered like any other bad number, not end the connection unanswered.
+    server = await rig.server()
+    digits = "9" * 5000
+    bad = await RawClient.connect(server.port)
+    try:
+        bad.writer.write(f"OPTIONS * RTSP/1.0\r\nCSeq: 1\r\nContent-Length: {digits}\r\n\r\n"
+                         .encode())
+        assert (await bad.response()).status in (400, 413)
+    finally:
+        await bad.close()
+    client = await RawClient.connect(server.port)
+    try:
+        for transport in (f"RTP/AVP;unicast;client_port={digits}-40001",
+                          f"RTP/AVP/TCP;unicast;interleaved=0-{digits}"):
+            setup = await client.request("SETUP", f"{client.url}/trackID=0",
+                                         {"Transport": transport})
+            assert setup.status == 461, transport
+        assert (await client.request("OPTIONS")).status == 200
+    finally:
+        await client.close()
