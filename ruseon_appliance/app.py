@@ -247,20 +247,25 @@ class Appliance:
         for relay_config in self.config.relay:
             cam = self.cameras.get(relay_config.camera) or self.cameras.first
             camera, feed = cam.config, cam.pipeline
-            fanout = self.engine.fanout_for(feed)
-            if fanout is None:
-                fanout = self._relay_fanouts.get(cam.name)
-            if fanout is None:
-                fanout = self._relay_fanouts[cam.name] = Fanout(
-                    feed, lambda family: None, framerate=camera.framerate,
-                    min_bitrate=camera.bitrate)
-                fanout.start()
+            fanout = self._consumer_fanout(cam)
             catch_up = max(3, -(-camera.framerate * camera.keyframe_request_interval_ms // 1000))
             relay = RtpRelay(relay_config, feed, fanout, framerate=camera.framerate,
                              catch_up_max_frames=catch_up,
                              keyframe_interval_frames=camera.keyframe_interval)
             await relay.start()
             self.relays.append(relay)
+
+    def _consumer_fanout(self, cam: Camera) -> Fanout:
+        """The fan-out a relay or RTSP client of ``cam`` consumes: the engine's (shared with its
+        viewers), or one of its own when the engine has none for that camera."""
+        assert self.engine is not None
+        fanout = self.engine.fanout_for(cam.pipeline) or self._relay_fanouts.get(cam.name)
+        if fanout is None:
+            fanout = self._relay_fanouts[cam.name] = Fanout(
+                cam.pipeline, lambda family: None, framerate=cam.config.framerate,
+                min_bitrate=cam.config.bitrate)
+            fanout.start()
+        return fanout
 
     async def _start_rtsp(self) -> None:
         """The RTSP server (``[rtsp] enable``): every camera at ``rtsp://HOST:PORT/<name>``,
@@ -271,12 +276,7 @@ class Appliance:
         sources = []
         for cam in self.cameras:
             camera, feed = cam.config, cam.pipeline
-            fanout = self.engine.fanout_for(feed) or self._relay_fanouts.get(cam.name)
-            if fanout is None:
-                fanout = self._relay_fanouts[cam.name] = Fanout(
-                    feed, lambda family: None, framerate=camera.framerate,
-                    min_bitrate=camera.bitrate)
-                fanout.start()
+            fanout = self._consumer_fanout(cam)
             catch_up = max(3, -(-camera.framerate * camera.keyframe_request_interval_ms // 1000))
             # As the engine does for viewers: the GOP so far when no fresh IDR can be had.
             gop_bytes = (int(camera.bitrate / 8 * GOP_CATCH_UP_MAX_S)

@@ -101,6 +101,18 @@ def ntp_now() -> int:
     return (seconds << 32) | int((t - seconds) * (1 << 32))
 
 
+def sender_report(ssrc: int, rtp_timestamp: int, packets: int, octets: int, cname: str) -> bytes:
+    """An RTCP compound packet: sender report (now, in NTP) + SDES CNAME, as relays and RTSP
+    clients send them (RFC 3550 6.4.1, 6.5.1)."""
+    ntp = ntp_now()
+    sr = struct.pack("!BBHIIIIII", 0x80, 200, 6, ssrc, ntp >> 32, ntp & 0xFFFFFFFF,
+                     rtp_timestamp & 0xFFFFFFFF, packets & 0xFFFFFFFF, octets & 0xFFFFFFFF)
+    name = cname.encode()
+    chunk = struct.pack("!IBB", ssrc, 1, len(name)) + name + b"\x00"
+    chunk += b"\x00" * (-len(chunk) % 4)
+    return sr + struct.pack("!BBH", 0x81, 202, len(chunk) // 4) + chunk
+
+
 def _ignore_keyframe_request(reason: str) -> None:
     """A stopped viewer's keyframe requests go nowhere."""
 

@@ -51,7 +51,7 @@ from aiortc.rtp import (
 
 from ruseon_appliance.config import RelayConfig
 from ruseon_appliance.engine import aiortc_internals
-from ruseon_appliance.engine.fanout import Fanout, PacketizedFrame, ntp_now
+from ruseon_appliance.engine.fanout import Fanout, PacketizedFrame, sender_report
 from ruseon_appliance.engine.track import VideoFeed, ViewerCursor
 
 logger = logging.getLogger(__name__)
@@ -367,15 +367,9 @@ class RtpRelay:
         sock, target = self._sock, self.rtcp_target
         if sock is None or target is None:
             return
-        ntp = ntp_now()
-        rtp_ts = (self._last_ts + int((now - self._last_send_monotonic) * 90_000)) & 0xFFFFFFFF
-        sr = struct.pack("!BBHIIIIII", 0x80, 200, 6, self.ssrc, ntp >> 32, ntp & 0xFFFFFFFF,
-                         rtp_ts, self.packets_sent & 0xFFFFFFFF,
-                         self.payload_bytes_sent & 0xFFFFFFFF)
-        cname = self.cname.encode()
-        chunk = struct.pack("!IBB", self.ssrc, 1, len(cname)) + cname + b"\x00"
-        chunk += b"\x00" * (-len(chunk) % 4)
-        packet = sr + struct.pack("!BBH", 0x81, 202, len(chunk) // 4) + chunk
+        rtp_ts = self._last_ts + int((now - self._last_send_monotonic) * 90_000)
+        packet = sender_report(self.ssrc, rtp_ts, self.packets_sent, self.payload_bytes_sent,
+                               self.cname)
         if self._srtp is not None:
             packet = self._srtp.protect_rtcp(packet)
         try:

@@ -48,7 +48,7 @@ from ruseon_appliance.engine.fanout import (
     JOIN_PACE_S,
     Fanout,
     PacketizedFrame,
-    ntp_now,
+    sender_report,
 )
 from ruseon_appliance.engine.track import VideoFeed, ViewerCursor
 
@@ -380,15 +380,9 @@ class RtspSession:
 
     def send_report(self, now: float) -> None:
         """An RTCP sender report + SDES CNAME, on channel 1 or to the client's RTCP port."""
-        ntp = ntp_now()
-        rtp_ts = (self._last_ts + int((now - self._last_send_monotonic) * 90_000)) & 0xFFFFFFFF
-        sr = struct.pack("!BBHIIIIII", 0x80, 200, 6, self.ssrc, ntp >> 32, ntp & 0xFFFFFFFF,
-                         rtp_ts, self.packets_sent & 0xFFFFFFFF,
-                         self.payload_bytes_sent & 0xFFFFFFFF)
-        cname = self.cname.encode()
-        chunk = struct.pack("!IBB", self.ssrc, 1, len(cname)) + cname + b"\x00"
-        chunk += b"\x00" * (-len(chunk) % 4)
-        packet = sr + struct.pack("!BBH", 0x81, 202, len(chunk) // 4) + chunk
+        rtp_ts = self._last_ts + int((now - self._last_send_monotonic) * 90_000)
+        packet = sender_report(self.ssrc, rtp_ts, self.packets_sent, self.payload_bytes_sent,
+                               self.cname)
         if self.transport_kind == "tcp":
             if self._tcp is None or self._tcp.is_closing():
                 return
