@@ -145,6 +145,10 @@ class RtspServer:
         self.first = sources[0]
         self.auth = RtspAuth(token) if token else None
         self.buffer_limit = buffer_limit
+        # Bytes a connection may have waiting to be sent: its RTP stays under buffer_limit
+        # plus one frame or a join burst; answers beyond that are a client that sends requests
+        # and never reads (cut off, or it would fill the memory).
+        self.backlog_limit = 4 * buffer_limit + max(s.catch_up_max_bytes for s in sources)
         self.socket_send_buffer = socket_send_buffer
         self.session_timeout_s = session_timeout_s
         self.sessions: dict[str, RtspSession] = {}
@@ -289,6 +293,11 @@ class RtspServer:
                 writer.write(response.encode(request.cseq))
             if after is not None:
                 after()
+            if writer.transport.get_write_buffer_size() > self.backlog_limit:
+                self.bad_requests += 1
+                logger.info("rtsp: closing %s: it does not read what it is sent",
+                            conn.peer[0])
+                return
             if response.close:
                 await self._close_after_write(writer)
                 return

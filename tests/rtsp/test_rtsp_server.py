@@ -353,3 +353,32 @@ async def test_numbers_too_long_for_int_get_a_4xx_answer(rig: Rig) -> None:
         assert (await client.request("OPTIONS")).status == 200
     finally:
         await client.close()
+
+
+async def test_a_client_that_never_reads_its_answers_is_cut_off(rig: Rig) -> None:
+    # Requests keep coming, answers are never read: the answers must not pile up in the
+    # server's memory without bound (a stranger's cheap way to run a Pi out of memory; a 401
+    # is several times the size of the request that earns it). The connection is closed.
+    server = await rig.server(buffer_limit=16 * 1024, socket_send_buffer=16 * 1024)
+    loop = asyncio.get_running_loop()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    try:
+        await loop.sock_connect(sock, ("127.0.0.1", server.port))
+        await wait_for(lambda: server.stats()["clients"] == 1, what="the connection")
+        requests = b"".join(f"OPTIONS * RTSP/1.0\r\nCSeq: {i}\r\n\r\n".encode()
+                            for i in range(1, 30_001))  # ~1 MB in, ~3.5 MB of answers
+        highest = 0
+        try:
+            for start in range(0, len(requests), 64 * 1024):
+                await loop.sock_sendall(sock, requests[start:start + 64 * 1024])
+                await asyncio.sleep(0.01)  # (let the server take them)
+                for conn in server._connections:
+                    highest = max(highest, conn.writer.transport.get_write_buffer_size())
+        except (ConnectionResetError, BrokenPipeError):
+            pass
+        await wait_for(lambda: server.stats()["clients"] == 0, what="the connection to be cut")
+        assert highest <= 4 * 16 * 1024 + 1024
+    finally:
+        sock.close()
