@@ -5,10 +5,14 @@ anything and the password is ``auth.token``. Both schemes are offered in the 401
 FFmpeg, VLC/live555 and GStreamer pick it when offered, so the token never crosses the LAN in
 the clear; Basic is for clients that only know Basic).
 
-Digest nonces are stateless: the time they were made and an HMAC of it with a key made at
-start-up, valid for :data:`NONCE_LIFETIME_S` (a player re-uses its nonce for the keep-alives of
-a whole session); an older one gets ``stale=true``, and clients retry with the new nonce
-without asking their user. Every comparison is constant-time.
+Digest nonces are stateless: the time they were made and an HMAC of it and of the client's IP
+address with a key made at start-up, valid for :data:`NONCE_LIFETIME_S` (a player re-uses its
+nonce for the keep-alives of a whole session); an older one gets ``stale=true``, and clients
+retry with the new nonce without asking their user. Binding the nonce to the address stops a
+replay from elsewhere on the LAN: without ``qop`` (GStreamer, older players) a Digest response
+is the same each time for the same request, so whoever captured one exchange could otherwise
+replay it for the nonce's lifetime; from another address it is now refused (replaying from the
+client's own address would need its TCP connection). Every comparison is constant-time.
 """
 
 from __future__ import annotations
@@ -42,18 +46,20 @@ class RtspAuth:
         self.realm = realm
         self._key = secrets.token_bytes(32)
 
-    def nonce(self, now: float | None = None) -> str:
-        """A fresh nonce: its time and an HMAC of it."""
-        stamp = f"{int(time.time() if now is None else now):x}"
-        mac = hmac.new(self._key, stamp.encode(), hashlib.sha256).hexdigest()[:24]
-        return f"{stamp}{mac}"
+    def _mac(self, stamp: str, peer: str) -> str:
+        return hmac.new(self._key, f"{stamp}|{peer}".encode(), hashlib.sha256).hexdigest()[:24]
 
-    def _nonce_age(self, nonce: str) -> float | None:
-        """Seconds since ``nonce`` was made here, None if it was not made here."""
+    def nonce(self, peer: str = "", now: float | None = None) -> str:
+        """A fresh nonce for the client at IP ``peer``: its time and an HMAC of both."""
+        stamp = f"{int(time.time() if now is None else now):x}"
+        return f"{stamp}{self._mac(stamp, peer)}"
+
+    def _nonce_age(self, nonce: str, peer: str) -> float | None:
+        """Seconds since ``nonce`` was made here for ``peer``, None if it was not."""
         stamp, mac = nonce[:-24], nonce[-24:]
         if not stamp or len(stamp) > 16:
             return None
-        expected = hmac.new(self._key, stamp.encode(), hashlib.sha256).hexdigest()[:24]
+        expected = self._mac(stamp, peer)
         if not hmac.compare_digest(mac.encode(), expected.encode()):
             return None
         try:
@@ -61,16 +67,18 @@ class RtspAuth:
         except ValueError:
             return None
 
-    def challenges(self, *, stale: bool = False) -> list[tuple[str, str]]:
-        """The ``WWW-Authenticate`` headers of a 401: Digest, then Basic."""
-        digest = f'Digest realm="{self.realm}", nonce="{self.nonce()}", algorithm=MD5'
+    def challenges(self, peer: str = "", *, stale: bool = False) -> list[tuple[str, str]]:
+        """The ``WWW-Authenticate`` headers of a 401 to the client at ``peer``: Digest, then
+        Basic."""
+        digest = f'Digest realm="{self.realm}", nonce="{self.nonce(peer)}", algorithm=MD5'
         if stale:
             digest += ", stale=true"
         return [("WWW-Authenticate", digest),
                 ("WWW-Authenticate", f'Basic realm="{self.realm}"')]
 
-    def check(self, method: str, url: str, authorization: str) -> Verdict:
-        """Whether ``authorization`` (the header's value) carries the token for this request."""
+    def check(self, method: str, url: str, authorization: str, peer: str = "") -> Verdict:
+        """Whether ``authorization`` (the header's value) carries the token for this request
+        from the client at IP ``peer``."""
         scheme, _, rest = authorization.strip().partition(" ")
         scheme = scheme.lower()
         if not authorization.strip():
@@ -85,10 +93,10 @@ class RtspAuth:
                 return "ok"
             return "wrong"
         if scheme == "digest":
-            return self._check_digest(method, url, rest)
+            return self._check_digest(method, url, rest, peer)
         return "wrong"
 
-    def _check_digest(self, method: str, url: str, rest: str) -> Verdict:
+    def _check_digest(self, method: str, url: str, rest: str, peer: str) -> Verdict:
         params = {m.group(1).lower(): (m.group(3) if m.group(3) is not None else m.group(2))
                   for m in _PARAM.finditer(rest)}
         username, nonce = params.get("username"), params.get("nonce", "")
@@ -114,7 +122,7 @@ class RtspAuth:
             expected = _md5(f"{ha1}:{nonce}:{ha2}")
         if not hmac.compare_digest(response.lower().encode(), expected.encode()):
             return "wrong"
-        age = self._nonce_age(nonce)
+        age = self._nonce_age(nonce, peer)
         if age is None:
             return "wrong"
         if not -60 <= age <= NONCE_LIFETIME_S:

@@ -349,7 +349,7 @@ class RtspServer:
                                 reason=f"{method} is not supported"), None
         if self.auth is not None:
             authorization = request.header("authorization")
-            verdict = self.auth.check(method, request.url, authorization)
+            verdict = self.auth.check(method, request.url, authorization, conn.peer[0])
             if verdict == "ok":
                 scheme = authorization.split(" ", 1)[0].lower()
                 self.auth_accepted[scheme] = self.auth_accepted.get(scheme, 0) + 1
@@ -358,7 +358,8 @@ class RtspServer:
                     self.auth_challenges += 1
                 else:
                     self.auth_failures += 1
-                return RtspResponse(401, self.auth.challenges(stale=verdict == "stale"),
+                return RtspResponse(401, self.auth.challenges(conn.peer[0],
+                                                              stale=verdict == "stale"),
                                     reason="credentials required: any user name, the "
                                            "appliance's token as password"), None
         if method == "DESCRIBE":

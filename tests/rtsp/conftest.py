@@ -111,8 +111,11 @@ class RawClient:
 
     @classmethod
     async def connect(cls, port: int, path: str = "cam", *,
-                      rcvbuf: int | None = None) -> RawClient:
+                      rcvbuf: int | None = None, source: str | None = None) -> RawClient:
+        """``source``: another loopback address to connect from (127.0.0.2, ...)."""
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        if source is not None:
+            sock.bind((source, 0))
         if rcvbuf is not None:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
         sock.setblocking(False)

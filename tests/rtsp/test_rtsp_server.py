@@ -113,6 +113,20 @@ async def test_auth_401_without_or_with_wrong_credentials_basic_and_digest_let_i
             assert ok_digest.status == 200
         assert server.stats()["auth_accepted"] == {"basic": 1, "digest": 2}
 
+        # What another machine on the LAN captured of that exchange does not let it in: the
+        # nonce belongs to 127.0.0.1. Its own challenge does (the control).
+        other = await RawClient.connect(server.port, source="127.0.0.2")
+        try:
+            for qop in (False, True):
+                replayed = await other.request("DESCRIBE", url, headers={
+                    "Authorization": digest(challenges[0], "DESCRIBE", url, TOKEN, qop=qop)})
+                assert replayed.status == 401
+            own = (await other.request("DESCRIBE", url)).headers["www-authenticate"][0]
+            assert (await other.request("DESCRIBE", url, headers={
+                "Authorization": digest(own, "DESCRIBE", url, TOKEN)})).status == 200
+        finally:
+            await other.close()
+
         # The whole session with Basic: frames arrive.
         await client.play_tcp({"Authorization": basic("nvr", TOKEN)})
         await wait_for(lambda: client.frames >= 10, what="10 frames")
