@@ -40,6 +40,7 @@ from aiortc.rtp import (
     RTCP_PSFB_FIR,
     RTCP_PSFB_PLI,
     RTCP_RTPFB_NACK,
+    RtcpPacket,
     RtcpPsfbPacket,
     RtcpRrPacket,
     RtcpRtpfbPacket,
@@ -111,6 +112,44 @@ def sender_report(ssrc: int, rtp_timestamp: int, packets: int, octets: int, cnam
     chunk = struct.pack("!IBB", ssrc, 1, len(name)) + name + b"\x00"
     chunk += b"\x00" * (-len(chunk) % 4)
     return sr + struct.pack("!BBH", 0x81, 202, len(chunk) // 4) + chunk
+
+
+@dataclass
+class RtcpFeedback:
+    """What a relay target or RTSP client said in one RTCP datagram about the stream ``ssrc``."""
+
+    keyframe_requests: list[str]  # "pli" / "fir", one per request
+    remb_bps: int | None = None
+    fraction_lost: float | None = None
+    reports: int = 0  # receiver report blocks about ssrc
+
+
+def rtcp_feedback(data: bytes, ssrc: int) -> RtcpFeedback | None:
+    """Parse an RTCP compound packet from a consumer's peer; None when it is not RTCP (a
+    client's bytes must not crash anything)."""
+    try:
+        packets = RtcpPacket.parse(data)
+    except Exception:
+        return None
+    feedback = RtcpFeedback([])
+    for packet in packets:
+        if isinstance(packet, RtcpPsfbPacket) and packet.fmt in (RTCP_PSFB_PLI, RTCP_PSFB_FIR):
+            if packet.fmt == RTCP_PSFB_PLI and packet.media_ssrc not in (ssrc, 0):
+                continue
+            feedback.keyframe_requests.append("pli" if packet.fmt == RTCP_PSFB_PLI else "fir")
+        elif isinstance(packet, RtcpPsfbPacket) and packet.fmt == RTCP_PSFB_APP:
+            try:
+                bitrate, ssrcs = unpack_remb_fci(packet.fci)
+            except ValueError:
+                continue
+            if ssrc in ssrcs or not ssrcs:
+                feedback.remb_bps = bitrate
+        elif isinstance(packet, RtcpRrPacket | RtcpSrPacket):
+            for report in packet.reports:
+                if report.ssrc == ssrc:
+                    feedback.reports += 1
+                    feedback.fraction_lost = report.fraction_lost / 256
+    return feedback
 
 
 def _ignore_keyframe_request(reason: str) -> None:

@@ -38,20 +38,15 @@ import time
 from typing import Any
 
 import pylibsrtp
-from aiortc.rtp import (
-    RTCP_PSFB_APP,
-    RTCP_PSFB_FIR,
-    RTCP_PSFB_PLI,
-    RtcpPacket,
-    RtcpPsfbPacket,
-    RtcpRrPacket,
-    RtcpSrPacket,
-    unpack_remb_fci,
-)
 
 from ruseon_appliance.config import RelayConfig
 from ruseon_appliance.engine import aiortc_internals
-from ruseon_appliance.engine.fanout import Fanout, PacketizedFrame, sender_report
+from ruseon_appliance.engine.fanout import (
+    Fanout,
+    PacketizedFrame,
+    rtcp_feedback,
+    sender_report,
+)
 from ruseon_appliance.engine.track import VideoFeed, ViewerCursor
 
 logger = logging.getLogger(__name__)
@@ -495,31 +490,19 @@ class RtpRelay:
                 self.errors["icmp_other"] += 1  # about no destination of ours (forged?)
 
     def _handle_rtcp(self, data: bytes) -> None:
-        try:
-            packets = RtcpPacket.parse(data)
-        except Exception:  # a stranger's bytes must not crash anything
+        feedback = rtcp_feedback(data, self.ssrc)
+        if feedback is None:  # a stranger's bytes must not crash anything
             self.errors["rtcp_malformed"] += 1
             return
         self.rtcp_received += 1
-        for packet in packets:
-            if isinstance(packet, RtcpPsfbPacket) and packet.fmt in (RTCP_PSFB_PLI,
-                                                                     RTCP_PSFB_FIR):
-                if packet.fmt == RTCP_PSFB_PLI and packet.media_ssrc not in (self.ssrc, 0):
-                    continue
-                self.keyframe_requests_received += 1
-                self._request_keyframe("pli" if packet.fmt == RTCP_PSFB_PLI else "fir")
-            elif isinstance(packet, RtcpPsfbPacket) and packet.fmt == RTCP_PSFB_APP:
-                try:
-                    bitrate, ssrcs = unpack_remb_fci(packet.fci)
-                except ValueError:
-                    continue
-                if self.ssrc in ssrcs or not ssrcs:
-                    self.remb_bps = bitrate
-            elif isinstance(packet, RtcpRrPacket | RtcpSrPacket):
-                for report in packet.reports:
-                    if report.ssrc == self.ssrc:
-                        self.receiver_reports += 1
-                        self.fraction_lost = report.fraction_lost / 256
+        for reason in feedback.keyframe_requests:
+            self.keyframe_requests_received += 1
+            self._request_keyframe(reason)
+        if feedback.remb_bps is not None:
+            self.remb_bps = feedback.remb_bps
+        self.receiver_reports += feedback.reports
+        if feedback.fraction_lost is not None:
+            self.fraction_lost = feedback.fraction_lost
 
     def _request_keyframe(self, reason: str) -> None:
         if self._feed.request_keyframe(f"relay {self.name}: {reason}"):

@@ -33,21 +33,13 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal, Protocol
 
-from aiortc.rtp import (
-    RTCP_PSFB_FIR,
-    RTCP_PSFB_PLI,
-    RtcpPacket,
-    RtcpPsfbPacket,
-    RtcpRrPacket,
-    RtcpSrPacket,
-)
-
 from ruseon_appliance.capture.h264 import StreamInfo
 from ruseon_appliance.engine.fanout import (
     JOIN_PACE_BYTES,
     JOIN_PACE_S,
     Fanout,
     PacketizedFrame,
+    rtcp_feedback,
     sender_report,
 )
 from ruseon_appliance.engine.track import VideoFeed, ViewerCursor
@@ -415,23 +407,16 @@ class RtspSession:
     def handle_rtcp(self, data: bytes) -> None:
         """RTCP from the client (interleaved channel 1, or the RTCP port)."""
         self.last_activity = time.monotonic()
-        try:
-            packets = RtcpPacket.parse(data)
-        except Exception:  # a client's bytes must not crash anything
+        feedback = rtcp_feedback(data, self.ssrc)
+        if feedback is None:
             self.rtcp_malformed += 1
             return
         self.rtcp_received += 1
-        for packet in packets:
-            if isinstance(packet, RtcpPsfbPacket) and packet.fmt in (RTCP_PSFB_PLI,
-                                                                     RTCP_PSFB_FIR):
-                if packet.fmt == RTCP_PSFB_PLI and packet.media_ssrc not in (self.ssrc, 0):
-                    continue
-                self.keyframe_requests_received += 1
-                self._request_keyframe("pli" if packet.fmt == RTCP_PSFB_PLI else "fir")
-            elif isinstance(packet, RtcpRrPacket | RtcpSrPacket):
-                for report in packet.reports:
-                    if report.ssrc == self.ssrc:
-                        self.fraction_lost = report.fraction_lost / 256
+        for reason in feedback.keyframe_requests:
+            self.keyframe_requests_received += 1
+            self._request_keyframe(reason)
+        if feedback.fraction_lost is not None:
+            self.fraction_lost = feedback.fraction_lost
 
     def _request_keyframe(self, reason: str) -> None:
         if self._feed.request_keyframe(f"rtsp {self.camera}: {reason}"):
