@@ -27,6 +27,24 @@ from .discovery import OFFLINE, ONLINE, PRESS, Discovery, Topics
 
 log = logging.getLogger(__name__)
 
+
+class _QuietUnexpectedAck(logging.Filter):
+    """aiomqtt logs an acknowledgement for a message id it no longer waits for (a SUBACK or
+    UNSUBACK that arrives after its request timed out or its connection was replaced) with
+    ``logger.exception``: a KeyError traceback in the journal for something harmless. Keep the
+    line, as a warning, without the traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and str(record.msg).startswith("Unexpected message ID"):
+            record.exc_info = None
+            record.exc_text = None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+_client_log = logging.getLogger(__name__ + ".client")
+_client_log.addFilter(_QuietUnexpectedAck())
+
 # Reconnect back-off: doubles from the first to the cap, with +-20 % jitter.
 BACKOFF_FIRST_S = 1.0
 BACKOFF_MAX_S = 60.0
@@ -186,6 +204,7 @@ class HomeAssistantMqtt:
             max_queued_outgoing_messages=MAX_OUTGOING,
             max_queued_incoming_messages=MAX_INCOMING,
             tls_context=self.config.tls_context(),
+            logger=_client_log,
         )
 
     async def _run(self) -> None:

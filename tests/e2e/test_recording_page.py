@@ -45,8 +45,9 @@ def test_timeline_plays_a_recording_in_the_page_then_live_again(
         page.goto(server.url)
         wait_for_page(page, "live", lambda s: s["state"] == "live" and s["framesDecoded"] > 0)
         page.wait_for_function(
-            "() => { const r = window.ruseonRecordings.ranges;"
-            " return r.length > 0 && r[r.length - 1].end - r[r.length - 1].start > 5000; }",
+            # recordings.js may still be loading when the picture is already live.
+            "() => { const r = window.ruseonRecordings && window.ruseonRecordings.ranges;"
+            " return r && r.length > 0 && r[r.length - 1].end - r[r.length - 1].start > 5000; }",
             timeout=90_000)
         assert page.evaluate("() => window.ruseonRecordings.state") == "recording"
         start = page.evaluate("() => window.ruseonRecordings.ranges.at(-1).start")

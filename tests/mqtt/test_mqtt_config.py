@@ -96,3 +96,29 @@ def test_tls_files_are_checked_when_the_config_loads(tmp_path: Path) -> None:
                 f'ca_file = "{ca.cert}"\n')
     assert good.mqtt.tls_context() is not None  # type: ignore[attr-defined]
     assert load(tmp_path, to_toml(good)) == good  # type: ignore[arg-type]
+
+
+async def test_a_late_acknowledgement_is_a_warning_not_a_traceback(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A SUBACK for a message id aiomqtt no longer waits for (seen in CI right after a broker
+    restart) used to put a KeyError traceback in the journal: now one warning line."""
+    import logging
+
+    from ruseon_appliance.config import MqttConfig
+    from ruseon_appliance.mqtt.publisher import HomeAssistantMqtt
+
+    async def no_snapshot() -> None:
+        return None
+
+    publisher = HomeAssistantMqtt(MqttConfig(url="mqtt://127.0.0.1:1"), device_id="d", name="n",
+                                  state=dict, snapshot=no_snapshot)
+    client = publisher._client()
+    with caplog.at_level(logging.DEBUG):
+        client._on_subscribe(client._client, None, 23, [])
+        client._on_unsubscribe(client._client, None, 24, [])
+    records = [r for r in caplog.records if "Unexpected message ID" in r.getMessage()]
+    assert [r.getMessage() for r in records] == [
+        'Unexpected message ID "23" in on_subscribe callback',
+        'Unexpected message ID "24" in on_unsubscribe callback']
+    assert all(r.levelname == "WARNING" and r.exc_info is None for r in records), records
+    assert "Traceback" not in caplog.text
