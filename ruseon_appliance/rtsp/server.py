@@ -170,6 +170,7 @@ class RtspServer:
         self.bad_requests = 0
         self.rejected_full = 0
         self.requests: dict[str, int] = {}
+        self.joins: dict[str, int] = {}  # PLAYs by how the client joined (ViewerCursor modes)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -532,6 +533,8 @@ class RtspServer:
             return RtspResponse(200, headers), None
         _, base = self._source_of(request.url, track=True)
         seq, rtptime = session.prepare_play()
+        mode = session.cursor.join_mode if session.cursor is not None else ""
+        self.joins[mode] = self.joins.get(mode, 0) + 1
         info = f"url={base}{TRACK_CONTROL};seq={seq}"
         if rtptime is not None:
             info += f";rtptime={rtptime}"
@@ -594,5 +597,6 @@ class RtspServer:
             "bad_requests": self.bad_requests,
             "rejected_full": self.rejected_full,
             "requests": dict(self.requests),
+            "joins": dict(self.joins),
             "session_list": [s.stats() for s in live],
         }

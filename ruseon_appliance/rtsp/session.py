@@ -25,6 +25,7 @@ is heard on UDP.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import random
 import socket
@@ -34,6 +35,7 @@ from collections.abc import Callable
 from typing import Any, Literal, Protocol
 
 from ruseon_appliance.capture.h264 import StreamInfo
+from ruseon_appliance.capture.ring import FrameView
 from ruseon_appliance.engine.fanout import (
     JOIN_PACE_BYTES,
     JOIN_PACE_S,
@@ -58,6 +60,53 @@ STUCK_CLOSE_S = 30.0
 
 _INTERLEAVED_RTP = struct.Struct("!BBHBBHII")  # $, channel, length, then the 12-byte RTP header
 _RTP = struct.Struct("!BBHII")
+
+
+class RecorderCursor(ViewerCursor[PacketizedFrame]):
+    """The viewers' join (newest cached keyframe, catch-up burst or fresh IDR), but a join
+    burst keeps the frames' own timestamps instead of being squeezed into the last ticks.
+
+    RTSP clients are mostly recorders (FFmpeg in Frigate, NVRs): frames 1/90000 s apart make
+    FFmpeg's muxer rewrite them ("Non-monotonous DTS ... changing to") and a recording's first
+    second has frames without duration. With their own spacing the burst's last frame is still
+    the newest frame's stamp, so the live timeline is unchanged and stays continuous; the burst
+    is simply stamped when it was captured (the RTCP sender reports say so too), and a player
+    that paces by timestamps shows it at normal speed, as live as the GOP is old.
+    """
+
+    def __init__(self, feed: VideoFeed, take: Callable[[FrameView], PacketizedFrame],
+                 **settings: Any) -> None:
+        self._joining = False
+        self._burst_pts: list[int] = []
+
+        def take_noting_pts(view: FrameView) -> PacketizedFrame:
+            if self._joining:
+                self._burst_pts.append(view.pts)
+            return take(view)
+
+        super().__init__(feed, take_noting_pts, **settings)
+        self._interval = max(1, int(settings.get("frame_interval", 3000)))
+
+    def join(self) -> None:
+        """As the viewers join; the burst (if any) stamped by :meth:`burst_stamps`."""
+        self._joining, self._burst_pts = True, []
+        try:
+            super().join()
+        finally:
+            self._joining, self._burst_pts = False, []
+
+    def burst_stamps(self, now_pts: int, sizes: list[int],  # type: ignore[override]
+                     ticks_per_byte: float) -> list[int]:
+        """The burst's frames at their capture timestamps (the last one is ``now_pts``). Should
+        those not run strictly up to ``now_pts`` (a source that restarted within the GOP), one
+        frame interval apart ending at ``now_pts``."""
+        stamps = self._burst_pts[-len(sizes):] if sizes else []
+        ordered = (len(stamps) == len(sizes) and stamps[-1] == now_pts
+                   and all(b > a for a, b in itertools.pairwise(stamps)))
+        if ordered:
+            return list(stamps)
+        count = len(sizes)
+        return [now_pts - (count - 1 - i) * self._interval for i in range(count)]
 
 
 class RtspFeed(VideoFeed, Protocol):
@@ -122,6 +171,9 @@ class RtspSession:
         # link or a switch buffer does not lose part of it.
         self._pace_handle: asyncio.TimerHandle | None = None
         self.paced_slices = 0
+        # Frames of the join burst not sent yet: a backlog the session made itself (a GOP of a
+        # file source can be hundreds of frames), not a sign that the board cannot keep up.
+        self._burst_left = 0
         # counters
         self.frames_sent = 0
         self.keyframes_sent = 0
@@ -190,7 +242,7 @@ class RtspSession:
         number and, when a frame is already queued, the RTP timestamp of the first packet."""
         catch_up, gop, gop_bytes = self._cursor_settings
         if self.cursor is None:
-            self.cursor = ViewerCursor(self._feed, self._fanout.take,
+            self.cursor = RecorderCursor(self._feed, self._fanout.take,
                                        frame_interval=self._frame_interval,
                                        catch_up_max_frames=catch_up,
                                        keyframe_interval_frames=gop,
@@ -198,6 +250,7 @@ class RtspSession:
                                        catch_up_max_bytes=gop_bytes)
         self.cursor.pull()
         rtptime = None
+        self._burst_left = len(self.cursor.queue)
         if self.cursor.queue:
             rtptime = (self._ts_origin + self.cursor.queue[0][1]) & 0xFFFFFFFF
         return self._seq, rtptime
@@ -262,7 +315,7 @@ class RtspSession:
             if len(cursor.queue) > self._max_backlog_frames and self.frames_sent:
                 self._fell_behind(cursor, now)
                 cursor.pull()
-        elif len(cursor.queue) > 4 * self._max_backlog_frames:
+        elif len(cursor.queue) > 4 * self._max_backlog_frames + self._burst_left:
             # UDP's queue only outlasts a call while a burst is paced; this long, the pacing
             # timer is starved (an overloaded board): catch up at the next keyframe.
             self._fell_behind(cursor, now)
@@ -273,6 +326,7 @@ class RtspSession:
                 self._pace_later()
                 break
             frame, out_pts, keyframe, _capture = cursor.queue.popleft()
+            self._burst_left = max(0, self._burst_left - 1)
             sent_bytes += frame.size
             timestamp = (self._ts_origin + out_pts) & 0xFFFFFFFF
             if tcp is not None:
@@ -308,6 +362,7 @@ class RtspSession:
 
     def _fell_behind(self, cursor: ViewerCursor[PacketizedFrame], now: float) -> None:
         """The client cannot keep up: drop what waits, go on at the next keyframe."""
+        self._burst_left = 0
         cursor.skip_to_next_keyframe()  # the cursor counts what it drops
         if not self._skipping:
             self._skipping = True
