@@ -35,6 +35,7 @@ REASONS = {
     501: "Not Implemented",
     503: "Service Unavailable",
     505: "RTSP Version Not Supported",
+    551: "Option not supported",
 }
 
 

@@ -2,11 +2,15 @@
 
 One path per camera: ``rtsp://HOST:8554/<camera>``; ``/`` and ``/stream`` are the first camera.
 Methods: OPTIONS, DESCRIBE, SETUP (``RTP/AVP/TCP;interleaved`` or ``RTP/AVP;unicast;
-client_port``), PLAY, PAUSE, TEARDOWN, GET_PARAMETER / SET_PARAMETER (keep-alives).
+client_port``), PLAY, PAUSE, TEARDOWN, GET_PARAMETER / SET_PARAMETER (keep-alives). No option
+tag is supported: a request with ``Require:`` is answered 551 with ``Unsupported:``.
 
 Sessions (``Session: id;timeout=60``): a TCP-interleaved session lives as long as its
 connection; a UDP session as long as its client shows signs of life (a request naming it, or
 any datagram from it, e.g. its receiver reports) within the timeout, and is reaped otherwise.
+OPTIONS needs no credentials, so it keeps a session alive only when it has them. A UDP session
+may be taken over by another connection of the same client address, within that connection's
+:data:`MAX_SESSIONS_PER_CONNECTION`.
 
 Limits: request heads of :data:`~message.MAX_HEAD_BYTES`, bodies of
 :data:`~message.MAX_BODY_BYTES`, ``max_clients`` connections and sessions (more: 503); a request
@@ -111,6 +115,10 @@ def _plain_ip(host: str) -> str:
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         return str(address.ipv4_mapped)
     return str(address)
+
+
+class _TooManySessions(Exception):
+    """A connection at MAX_SESSIONS_PER_CONNECTION named another session to take over."""
 
 
 @dataclass(eq=False)
@@ -336,11 +344,25 @@ class RtspServer:
             return RtspResponse(503, [("Retry-After", "5")],
                                 reason=f"at most {self.config.max_clients} RTSP clients",
                                 close=True), None
+        required = request.header("require").strip()
+        if required:
+            # RFC 2326 12.32: this server implements no option tag; say which were refused.
+            return RtspResponse(551, [("Unsupported", required[:256])],
+                                reason="no RTSP extension is supported"), None
         if method == "OPTIONS":
-            # Some clients keep a UDP session alive with OPTIONS instead of GET_PARAMETER.
-            session = self._session_of(conn, request.header("session").split(";", 1)[0].strip())
-            if session is not None:
-                session.last_activity = time.monotonic()
+            # Needs no credentials (clients ask before authenticating), so it keeps a session
+            # alive (some clients' keep-alive instead of GET_PARAMETER) only when it has them:
+            # a stranger who learnt a session id must not hold a session open.
+            if self.auth is None or self.auth.check(method, request.url,
+                                                    request.header("authorization"),
+                                                    conn.peer[0]) == "ok":
+                try:
+                    session = self._session_of(
+                        conn, request.header("session").split(";", 1)[0].strip())
+                except _TooManySessions:
+                    session = None
+                if session is not None:
+                    session.last_activity = time.monotonic()
             return RtspResponse(200, [("Public", PUBLIC)]), None
         if method in _NOT_ALLOWED:
             return RtspResponse(405, [("Allow", PUBLIC)],
@@ -372,7 +394,10 @@ class RtspServer:
         session_id = request.header("session").split(";", 1)[0].strip()
         if method in ("GET_PARAMETER", "SET_PARAMETER") and not session_id:
             return RtspResponse(200), None
-        session = self._session_of(conn, session_id)
+        try:
+            session = self._session_of(conn, session_id)
+        except _TooManySessions:
+            return RtspResponse(455, reason="too many sessions on this connection"), None
         if session is None:
             return RtspResponse(454, reason="no such session"), None
         session.last_activity = time.monotonic()
@@ -518,8 +543,11 @@ class RtspServer:
             return None
         if session in conn.sessions:
             return session
-        # A UDP session may be resumed from another connection of the same client.
+        # A UDP session may be resumed from another connection of the same client, within
+        # that connection's own limit of sessions.
         if session.transport_kind == "udp" and session.peer[0] == conn.peer[0]:
+            if len(conn.sessions) >= MAX_SESSIONS_PER_CONNECTION:
+                raise _TooManySessions
             conn.sessions.append(session)
             return session
         return None
