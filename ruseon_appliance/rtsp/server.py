@@ -107,7 +107,9 @@ class RtspSource:
 
 
 def _plain_ip(host: str) -> str:
-    """``127.0.0.1`` for ``::ffff:127.0.0.1`` (a dual-stack socket's IPv4 peer)."""
+    """``127.0.0.1`` for ``::ffff:127.0.0.1`` (a dual-stack socket's IPv4 peer); an IPv6 zone
+    (``fe80::1%eth0``) is left out: the address is the client's identity (nonces, sessions),
+    the zone travels apart as a scope id (:func:`_scope_id`), needed to send to it."""
     try:
         address = ipaddress.ip_address(host.split("%", 1)[0])
     except ValueError:
@@ -121,11 +123,22 @@ class _TooManySessions(Exception):
     """A connection at MAX_SESSIONS_PER_CONNECTION named another session to take over."""
 
 
+def _scope_id(address: Any) -> int:
+    """The scope id of a socket address (an IPv6 link-local one's interface), else 0."""
+    if isinstance(address, tuple) and len(address) == 4:
+        return int(address[3])
+    return 0
+
+
 @dataclass(eq=False)
 class _Connection:
     writer: asyncio.StreamWriter
     peer: tuple[str, int]
     local: tuple[str, int]
+    # IPv6 link-local addresses mean nothing without their interface: UDP to the client and
+    # the UDP sockets' own address need these.
+    peer_scope: int = 0
+    local_scope: int = 0
     full: bool = False
     sessions: list[RtspSession] = field(default_factory=list)
 
@@ -235,7 +248,8 @@ class RtspServer:
         peer = writer.get_extra_info("peername") or ("", 0)
         local = writer.get_extra_info("sockname") or ("", 0)
         conn = _Connection(writer, (_plain_ip(str(peer[0])), int(peer[1])),
-                           (_plain_ip(str(local[0])), int(local[1])))
+                           (_plain_ip(str(local[0])), int(local[1])),
+                           peer_scope=_scope_id(peer), local_scope=_scope_id(local))
         conn.full = len(self._connections) >= self.config.max_clients
         self.connections_total += 1
         if len(self._connections) >= 2 * self.config.max_clients + 16:
@@ -470,6 +484,7 @@ class RtspServer:
             secrets.token_hex(8), source.name, source.feed, source.fanout,
             framerate=source.framerate, catch_up_max_frames=source.catch_up_max_frames,
             keyframe_interval_frames=source.keyframe_interval_frames, peer=conn.peer,
+            peer_scope=conn.peer_scope,
             buffer_limit=self.buffer_limit, catch_up_max_bytes=source.catch_up_max_bytes)
         if spec.tcp:
             channels = spec.interleaved or self._free_channels(conn)
@@ -480,7 +495,8 @@ class RtspServer:
         else:
             assert spec.client_port is not None
             try:
-                server_ports = session.use_udp(conn.local[0], spec.client_port)
+                server_ports = session.use_udp(conn.local[0], spec.client_port,
+                                               scope_id=conn.local_scope)
             except OSError as exc:
                 logger.warning("rtsp: no UDP ports for %s: %s", conn.peer[0], exc)
                 return RtspResponse(503, [("Retry-After", "1")], reason="no free UDP ports")

@@ -72,6 +72,16 @@ class RecorderCursor(ViewerCursor[PacketizedFrame]):
     the newest frame's stamp, so the live timeline is unchanged and stays continuous; the burst
     is simply stamped when it was captured (the RTCP sender reports say so too), and a player
     that paces by timestamps shows it at normal speed, as live as the GOP is old.
+
+    Tried and dropped: spacing a long burst closer (its span capped at 0.5 s) made FFmpeg's
+    decoding CLI warn "non monotonically increasing dts to muxer" (it re-stamps decoded frames
+    at the frame rate it estimated, so frames under a frame interval apart collide). The cost
+    of the choice: GStreamer's rtpjitterbuffer (rtspsrc's default slave mode) resets its clock
+    when timestamps lead arrival by more than ~1 s, so the frames of a burst beyond the first
+    second get one and the same timestamp there (decoded all the same; with the squeeze every
+    frame was 11 us apart, no better). Bursts that long only come from sources that cannot make
+    a keyframe on demand (a file, rpicam-vid between restarts); a camera's join burst is at
+    most ``catch_up_max_frames``.
     """
 
     def __init__(self, feed: VideoFeed, take: Callable[[FrameView], PacketizedFrame],
@@ -100,13 +110,13 @@ class RecorderCursor(ViewerCursor[PacketizedFrame]):
         """The burst's frames at their capture timestamps (the last one is ``now_pts``). Should
         those not run strictly up to ``now_pts`` (a source that restarted within the GOP), one
         frame interval apart ending at ``now_pts``."""
-        stamps = self._burst_pts[-len(sizes):] if sizes else []
+        stamps = list(self._burst_pts[-len(sizes):]) if sizes else []
         ordered = (len(stamps) == len(sizes) and stamps[-1] == now_pts
                    and all(b > a for a, b in itertools.pairwise(stamps)))
-        if ordered:
-            return list(stamps)
-        count = len(sizes)
-        return [now_pts - (count - 1 - i) * self._interval for i in range(count)]
+        if not ordered:
+            count = len(sizes)
+            stamps = [now_pts - (count - 1 - i) * self._interval for i in range(count)]
+        return stamps
 
 
 class RtspFeed(VideoFeed, Protocol):
@@ -130,6 +140,7 @@ class RtspSession:
         catch_up_max_frames: int,
         keyframe_interval_frames: int,
         peer: tuple[str, int],
+        peer_scope: int = 0,
         buffer_limit: int = TCP_BUFFER_LIMIT,
         catch_up_max_bytes: int = 0,
     ) -> None:
@@ -142,6 +153,7 @@ class RtspSession:
         self._cursor_settings = (catch_up_max_frames, keyframe_interval_frames,
                                  catch_up_max_bytes)
         self.peer = peer
+        self.peer_scope = peer_scope  # an IPv6 link-local peer's interface
         self.buffer_limit = buffer_limit
         self.transport_kind: Literal["tcp", "udp", ""] = ""
         self.state = "init"  # "ready" after SETUP, "playing", "closed"
@@ -200,22 +212,30 @@ class RtspSession:
         self.channels = channels
         self.state = "ready"
 
-    def use_udp(self, local_host: str, client_ports: tuple[int, int]) -> tuple[int, int]:
+    def use_udp(self, local_host: str, client_ports: tuple[int, int], *,
+                scope_id: int = 0) -> tuple[int, int]:
         """Open this session's RTP/RTCP sockets on ``local_host`` (an even port and the next
-        one, as RFC 3550 likes); returns the server ports. Raises ``OSError``."""
+        one, as RFC 3550 likes; ``scope_id``: a link-local address's interface); returns the
+        server ports. Raises ``OSError``."""
         self._loop = asyncio.get_running_loop()
         family = socket.AF_INET6 if ":" in local_host else socket.AF_INET
+
+        def address(port: int) -> tuple[str, int] | tuple[str, int, int, int]:
+            if family == socket.AF_INET6:
+                return (local_host, port, 0, scope_id)
+            return (local_host, port)
+
         for _ in range(20):
             rtp = socket.socket(family, socket.SOCK_DGRAM)
             try:
-                rtp.bind((local_host, 0))
+                rtp.bind(address(0))
                 port = rtp.getsockname()[1]
                 if port % 2 or port >= 65535:
                     rtp.close()
                     continue
                 rtcp = socket.socket(family, socket.SOCK_DGRAM)
                 try:
-                    rtcp.bind((local_host, port + 1))
+                    rtcp.bind(address(port + 1))
                 except OSError:
                     rtcp.close()
                     rtp.close()
@@ -402,7 +422,7 @@ class RtspSession:
         sock = self._rtp_sock
         if sock is None:
             return
-        target = (self.peer[0], self.client_ports[0])
+        target = self._client_address(self.client_ports[0])
         payloads = frame.payloads
         last = len(payloads) - 1
         ssrc, seq = self.ssrc, self._seq
@@ -425,6 +445,13 @@ class RtspSession:
         self.payload_bytes_sent += octets
         self.bytes_sent += wire
 
+    def _client_address(self, port: int) -> tuple[str, int] | tuple[str, int, int, int]:
+        """Where UDP to the client goes: its own address, with its IPv6 scope (a link-local
+        address is not routable without its interface: the send fails with EINVAL)."""
+        if self.peer_scope:
+            return (self.peer[0], port, 0, self.peer_scope)
+        return (self.peer[0], port)
+
     def send_report(self, now: float) -> None:
         """An RTCP sender report + SDES CNAME, on channel 1 or to the client's RTCP port."""
         rtp_ts = self._last_ts + int((now - self._last_send_monotonic) * 90_000)
@@ -436,7 +463,7 @@ class RtspSession:
             self._tcp.write(struct.pack("!BBH", 0x24, self.channels[1], len(packet)) + packet)
         elif self._rtcp_sock is not None:
             try:
-                self._rtcp_sock.sendto(packet, (self.peer[0], self.client_ports[1]))
+                self._rtcp_sock.sendto(packet, self._client_address(self.client_ports[1]))
             except OSError:
                 self.send_errors += 1
                 return
@@ -450,7 +477,8 @@ class RtspSession:
                 data, address = sock.recvfrom(2048)
             except OSError:  # BlockingIOError, or an ICMP error from an earlier send
                 return
-            if address[0] != self.peer[0]:
+            # (a link-local sender's address comes as "fe80::...%if")
+            if address[0].split("%", 1)[0] != self.peer[0]:
                 self.rtcp_ignored += 1
                 continue
             # Anything from the client (RTCP, or the NAT punch FFmpeg sends to the RTP port)

@@ -138,7 +138,7 @@ async def test_ffmpeg_records_and_decodes_a_burst_join_without_a_timestamp_warni
     assert server.stats()["frames_skipped"] == 0, repr(server.stats())
 
 
-async def test_gstreamer_sees_a_burst_join_with_increasing_timestamps(
+async def test_gstreamer_decodes_a_burst_join_with_timestamps_never_going_back(
         burst_rig: tuple[Rig, RtspServer]) -> None:
     gst = require_tool("gst-launch-1.0", "apt-get install gstreamer1.0-tools gstreamer1.0-libav")
     rig, server = burst_rig
@@ -151,7 +151,9 @@ async def test_gstreamer_sees_a_burst_join_with_increasing_timestamps(
     assert code == 0, text[-3000:]
     assert modes == {"catch-up-gop"}, modes
     assert not [line for line in text.splitlines() if "WARNING" in line], text[-3000:]
-    # Every decoded picture reached the sink, stamps strictly increasing.
+    # Every decoded picture reached the sink, stamps never going back. Only that: beyond a
+    # burst's first second rtpjitterbuffer gives one timestamp to what leads arrival by more
+    # than ~1 s (see RecorderCursor), and this test's bursts are 0.4-3 s long.
     stamps = []
     for line in text.splitlines():
         match = re.search(r"identity0.*chain.*pts: (\d+):(\d+):([\d.]+)", line)
@@ -159,4 +161,5 @@ async def test_gstreamer_sees_a_burst_join_with_increasing_timestamps(
             h, m, s = match.groups()
             stamps.append(int(h) * 3600 + int(m) * 60 + float(s))
     assert len(stamps) >= 44, text[-3000:]
-    assert all(b > a for a, b in itertools.pairwise(stamps)), stamps
+    assert all(b >= a for a, b in itertools.pairwise(stamps)), stamps
+    assert stamps[-1] > stamps[0]
