@@ -13,6 +13,15 @@ replay from elsewhere on the LAN: without ``qop`` (GStreamer, older players) a D
 is the same each time for the same request, so whoever captured one exchange could otherwise
 replay it for the nonce's lifetime; from another address it is now refused (replaying from the
 client's own address would need its TCP connection). Every comparison is constant-time.
+
+The challenge offers ``qop="auth"``. A client that uses it (FFmpeg) counts its requests in
+``nc``; the highest count seen per nonce is kept (a bounded LRU of :data:`NONCE_TABLE_SIZE`
+nonces), and a request whose count is not higher (a replay, even from the client's own
+address) is answered 401 ``stale=true`` with a fresh nonce, which an honest client takes
+without asking its user. A nonce pushed out of the table raises a horizon: nonces made at or
+before it and not in the table are stale too, so eviction never re-opens a replay. Clients
+without ``qop`` (GStreamer's, live555's) are still let in (RFC 2617 allows it); for them a
+replay from the client's own address within the nonce's hour is not detected.
 """
 
 from __future__ import annotations
@@ -24,10 +33,13 @@ import hmac
 import re
 import secrets
 import time
+from collections import OrderedDict
 from typing import Literal
 
 REALM = "RUSEON"
 NONCE_LIFETIME_S = 3600
+# Nonces whose highest nc is remembered (an entry is ~100 bytes: ~400 KB at most).
+NONCE_TABLE_SIZE = 4096
 
 _PARAM = re.compile(r'([A-Za-z0-9_-]+)\s*=\s*("((?:[^"\\]|\\.)*)"|[^,\s]*)')
 
@@ -45,6 +57,9 @@ class RtspAuth:
         self.token = token
         self.realm = realm
         self._key = secrets.token_bytes(32)
+        self._nc: OrderedDict[str, int] = OrderedDict()  # nonce -> highest nc used
+        self._horizon = -1  # nonces made at or before this time (s) and not in _nc are stale
+        self.replays = 0  # qop requests refused for an nc not higher than before
 
     def _mac(self, stamp: str, peer: str) -> str:
         return hmac.new(self._key, f"{stamp}|{peer}".encode(), hashlib.sha256).hexdigest()[:24]
@@ -70,7 +85,8 @@ class RtspAuth:
     def challenges(self, peer: str = "", *, stale: bool = False) -> list[tuple[str, str]]:
         """The ``WWW-Authenticate`` headers of a 401 to the client at ``peer``: Digest, then
         Basic."""
-        digest = f'Digest realm="{self.realm}", nonce="{self.nonce(peer)}", algorithm=MD5'
+        digest = (f'Digest realm="{self.realm}", nonce="{self.nonce(peer)}", algorithm=MD5, '
+                  f'qop="auth"')
         if stale:
             digest += ", stale=true"
         return [("WWW-Authenticate", digest),
@@ -127,6 +143,31 @@ class RtspAuth:
             return "wrong"
         if not -60 <= age <= NONCE_LIFETIME_S:
             return "stale"
+        if qop:
+            return self._count(nonce, params.get("nc", ""))
+        return "ok"
+
+    def _count(self, nonce: str, nc_text: str) -> Verdict:
+        """Admit a ``qop=auth`` request only if its ``nc`` is higher than any before with
+        this nonce (see the module docstring)."""
+        try:
+            nc = int(nc_text, 16) if 0 < len(nc_text) <= 8 else -1
+        except ValueError:
+            nc = -1
+        if nc < 1:
+            return "wrong"
+        last = self._nc.get(nonce)
+        if last is None and int(nonce[:-24], 16) <= self._horizon:
+            self.replays += 1
+            return "stale"  # made before the table's horizon and not in it: may have been used
+        if last is not None and nc <= last:
+            self.replays += 1
+            return "stale"
+        self._nc[nonce] = nc
+        self._nc.move_to_end(nonce)
+        while len(self._nc) > NONCE_TABLE_SIZE:
+            evicted, _ = self._nc.popitem(last=False)
+            self._horizon = max(self._horizon, int(evicted[:-24], 16))
         return "ok"
 
 

@@ -86,6 +86,8 @@ METRICS = (
     ("sessions_reaped", "counter", "UDP sessions closed for showing no sign of life."),
     ("auth_failures", "counter", "RTSP requests with wrong credentials."),
     ("auth_challenges", "counter", "RTSP requests without credentials (answered 401)."),
+    ("auth_replays", "counter",
+     "RTSP Digest requests refused for re-using a request count (nc) of their nonce."),
     ("bad_requests", "counter", "RTSP requests that could not be parsed (400, closed)."),
     ("rejected_full", "counter", "RTSP connections or sessions refused at max_clients (503)."),
 )
@@ -637,6 +639,7 @@ class RtspServer:
             "sessions_reaped": self.sessions_reaped,
             "auth_failures": self.auth_failures,
             "auth_challenges": self.auth_challenges,
+            "auth_replays": self.auth.replays if self.auth is not None else 0,
             "auth_accepted": dict(self.auth_accepted),
             "bad_requests": self.bad_requests,
             "rejected_full": self.rejected_full,
