@@ -63,8 +63,17 @@ def _check(ok: bool, message: str) -> None:
         raise Violation(message)
 
 
-def parse(text: str) -> MediaPlaylist:
-    """Parse and check one media playlist; raises :class:`Violation` naming the broken rule."""
+def parse(text: str, *, split_parts: int = 0) -> MediaPlaylist:
+    """Parse and check one media playlist; raises :class:`Violation` naming the broken rule.
+
+    ``split_parts``: how many parts the appliance says it closed short because the next frame
+    would have taken them past PART-TARGET (its ``parts_split_at_target``, read after the
+    playlist was fetched). A camera that skipped frames (a busy machine) leaves a sample
+    several frame times long, and then one of RFC 8216bis 4.4.4.9's two rules must give: a
+    part either outlasts PART-TARGET or stays under 85% of it. The appliance keeps the first
+    and counts each such part; up to that many parts under 85% are accepted, and none on a
+    stream that skipped nothing.
+    """
     lines = [line for line in text.splitlines() if line.strip()]
     _check(bool(lines) and lines[0] == "#EXTM3U", "the first line must be #EXTM3U")
     header: dict[str, str] = {}
@@ -90,6 +99,7 @@ def parse(text: str) -> MediaPlaylist:
     pending_pdt: dt.datetime | None = None
     current: SegmentEntry | None = None
     hint: dict[str, str] | None = None
+    short: list[str] = []
 
     def open_segment() -> SegmentEntry:
         nonlocal current, pending_discontinuity, pending_pdt, dsn
@@ -139,9 +149,13 @@ def parse(text: str) -> MediaPlaylist:
                 # RFC 8216bis 4.4.4.9: at least 85% of PART-TARGET, but for INDEPENDENT parts
                 # and a segment's final part (known only once the segment is complete).
                 for entry in segment.parts[:-1]:
-                    _check(entry.independent or entry.duration >= 0.85 * part_target - 1e-5,
+                    if entry.independent or entry.duration >= 0.85 * part_target - 1e-5:
+                        continue
+                    short.append(entry.uri)
+                    _check(len(short) <= split_parts,
                            f"part {entry.uri} lasts {entry.duration} < 85% of PART-TARGET "
-                           f"{part_target}")
+                           f"{part_target} (parts under 85%: {short}; split at PART-TARGET "
+                           f"by the appliance: {split_parts})")
                 total = sum(p.duration for p in segment.parts)
                 _check(abs(total - segment.duration) < 0.002,
                        f"segment {segment.uri}: parts sum to {total}, EXTINF {segment.duration}")

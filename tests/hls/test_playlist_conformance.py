@@ -29,7 +29,7 @@ from ruseon_appliance.hls.window import (
     target_duration_for,
 )
 from ruseon_appliance.segmenter import Fragment
-from tests.hls.m3u8 import ContinuityChecker, MediaPlaylist, parse
+from tests.hls.m3u8 import ContinuityChecker, MediaPlaylist, Violation, parse
 
 FPS = 30
 FRAME = 90_000 // FPS
@@ -361,5 +361,40 @@ async def test_parts_follow_the_cameras_real_frame_rate(real_fps: int) -> None:
         assert playlist.part_target <= 0.25
         assert layout_fits(stream.layout, real_fps), (stream.layout, stream.framerate)
         assert stream.window.discontinuities == 0 and stream.stats()["segmenter_failures"] == 0
+    finally:
+        await stream.stop()
+
+
+async def test_parts_split_at_part_target_are_the_only_short_ones_and_are_counted() -> None:
+    """A camera that skips a frame now and then (the synthetic one on a busy machine) leaves a
+    sample two frame times long; a part of 6 frames (0.2 s) plus that sample would outlast
+    PART-TARGET (0.25 s), so the stream closes the part at 0.2 s, under 85% of it, and counts
+    it (``parts_split_at_target``). The parser accepts that many short parts and no more."""
+    units = AccessUnitSplitter().split_all(CAM_STREAM.read_bytes())  # GOP 30
+    ring = RingBuffer(2 * 1024 * 1024, 256)
+    stream = HlsStream(ring, framerate=30, keyframe_interval=60, part_target_s=0.25,
+                       window_s=8.0)
+    await stream.start()
+    try:
+        slot = 0
+        for i in range(len(units) * 3):
+            data, keyframe = units[i % len(units)]
+            if i > 40 and i % 10 == 0:
+                slot += 1  # the camera skipped a slot before this frame
+            ring.write(AccessUnit(data, slot * 3000, keyframe,
+                                  1_764_000_000_000_000 + slot * 33_333))
+            slot += 1
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+        text = render(stream.window)
+        splits = stream.stats()["parts_split_at_target"]
+        playlist = parse(text, split_parts=splits)
+        short = [p for s in playlist.segments if s.uri for p in s.parts[:-1]
+                 if not p.independent and p.duration < 0.85 * playlist.part_target]
+        assert 0 < len(short) <= splits, (short, splits)
+        assert all(p.duration <= playlist.part_target for s in playlist.segments
+                   for p in s.parts)
+        with pytest.raises(Violation, match="< 85% of PART-TARGET"):
+            parse(text, split_parts=len(short) - 1)
     finally:
         await stream.stop()
