@@ -366,7 +366,8 @@ class Battery:
                         before: ProcessSample | None, after: ProcessSample | None) -> CheckResult:
         o = self.opts
         lat = a["latency_s"]
-        figures = {"latency_s": lat, "first_frame_latency_s": a["first_frame_latency_s"],
+        figures = {"latency_s": lat, "latency_decoded_s": a["latency_decoded_s"],
+                   "first_frame_latency_s": a["first_frame_latency_s"],
                    "catch_up_latency_s": a["catch_up_latency_s"],
                    "catch_up_frames": a["catch_up_frames"],
                    "latency_all_s": a["latency_all_s"],
@@ -384,7 +385,9 @@ class Battery:
             return CheckResult("latency", Verdict.FAIL,
                                "no picture carried a readable stamp", figures)
         mid = a["mid_gop"]
-        reason = (f"live p50/p95/max {format_ms(lat)} over {lat['n']} frames; mid-GOP joiners "
+        reason = (f"live p50/p95/max {format_ms(lat)} over {lat['n']} frames (to the decoder's "
+                  f"input, the rig's starvation left out; timed at decoding "
+                  f"{format_ms(a['latency_decoded_s'])}); mid-GOP joiners "
                   f"{mid['viewers']} (their p95 {format_ms(mid['latency_s'])}); first picture "
                   f"age {format_ms(a['first_frame_latency_s'])} ({a['catch_up_frames']} pictures "
                   "captured before their viewer connected, not judged)")
@@ -709,6 +712,8 @@ def analyse_viewers(results: list[dict[str, Any]], opts: RigOptions) -> dict[str
         "first_frame_s": percentiles(col("first_frame_s")),
         # Live pictures only (captured after the viewer connected); see viewer._summarize.
         "latency_s": merge_latency(results, "latency_s"),
+        # The same, timed when the rig decoded each picture (its starvation and decoder included).
+        "latency_decoded_s": merge_latency(results, "latency_decoded_s"),
         # The first picture's age: the cached keyframe, old by design.
         "first_frame_latency_s": percentiles(col("first_frame_latency_s")),
         "catch_up_latency_s": merge_latency(results, "catch_up_latency_s"),

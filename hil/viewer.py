@@ -240,6 +240,24 @@ def _freezes(frames: list[FrameRecord], t_post: float, t_end: float,
     }
 
 
+def _latency(frame: FrameRecord, starvation: StarvationProbe | None) -> float:
+    """A stamped picture's latency as the device is answerable for it: from its capture to
+    when its access unit reached this viewer's decoder (not when the decoder here got round to
+    it: a decoder thread that falls behind is the rig's doing), less the time the rig's own
+    process waited for a CPU meanwhile (it could not receive the picture then). A device that
+    sends late is caught all the same: the access unit then arrives late, and a rig waiting for
+    it is idle, not starved. Pictures without an arrival time are timed at decoding."""
+    assert frame.stamp is not None
+    arrived_us = frame.wall_us
+    if frame.arrived is not None:
+        arrived_us -= round(max(0.0, frame.monotonic - frame.arrived) * 1e6)
+    latency = (arrived_us - frame.stamp[0]) / 1e6
+    if starvation is None or latency <= 0:
+        return latency
+    arrived = frame.arrived if frame.arrived is not None else frame.monotonic
+    return latency - min(latency, starvation.starved_s(arrived - latency, arrived))
+
+
 class ViewerError(Exception):
     """A viewer could not reach a milestone; the message says which."""
 
@@ -276,6 +294,8 @@ def _summarize(fig: TapFigures, t_post: float, t_end: float, plan: ViewerPlan,
     transport was even up, so they are old by design and their age says how stale the first
     picture is, not how late the live stream runs. ``latency_s`` covers only pictures captured
     after the viewer connected; ``catch_up_latency_s`` the ones before; ``latency_all_s`` both.
+    Each is judged as :func:`_latency` says (to the decoder's input, net of the rig's own
+    starvation); ``latency_decoded_s`` is the live one timed at decoding, for comparison.
 
     Gaps between pictures are judged net of the time ``starvation`` says the rig itself was
     starved of CPU (see :func:`_freezes`).
@@ -315,14 +335,19 @@ def _summarize(fig: TapFigures, t_post: float, t_end: float, plan: ViewerPlan,
         out.update(_freezes(frames, t_post, t_end, starvation))
         stamped = [f for f in frames if f.stamp is not None]
         out["stamps_read"] = len(stamped)
-        latencies = [(f.wall_us - f.stamp[0]) / 1e6 for f in stamped if f.stamp is not None]
+        judged = {id(f): _latency(f, starvation) for f in stamped}
+        latencies = [judged[id(f)] for f in stamped]
         # Without a connect time (the viewer never connected) nothing counts as catch-up.
         live_from = connected_wall_us if connected_wall_us is not None else 0
-        catch_up = [(f.wall_us - f.stamp[0]) / 1e6 for f in stamped
+        catch_up = [judged[id(f)] for f in stamped
                     if f.stamp is not None and f.stamp[0] < live_from]
-        live = [(f.wall_us - f.stamp[0]) / 1e6 for f in stamped
+        live = [judged[id(f)] for f in stamped
                 if f.stamp is not None and f.stamp[0] >= live_from]
         out["latency_s"] = percentiles(live)
+        # The same pictures timed when this rig decoded them, starvation and all.
+        out["latency_decoded_s"] = percentiles(
+            [(f.wall_us - f.stamp[0]) / 1e6 for f in stamped
+             if f.stamp is not None and f.stamp[0] >= live_from])
         out["catch_up_latency_s"] = percentiles(catch_up)
         out["catch_up_frames"] = len(catch_up)
         out["latency_all_s"] = percentiles(latencies)

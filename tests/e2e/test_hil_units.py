@@ -212,6 +212,38 @@ def test_live_latency_excludes_pictures_captured_before_the_viewer_connected() -
     assert out["latency_all_s"]["n"] == 6 and out["latency_all_s"]["max"] == pytest.approx(0.9)
 
 
+def test_live_latency_is_the_devices_part_not_the_rigs_decoder_or_starvation() -> None:
+    plan = ViewerPlan(index=0, device="d")
+
+    def stream(network_s: float, decoder_s: float) -> receive_tap.TapFigures:
+        """30 live pictures each reaching the decoder ``network_s`` after capture and decoded
+        ``decoder_s`` after that (monotonic and wall clock the same here)."""
+        figures = receive_tap.TapFigures()
+        for i in range(30):
+            captured = 10.0 + i / 30
+            arrived, decoded = captured + network_s, captured + network_s + decoder_s
+            figures.frames.append(receive_tap.FrameRecord(
+                decoded, round(decoded * 1e6), i == 0, (round(captured * 1e6), i), arrived))
+        return figures
+
+    # This rig's decoder thread ran 0.6 s behind: the device's latency is still 40 ms.
+    behind = _summarize(stream(0.04, 0.6), 9.9, 11.5, plan, 9_000_000, StarvationProbe())
+    assert behind["latency_s"]["p95"] == pytest.approx(0.04, abs=0.001)
+    assert behind["latency_decoded_s"]["p95"] == pytest.approx(0.64, abs=0.001)
+    # Pictures reached the decoder 0.6 s after capture while the rig was starved throughout:
+    # the rig's doing, not the device's.
+    starved = _summarize(stream(0.6, 0.0), 9.9, 11.5, plan, 9_000_000,
+                         StarvationProbe([(9.0, 12.0, 1.0)]))
+    assert starved["latency_s"]["p95"] == pytest.approx(0.0, abs=0.001)
+    # The same while the rig ran (waiting, not starved): the device sent late, and it shows.
+    late = _summarize(stream(0.6, 0.0), 9.9, 11.5, plan, 9_000_000, StarvationProbe())
+    assert late["latency_s"]["p95"] == pytest.approx(0.6, abs=0.001)
+    # Starved half of the time: half of it is left out.
+    half = _summarize(stream(0.6, 0.0), 9.9, 11.5, plan, 9_000_000,
+                      StarvationProbe([(9.0, 12.0, 0.5)]))
+    assert half["latency_s"]["p95"] == pytest.approx(0.3, abs=0.001)
+
+
 def _stream_with_a_hole(hole: tuple[float, float]) -> receive_tap.TapFigures:
     """20 s of 30 fps pictures from t=10 s, none between ``hole``'s ends (seconds); the device
     captured nothing then either (the stamps jump too)."""
