@@ -242,6 +242,8 @@ class HlsStream:
             # Parts closed early because the next frame (after skipped ones) would have taken
             # them past PART-TARGET.
             "parts_split_at_target": self.segmenter.split_for_limit,
+            # Parts of one frame that outlast PART-TARGET: the camera stalled for longer.
+            "parts_over_target": self.segmenter.over_limit,
             "newest_capture_time_us": (newest.parts[-1].capture_time_us
                                        if newest and newest.parts else None),
             "codec": self.segmenter.codec,

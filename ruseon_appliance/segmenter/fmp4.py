@@ -215,6 +215,9 @@ class Fmp4Segmenter:
         self._limit_ticks = (max(self._max_ticks, int(fragment_limit_s * timescale))
                              if fragment_limit_s is not None else None)
         self.split_for_limit = 0
+        # Fragments of a single sample longer than the limit (the camera stalled for longer
+        # than a part): the one case a fragment outlasts fragment_limit_s.
+        self.over_limit = 0
         self._default_duration = timescale // 30
         self._max_sample_ticks = int(_MAX_SAMPLE_S * timescale)
         self._sequence = 0
@@ -389,6 +392,8 @@ class Fmp4Segmenter:
         if not samples:
             return
         self._sequence += 1
+        if self._limit_ticks is not None and self._open_ticks > self._limit_ticks:
+            self.over_limit += 1
         durations = self._open_durations
         table = [(d, len(s.data), SYNC_SAMPLE_FLAGS if s.keyframe else NON_SYNC_SAMPLE_FLAGS)
                  for s, d in zip(samples, durations, strict=True)]

@@ -63,7 +63,7 @@ def _check(ok: bool, message: str) -> None:
         raise Violation(message)
 
 
-def parse(text: str, *, split_parts: int = 0) -> MediaPlaylist:
+def parse(text: str, *, split_parts: int = 0, stalled_parts: int = 0) -> MediaPlaylist:
     """Parse and check one media playlist; raises :class:`Violation` naming the broken rule.
 
     ``split_parts``: how many parts the appliance says it closed short because the next frame
@@ -72,7 +72,9 @@ def parse(text: str, *, split_parts: int = 0) -> MediaPlaylist:
     several frame times long, and then one of RFC 8216bis 4.4.4.9's two rules must give: a
     part either outlasts PART-TARGET or stays under 85% of it. The appliance keeps the first
     and counts each such part; up to that many parts under 85% are accepted, and none on a
-    stream that skipped nothing.
+    stream that skipped nothing. ``stalled_parts``: likewise, the parts of a single frame that
+    outlast PART-TARGET because the camera stalled for longer than a part (its
+    ``parts_over_target``): up to that many such parts are accepted.
     """
     lines = [line for line in text.splitlines() if line.strip()]
     _check(bool(lines) and lines[0] == "#EXTM3U", "the first line must be #EXTM3U")
@@ -100,6 +102,7 @@ def parse(text: str, *, split_parts: int = 0) -> MediaPlaylist:
     current: SegmentEntry | None = None
     hint: dict[str, str] | None = None
     short: list[str] = []
+    long: list[str] = []
 
     def open_segment() -> SegmentEntry:
         nonlocal current, pending_discontinuity, pending_pdt, dsn
@@ -131,8 +134,11 @@ def parse(text: str, *, split_parts: int = 0) -> MediaPlaylist:
         elif name == "#EXT-X-PART":
             attrs = attributes(value)
             duration = float(attrs["DURATION"])
-            _check(duration <= part_target + 1e-6,
-                   f"part {attrs['URI']} lasts {duration} > PART-TARGET {part_target}")
+            if duration > part_target + 1e-6:
+                long.append(attrs["URI"])
+                _check(len(long) <= stalled_parts,
+                       f"part {attrs['URI']} lasts {duration} > PART-TARGET {part_target} "
+                       f"(parts over it: {long}; stalls the appliance counted: {stalled_parts})")
             open_segment().parts.append(
                 PartEntry(attrs["URI"], duration, attrs.get("INDEPENDENT") == "YES"))
         elif name == "#EXTINF":

@@ -369,7 +369,9 @@ async def test_parts_split_at_part_target_are_the_only_short_ones_and_are_counte
     """A camera that skips a frame now and then (the synthetic one on a busy machine) leaves a
     sample two frame times long; a part of 6 frames (0.2 s) plus that sample would outlast
     PART-TARGET (0.25 s), so the stream closes the part at 0.2 s, under 85% of it, and counts
-    it (``parts_split_at_target``). The parser accepts that many short parts and no more."""
+    it (``parts_split_at_target``). A stall longer than a part makes a one-frame part over
+    PART-TARGET, also counted (``parts_over_target``). The parser accepts that many such
+    parts and no more."""
     units = AccessUnitSplitter().split_all(CAM_STREAM.read_bytes())  # GOP 30
     ring = RingBuffer(2 * 1024 * 1024, 256)
     stream = HlsStream(ring, framerate=30, keyframe_interval=60, part_target_s=0.25,
@@ -381,20 +383,26 @@ async def test_parts_split_at_part_target_are_the_only_short_ones_and_are_counte
             data, keyframe = units[i % len(units)]
             if i > 40 and i % 10 == 0:
                 slot += 1  # the camera skipped a slot before this frame
+            if i == 200:
+                slot += 12  # the camera stalled for 0.4 s
             ring.write(AccessUnit(data, slot * 3000, keyframe,
                                   1_764_000_000_000_000 + slot * 33_333))
             slot += 1
             await asyncio.sleep(0)
             await asyncio.sleep(0)
         text = render(stream.window)
-        splits = stream.stats()["parts_split_at_target"]
-        playlist = parse(text, split_parts=splits)
+        stats = stream.stats()
+        splits, stalls = stats["parts_split_at_target"], stats["parts_over_target"]
+        playlist = parse(text, split_parts=splits, stalled_parts=stalls)
         short = [p for s in playlist.segments if s.uri for p in s.parts[:-1]
                  if not p.independent and p.duration < 0.85 * playlist.part_target]
         assert 0 < len(short) <= splits, (short, splits)
-        assert all(p.duration <= playlist.part_target for s in playlist.segments
-                   for p in s.parts)
+        long = [p for s in playlist.segments for p in s.parts
+                if p.duration > playlist.part_target]
+        assert len(long) == stalls == 1, (long, stalls)
         with pytest.raises(Violation, match="< 85% of PART-TARGET"):
-            parse(text, split_parts=len(short) - 1)
+            parse(text, split_parts=len(short) - 1, stalled_parts=stalls)
+        with pytest.raises(Violation, match="> PART-TARGET"):
+            parse(text, split_parts=splits)
     finally:
         await stream.stop()

@@ -83,6 +83,8 @@ def test_skipped_frames_never_take_a_part_past_its_limit(tmp_path: Path) -> None
     assert seg.split_for_limit > 0
     for f in fragments:
         assert f.frames == 1 or f.duration <= limit * 90_000, (f.frames, f.duration)
+    # ... and those (here the stall of 12 slots) are counted, and only those.
+    assert seg.over_limit == sum(1 for f in fragments if f.duration > limit * 90_000) == 1
     # The timeline stays whole: each fragment starts where the one before ended.
     for before, after in itertools.pairwise(fragments):
         assert after.start_pts == before.start_pts + before.duration

@@ -72,9 +72,12 @@ async def raw_get(client: TestClient[Any, Any], target: str) -> tuple[int, bytes
 
 
 def parse_live(text: str, stream: HlsStream) -> MediaPlaylist:
-    """:func:`parse` for a playlist of the live synthetic camera, which skips frames when the
-    machine is busy: the parts the stream says it split at PART-TARGET may be under 85%."""
-    return parse(text, split_parts=stream.stats()["parts_split_at_target"])
+    """:func:`parse` for a playlist of the live synthetic camera, which skips frames (or stalls)
+    when the machine is busy: the parts the stream says it split at PART-TARGET may be under
+    85% of it, and the one-frame parts it says outlast it may."""
+    stats = stream.stats()
+    return parse(text, split_parts=stats["parts_split_at_target"],
+                 stalled_parts=stats["parts_over_target"])
 
 
 async def get_playlist(stream: HlsStream, client: TestClient[Any, Any], query: str = "",
