@@ -12,11 +12,14 @@ TRACK_CONTROL = "trackID=0"
 
 
 def describe_sdp(*, camera: str, host: str, session_id: int, profile_level_id: str,
-                 sps: bytes, pps: bytes) -> str:
+                 sps: bytes, pps: bytes, framerate: int = 0) -> str:
     """The SDP of ``camera``'s stream as served from ``host`` (the address the client reached).
 
     ``profile-level-id`` is the real SPS's and ``sprop-parameter-sets`` carries SPS and PPS, so
-    a client can set up its decoder before the first in-band IDR arrives.
+    a client can set up its decoder before the first in-band IDR arrives. ``a=framerate``
+    (RFC 4566) tells the camera's frame rate to clients that show or plan by it (FFmpeg takes
+    it as the stream's rate instead of guessing from the first timestamps; a hardware
+    encoder's SPS may carry no timing).
     """
     try:
         version = 6 if ipaddress.ip_address(host).version == 6 else 4
@@ -38,4 +41,6 @@ def describe_sdp(*, camera: str, host: str, session_id: int, profile_level_id: s
         f"sprop-parameter-sets={sprop}",
         f"a=control:{TRACK_CONTROL}",
     ]
+    if framerate > 0:
+        lines.append(f"a=framerate:{framerate}")
     return "\r\n".join(lines) + "\r\n"

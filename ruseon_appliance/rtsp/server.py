@@ -461,7 +461,8 @@ class RtspServer:
             return RtspResponse(503, [("Retry-After", "1")],
                                 reason="no keyframe from the camera yet")
         body = describe_sdp(camera=source.name, host=conn.local[0], session_id=self._sdp_id,
-                            profile_level_id=info.profile_level_id, sps=sets[0], pps=sets[1])
+                            profile_level_id=info.profile_level_id, sps=sets[0], pps=sets[1],
+                            framerate=source.framerate)
         return RtspResponse(200, [("Content-Base", base), ("Content-Type", "application/sdp")],
                             body.encode())
 

@@ -51,6 +51,7 @@ async def test_describe_answers_an_sdp_with_the_parameter_sets_and_unknown_paths
         assert f"profile-level-id={info.profile_level_id}" in sdp
         assert "packetization-mode=1" in sdp and "sprop-parameter-sets=" in sdp
         assert "a=control:trackID=0" in sdp and "a=range:npt=0-" in sdp
+        assert "a=framerate:30\r\n" in sdp
         sprop = re.search(r"sprop-parameter-sets=([^;\r\n]+)", sdp)
         assert sprop is not None
         sps, pps = (base64.b64decode(p) for p in sprop.group(1).split(","))
