@@ -84,8 +84,11 @@ class RecorderCursor(ViewerCursor[PacketizedFrame]):
     most ``catch_up_max_frames``.
     """
 
-    def __init__(self, feed: VideoFeed, take: Callable[[FrameView], PacketizedFrame],
-                 **settings: Any) -> None:
+    def __init__(self, feed: VideoFeed, take: Callable[[FrameView], PacketizedFrame], *,
+                 after_pts: int | None = None, **settings: Any) -> None:
+        # A PLAY after PAUSE: the last timestamp the client got, which the new one must pass
+        # (the cached keyframe may be older than the pause).
+        self._after_pts = after_pts
         self._joining = False
         self._burst_pts: list[int] = []
 
@@ -96,6 +99,8 @@ class RecorderCursor(ViewerCursor[PacketizedFrame]):
 
         super().__init__(feed, take_noting_pts, **settings)
         self._interval = max(1, int(settings.get("frame_interval", 3000)))
+        # Whatever the join mode, nothing goes out at or before it (the cursor's own guard).
+        self._last_pts = after_pts
 
     def join(self) -> None:
         """As the viewers join; the burst (if any) stamped by :meth:`burst_stamps`."""
@@ -113,9 +118,20 @@ class RecorderCursor(ViewerCursor[PacketizedFrame]):
         stamps = list(self._burst_pts[-len(sizes):]) if sizes else []
         ordered = (len(stamps) == len(sizes) and stamps[-1] == now_pts
                    and all(b > a for a, b in itertools.pairwise(stamps)))
+        count = len(sizes)
         if not ordered:
-            count = len(sizes)
             stamps = [now_pts - (count - 1 - i) * self._interval for i in range(count)]
+        floor = self._after_pts
+        if floor is not None and stamps and stamps[0] <= floor:
+            # Resumed within the GOP it paused in: the burst fits between the last timestamp
+            # sent and now, keeping its proportions (the viewers' squeeze if there is no room).
+            room, span = now_pts - floor - 1, now_pts - stamps[0]
+            if room >= count and span > 0:
+                stamps = [now_pts - (now_pts - stamp) * room // span for stamp in stamps]
+                for i in range(count - 2, -1, -1):
+                    stamps[i] = min(stamps[i], stamps[i + 1] - 1)
+            else:
+                stamps = [now_pts - (count - 1 - i) for i in range(count)]
         return stamps
 
 
@@ -175,6 +191,7 @@ class RtspSession:
         self._seq = random.randrange(0, 32768)
         self._ts_origin = random.randrange(0, 1 << 32)
         self._last_ts = 0
+        self._last_out_pts: int | None = None  # the cursor's timeline, for a PLAY after PAUSE
         self._last_send_monotonic = 0.0
         self._next_sr = 0.0
         self._skipping = False
@@ -263,11 +280,12 @@ class RtspSession:
         catch_up, gop, gop_bytes = self._cursor_settings
         if self.cursor is None:
             self.cursor = RecorderCursor(self._feed, self._fanout.take,
-                                       frame_interval=self._frame_interval,
-                                       catch_up_max_frames=catch_up,
-                                       keyframe_interval_frames=gop,
-                                       on_keyframe_request=self._request_keyframe,
-                                       catch_up_max_bytes=gop_bytes)
+                                         after_pts=self._last_out_pts,
+                                         frame_interval=self._frame_interval,
+                                         catch_up_max_frames=catch_up,
+                                         keyframe_interval_frames=gop,
+                                         on_keyframe_request=self._request_keyframe,
+                                         catch_up_max_bytes=gop_bytes)
         self.cursor.pull()
         rtptime = None
         self._burst_left = len(self.cursor.queue)
@@ -332,7 +350,7 @@ class RtspSession:
                 self._fell_behind(cursor, now)
                 return
             self._stuck_since = None
-            if len(cursor.queue) > self._max_backlog_frames and self.frames_sent:
+            if len(cursor.queue) > self._max_backlog_frames + self._burst_left:
                 self._fell_behind(cursor, now)
                 cursor.pull()
         elif len(cursor.queue) > 4 * self._max_backlog_frames + self._burst_left:
@@ -358,6 +376,7 @@ class RtspSession:
             if keyframe:
                 self._skipping = False
             self._last_ts = timestamp
+            self._last_out_pts = out_pts
             self._last_send_monotonic = now
         if now >= self._next_sr and self.packets_sent:
             self._next_sr = now + SR_INTERVAL_S * (0.5 + random.random())

@@ -103,6 +103,7 @@ class RawClient:
         self.first_nal: int | None = None  # of the first RTP packet (7: SPS, a keyframe)
         self.first_seq: int | None = None
         self.first_timestamp: int | None = None
+        self.frame_timestamps: list[int] = []  # of each frame's last packet (marker bit)
         self.played: Response | None = None
         self._last_seq: int | None = None
         self._pending: list[Response] = []
@@ -172,6 +173,7 @@ class RawClient:
             self.keyframes += 1
         if second & 0x80:
             self.frames += 1
+            self.frame_timestamps.append(timestamp)
 
     async def request(self, method: str, url: str | None = None,
                       headers: dict[str, str] | None = None, *,

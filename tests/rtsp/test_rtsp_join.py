@@ -21,7 +21,7 @@ import pytest
 
 from ruseon_appliance.config import HostPort, RtspConfig
 from ruseon_appliance.rtsp import RtspServer, RtspSource
-from tests.rtsp.conftest import FPS, Rig, start_rig, stop_rig, wait_for
+from tests.rtsp.conftest import FPS, RawClient, Rig, start_rig, stop_rig, wait_for
 from tests.tooling import require_tool
 
 GOP = 300  # 10 s: a client that starts within it surely joins mid-GOP
@@ -163,3 +163,36 @@ async def test_gstreamer_decodes_a_burst_join_with_timestamps_never_going_back(
     assert len(stamps) >= 44, text[-3000:]
     assert all(b >= a for a, b in itertools.pairwise(stamps)), stamps
     assert stamps[-1] > stamps[0]
+
+
+async def test_a_play_after_pause_within_the_gop_goes_on_forward_in_time(
+        burst_rig: tuple[Rig, RtspServer]) -> None:
+    """The burst of a PLAY after PAUSE starts at the GOP's keyframe, older than what the client
+    got before the pause: its stamps must still come after those."""
+    rig, server = burst_rig
+    await mid_gop(rig, 3)
+    client = await RawClient.connect(server.port)
+    try:
+        await client.play_tcp()
+        await wait_for(lambda: client.frames >= 20, what="20 frames")
+        assert (await client.request("PAUSE")).status == 200
+        before = client.frames
+        ring = rig.capture.ring
+        paused_at = ring.newest_seq
+        await wait_for(lambda: ring.newest_seq >= paused_at + 5, what="5 frames while paused")
+        assert (await client.request("PLAY")).status == 200
+        await wait_for(lambda: client.frames >= before + 20, what="20 frames after PLAY")
+        joins = server.stats()["joins"]
+        # Both PLAYs were bursts; the second (25 frames or more into the GOP) a GOP burst.
+        assert set(joins) <= {"catch-up", "catch-up-gop"} and sum(joins.values()) == 2, joins
+        assert joins.get("catch-up-gop", 0) >= 1, joins
+        assert client.sequence_gaps == 0
+        # The resumed burst is not taken for a client that fell behind (it was, over TCP:
+        # skipped to a fresh keyframe, 30 frames dropped).
+        assert server.stats()["keyframe_skips"] == 0, server.stats()
+        stamps = client.frame_timestamps
+        steps = [((b - a + (1 << 31)) & 0xFFFFFFFF) - (1 << 31)
+                 for a, b in itertools.pairwise(stamps)]
+        assert all(step > 0 for step in steps), (before, steps)
+    finally:
+        await client.close()
