@@ -46,14 +46,17 @@ async def burst_rig() -> AsyncIterator[tuple[Rig, RtspServer]]:
 
 
 async def mid_gop(rig: Rig, frames: int = 12) -> None:
-    """Wait until the newest keyframe is ``frames`` frames old (so the join is a burst)."""
+    """Wait until the newest keyframe is ``frames`` frames old (so the join is a burst), and
+    not more than a third of the GOP (so a slow client still joins in this GOP, however
+    loaded the machine: a next keyframe would make its join "on-keyframe")."""
     ring = rig.capture.ring
 
     def behind() -> int:
         key = ring.newest_keyframe_seq
         return -1 if key is None else ring.newest_seq - key
 
-    await wait_for(lambda: behind() >= frames, 60, f"{frames} frames after a keyframe")
+    await wait_for(lambda: frames <= behind() <= GOP // 3, 60,
+                   f"{frames} to {GOP // 3} frames after a keyframe")
 
 
 async def run(*args: str, timeout: float = 90) -> tuple[int, str]:
