@@ -50,6 +50,7 @@ from ruseon_appliance.engine.fanout import (
     FanoutViewer,
 )
 from ruseon_appliance.engine.offer import CheckedOffer, OfferParser, check_offer
+from ruseon_appliance.engine.offer_burst import OfferBurst
 from ruseon_appliance.engine.prebuilt import PrebuiltPool
 from ruseon_appliance.engine.session import WhepSession
 from ruseon_appliance.engine.track import ViewerCursor, ViewerTrack
@@ -114,6 +115,8 @@ class Engine:
         self._codecs = CodecRegistry()
         self._offer_parser = OfferParser()
         self._mux = UdpMux(webrtc.listen, sockets=[udp_socket] if udp_socket else [])
+        # While offers are pending, datagrams and the garbage collector wait (bounded).
+        self._burst = OfferBurst(self._mux)
         # One fan-out send loop per feed with viewers (or consumers), by id(feed).
         self._fanouts: dict[int, Fanout] = {}
         self._sessions: dict[str, WhepSession] = {}
@@ -191,6 +194,7 @@ class Engine:
         if not self._started or self._stopping:
             return
         self._stopping = True
+        self._burst.close()
         await asyncio.gather(*(s.close("shutdown") for s in list(self._sessions.values())),
                              return_exceptions=True)
         for pool in (self._prebuilt, self._prebuilt_ssl):
@@ -326,6 +330,7 @@ class Engine:
             "prebuilt": self._prebuilt.stats() if self._prebuilt is not None else None,
             "prebuilt_dtls": (self._prebuilt_ssl.stats()
                               if self._prebuilt_ssl is not None else None),
+            "offer_bursts": self._burst.stats(),
         }
 
     # -- offer handling --------------------------------------------------------------------------
@@ -371,6 +376,8 @@ class Engine:
             raise StreamNotReady("the engine is not running", retry_after=5)
         self._take_place(key)
         self._pending += 1
+        if self._pending == 1:
+            self._burst.begin()
         if key is not None:
             self._answering[key] += 1
         try:
@@ -388,6 +395,8 @@ class Engine:
             return session, answer
         finally:
             self._pending -= 1
+            if not self._pending:
+                self._burst.end()
             if key is not None:
                 self._answering[key] -= 1
                 if not self._answering[key]:
@@ -493,8 +502,16 @@ class Engine:
                 raise StreamNotReady("the engine has no address to advertise", retry_after=30)
             aiortc_internals.install_local_candidates(
                 connection, list(endpoint.protocols.values()), endpoint.candidates)
+            # Gathering is already done (the mux gave the candidates, so this does not wait):
+            # completed before createAnswer, its text carries a=end-of-candidates as
+            # pc.localDescription does, and needs no second rendering.
+            for gatherer in _ice_gatherers(pc):
+                await gatherer.gather()
             answer = await pc.createAnswer()
             await pc.setLocalDescription(answer)
+            # The text createAnswer rendered is what pc.localDescription would render again
+            # (setLocalDescription re-applies the same transport fields; tests compare them).
+            answer_sdp = answer.sdp
             # No await since: the connect task aiortc just scheduled has not run yet.
             aiortc_internals.guard_dtls_receive(pc, self._on_receive_error)
             aiortc_internals.offer_srtp_profiles(pc, self._srtp_offer)
@@ -528,7 +545,7 @@ class Engine:
         session.attach(self.config.connect_timeout_s)
         self.offers_accepted += 1
         self._notify("session-started", session)
-        return session, pc.localDescription.sdp
+        return session, answer_sdp
 
     def _choose_srtp_profiles(self) -> None:
         """Pick the SRTP profiles to offer from the configuration and the CPU."""
@@ -594,6 +611,19 @@ class Engine:
                 listener(event, session)
             except Exception:
                 logger.exception("session listener failed on %s", event)
+
+
+def _ice_gatherers(pc: RTCPeerConnection) -> list[Any]:
+    """The distinct ICE gatherers of a peer connection's (possibly bundled) transports."""
+    transports = [t.receiver.transport for t in pc.getTransceivers()]
+    if pc.sctp is not None:
+        transports.append(pc.sctp.transport)
+    gatherers: list[Any] = []
+    for dtls in transports:
+        gatherer = dtls.transport.iceGatherer
+        if gatherer not in gatherers:
+            gatherers.append(gatherer)
+    return gatherers
 
 
 def address_key(remote: str | None) -> str | None:

@@ -145,6 +145,7 @@ class UdpMux:
         self._buffer_bytes = buffer_bytes
         self._sockets: dict[int, socket.socket] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._reading_paused = False
         self._by_ufrag: dict[str, IceEndpoint] = {}
         # Advertised address -> (host, family, foundation), see _host_candidate_fields.
         self._candidate_fields: dict[str, tuple[str, int, str]] = {}
@@ -179,6 +180,23 @@ class UdpMux:
         logger.info("UDP mux on port %d (%s)", self.port,
                     ", ".join(str(s.getsockname()[0]) for s in self._sockets.values()))
 
+    def pause_reading(self) -> None:
+        """Stop reading the sockets (datagrams wait in their receive buffers) until
+        :meth:`resume_reading` (the engine does this while it answers offers: offer_burst.py)."""
+        if self._reading_paused or self._loop is None:
+            return
+        self._reading_paused = True
+        for sock in self._sockets.values():
+            self._loop.remove_reader(sock.fileno())
+
+    def resume_reading(self) -> None:
+        """Read the sockets again (what waited is read on the next loop iteration)."""
+        if not self._reading_paused or self._loop is None:
+            return
+        self._reading_paused = False
+        for sock in self._sockets.values():
+            self._loop.add_reader(sock.fileno(), self._on_readable, sock)
+
     def _open_sockets(self) -> list[socket.socket]:
         host, port = self._listen.host, self._listen.port
         hosts = ["0.0.0.0", "::"] if host in ("::", "") else [host]
@@ -210,6 +228,7 @@ class UdpMux:
                 self._loop.remove_reader(sock.fileno())
             sock.close()
         self._sockets.clear()
+        self._reading_paused = False
 
     @property
     def families(self) -> list[int]:

@@ -1,0 +1,161 @@
+"""Offers first (issue 19): while offers are being answered, the UDP mux stops reading and the
+cyclic garbage collector pauses, both bounded; what waited is handled afterwards, and every
+viewer still connects and decodes. The answer text is the one aiortc would give."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+from pathlib import Path
+
+import pytest
+from aiortc import RTCSessionDescription
+
+from ruseon_appliance.capture.pipeline import CapturePipeline
+from ruseon_appliance.engine import Engine
+from ruseon_appliance.engine import engine as engine_module
+from ruseon_appliance.engine import offer_burst as offer_burst_module
+from ruseon_appliance.engine.errors import OfferError
+from ruseon_appliance.engine.offer_burst import OfferBurst
+from tests.engine.conftest import (
+    Viewer,
+    camera_config,
+    connect_viewer,
+    make_offer,
+    wait_for,
+    webrtc_config,
+)
+from tests.engine.test_offer_path import offers_to_parse
+
+
+class Reader:
+    """Stands in for the mux: records whether it is reading."""
+
+    def __init__(self) -> None:
+        self.reading = True
+        self.calls: list[str] = []
+
+    def pause_reading(self) -> None:
+        self.reading = False
+        self.calls.append("pause")
+
+    def resume_reading(self) -> None:
+        self.reading = True
+        self.calls.append("resume")
+
+
+async def test_burst_holds_reading_and_the_collector_until_done_and_is_bounded() -> None:
+    assert gc.isenabled()
+    reader = Reader()
+    burst = OfferBurst(reader, max_hold_s=0.2)
+    try:
+        burst.begin()
+        assert burst.holding and not reader.reading and not gc.isenabled()
+        burst.begin()  # nested begin: one hold
+        burst.end()
+        assert reader.reading
+        await asyncio.sleep(0)  # the collector resumes after the current callbacks
+        assert gc.isenabled()
+        assert reader.calls == ["pause", "resume"]
+
+        # Bounded: a hold that runs out resumes everything and is not taken again until the
+        # engine was idle once (end()).
+        burst.begin()
+        await wait_for(lambda: reader.reading and gc.isenabled(), timeout=10)
+        assert not burst.holding and burst.stats()["holds_expired"] == 1
+        burst.begin()
+        assert reader.reading and gc.isenabled()
+        burst.end()
+        burst.begin()
+        assert not reader.reading and not gc.isenabled()
+        # A new burst right after an end, before the collector resumed: still held, and the
+        # earlier resume does not turn it on in the middle of the burst.
+        burst.end()
+        burst.begin()
+        await asyncio.sleep(0.01)
+        assert not gc.isenabled()
+        burst.close()
+        assert reader.reading and gc.isenabled()
+        assert burst.stats() == {"holds": 4, "holds_expired": 1}
+
+        # Someone else turned the collector off: left off.
+        gc.disable()
+        burst.begin()
+        burst.end()
+        await asyncio.sleep(0.01)
+        assert not gc.isenabled()
+    finally:
+        burst.close()
+        gc.enable()
+
+
+async def test_datagrams_wait_while_an_offer_is_pending_and_the_viewer_connects_after(
+        feed: CapturePipeline, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # An offer for a camera that never starts stays pending for STREAM_READY_TIMEOUT_S: the
+    # engine holds the mux meanwhile (the hold's bound raised above that for the test).
+    monkeypatch.setattr(offer_burst_module, "MAX_HOLD_S", 30.0)
+    monkeypatch.setattr(engine_module, "STREAM_READY_TIMEOUT_S", 1.5)
+    engine = Engine(webrtc_config(), tmp_path / "state", feed)
+    await engine.start()
+    silent = CapturePipeline(camera_config())  # never started: no video, ever
+    viewers: list[Viewer] = []
+    try:
+        first = await connect_viewer(engine)
+        viewers.append(first)
+        await wait_for(lambda: first.frames >= 3, timeout=40)
+
+        pc, offer = await make_offer()
+        late = Viewer(pc)
+        viewers.append(late)
+        pc.on("track", lambda track: setattr(
+            late, "task", asyncio.ensure_future(late.consume(track))))
+        session, answer = await engine.offer(offer)
+        in_before = engine.mux.counters["datagrams_in"]
+        pending = asyncio.ensure_future(engine.offer(offer, feed=silent))
+        await wait_for(lambda: engine.stats()["offer_bursts"]["holds"] >= 3, timeout=10)
+        # The late viewer starts ICE while the other offer is pending: its checks wait in the
+        # socket, and nothing is read (the first viewer's RTCP neither).
+        await pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
+        with pytest.raises(OfferError):
+            await pending
+        assert engine.mux.counters["datagrams_in"] == in_before
+        assert session.state == "connecting"
+        # Then it connects and decodes, as does the first viewer.
+        frames = first.frames
+        await wait_for(lambda: late.frames >= 3 and first.frames >= frames + 3, timeout=40)
+        assert session.state == "connected"
+        assert engine.stats()["offer_bursts"]["holds_expired"] == 0
+        assert gc.isenabled()
+    finally:
+        await asyncio.gather(*(v.close() for v in viewers))
+        await engine.stop()
+
+
+async def test_concurrent_offers_all_connect_and_decode(engine: Engine) -> None:
+    made = [await make_offer() for _ in range(8)]
+    viewers = [Viewer(pc) for pc, _ in made]
+    for viewer in viewers:
+        viewer.pc.on("track", lambda track, v=viewer: setattr(
+            v, "task", asyncio.ensure_future(v.consume(track))))
+    try:
+        answers = await asyncio.gather(*(engine.offer(offer) for _, offer in made))
+        assert engine.stats()["offer_bursts"]["holds"] == 1  # one burst, held once
+        assert gc.isenabled()
+        for viewer, (_, answer) in zip(viewers, answers, strict=True):
+            await viewer.pc.setRemoteDescription(
+                RTCSessionDescription(sdp=answer, type="answer"))
+        await wait_for(lambda: all(v.frames >= 3 for v in viewers), timeout=60)
+        assert all(s.state == "connected" for s, _ in answers)
+    finally:
+        await asyncio.gather(*(v.close() for v in viewers))
+
+
+async def test_answer_is_what_aiortc_renders_for_the_session(engine: Engine) -> None:
+    """The engine returns the text createAnswer rendered instead of rendering
+    pc.localDescription again: the two are equal for aiortc, audio-first and Chromium
+    offers."""
+    for sdp in await offers_to_parse():
+        session, answer = await engine.offer(sdp)
+        assert answer == session.pc.localDescription.sdp
+        assert "a=ice-ufrag:" + session.ufrag in answer
+        await engine.close(session.id)
