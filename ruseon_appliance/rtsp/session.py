@@ -25,6 +25,7 @@ is heard on UDP.
 from __future__ import annotations
 
 import asyncio
+import errno
 import itertools
 import logging
 import random
@@ -37,8 +38,11 @@ from typing import Any, Literal, Protocol
 from ruseon_appliance.capture.h264 import StreamInfo
 from ruseon_appliance.capture.ring import FrameView
 from ruseon_appliance.engine.fanout import (
+    GSO_MAX_BYTES,
+    GSO_MAX_SEGMENTS,
     JOIN_PACE_BYTES,
     JOIN_PACE_S,
+    UDP_SEGMENT,
     Fanout,
     PacketizedFrame,
     rtcp_feedback,
@@ -57,6 +61,9 @@ MAX_BACKLOG_S = 0.5
 TCP_BUFFER_LIMIT = 1 << 20
 # A TCP client that has taken nothing for this long is disconnected (it holds a slot).
 STUCK_CLOSE_S = 30.0
+
+# Errors meaning the kernel or the route will not segment for us (as the fan-out reads them).
+_GSO_REFUSED = (errno.EIO, errno.EINVAL, errno.ENOPROTOOPT, errno.EOPNOTSUPP)
 
 _INTERLEAVED_RTP = struct.Struct("!BBHBBHII")  # $, channel, length, then the 12-byte RTP header
 _RTP = struct.Struct("!BBHII")
@@ -219,6 +226,10 @@ class RtspSession:
         self.keyframes_forced = 0
         self.fraction_lost = 0.0
         self.send_errors = 0
+        # UDP: runs of equal-sized packets leave in one UDP_SEGMENT send (GSO), as the fan-out
+        # sends to viewers, until the kernel refuses it once (then datagram by datagram).
+        self.gso = True
+        self.gso_sends = 0
 
     # -- setup -----------------------------------------------------------------------------------
 
@@ -438,31 +449,64 @@ class RtspSession:
         self.bytes_sent += len(data)
 
     def _send_udp(self, frame: PacketizedFrame, timestamp: int) -> None:
+        """The frame's packets to the client's RTP port: each run of equal-sized payloads
+        (``frame.ends``) in one GSO send of up to :data:`GSO_MAX_SEGMENTS` datagrams, else one
+        ``sendmsg`` per packet."""
         sock = self._rtp_sock
         if sock is None:
             return
         target = self._client_address(self.client_ports[0])
         payloads = frame.payloads
         last = len(payloads) - 1
-        ssrc, seq = self.ssrc, self._seq
+        ssrc, first_seq = self.ssrc, self._seq
         pack = _RTP.pack
-        octets = wire = sent = 0
-        for i, payload in enumerate(payloads):
-            header = pack(0x80, (0x80 | PAYLOAD_TYPE) if i == last else PAYLOAD_TYPE, seq,
-                          timestamp, ssrc)
-            seq = (seq + 1) & 0xFFFF
-            try:
-                sock.sendmsg((header, payload), (), 0, target)
-            except OSError:  # a full socket buffer, an ICMP error: lost like on the wire
-                self.send_errors += 1
-                continue
-            octets += len(payload)
-            wire += 12 + len(payload)
-            sent += 1
-        self._seq = seq
+        sent = octets = 0
+        start = 0
+        for run_end in frame.ends:
+            i = start
+            while i < run_end:
+                segment = len(payloads[i])
+                j, total = i, 0
+                parts: list[bytes] = []
+                while (j < run_end and j - i < GSO_MAX_SEGMENTS
+                       and total + 12 + len(payloads[j]) <= GSO_MAX_BYTES):
+                    parts.append(pack(0x80, (0x80 | PAYLOAD_TYPE) if j == last else PAYLOAD_TYPE,
+                                      (first_seq + j) & 0xFFFF, timestamp, ssrc))
+                    parts.append(payloads[j])
+                    total += 12 + len(payloads[j])
+                    j += 1
+                count = j - i
+                if count > 1 and self.gso:
+                    try:
+                        sock.sendmsg(parts, [(socket.SOL_UDP, UDP_SEGMENT,
+                                              struct.pack("H", 12 + segment))], 0, target)
+                        self.gso_sends += 1
+                        sent += count
+                        octets += total - 12 * count
+                        i = j
+                        continue
+                    except OSError as exc:
+                        if exc.errno not in _GSO_REFUSED:  # a full buffer: lost like on the wire
+                            self.send_errors += count
+                            i = j
+                            continue
+                        self.gso = False
+                        logger.info("rtsp: UDP GSO refused to %s (%s); datagram by datagram",
+                                    self.peer[0], exc)
+                for k in range(count):
+                    try:
+                        sock.sendmsg((parts[2 * k], parts[2 * k + 1]), (), 0, target)
+                    except OSError:  # a full socket buffer, an ICMP error: lost like on the wire
+                        self.send_errors += 1
+                        continue
+                    sent += 1
+                    octets += len(parts[2 * k + 1])
+                i = j
+            start = run_end
+        self._seq = (first_seq + len(payloads)) & 0xFFFF
         self.packets_sent += sent
         self.payload_bytes_sent += octets
-        self.bytes_sent += wire
+        self.bytes_sent += octets + 12 * sent
 
     def _client_address(self, port: int) -> tuple[str, int] | tuple[str, int, int, int]:
         """Where UDP to the client goes: its own address, with its IPv6 scope (a link-local
@@ -551,4 +595,5 @@ class RtspSession:
             "fraction_lost": round(self.fraction_lost, 4),
             "send_errors": self.send_errors,
             "paced_slices": self.paced_slices,
+            "gso_sends": self.gso_sends,
         }
