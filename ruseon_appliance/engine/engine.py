@@ -117,6 +117,7 @@ class Engine:
         self._mux = UdpMux(webrtc.listen, sockets=[udp_socket] if udp_socket else [])
         # While offers are pending, datagrams and the garbage collector wait (bounded).
         self._burst = OfferBurst(self._mux)
+        self._answer_lock = asyncio.Lock()
         # One fan-out send loop per feed with viewers (or consumers), by id(feed).
         self._fanouts: dict[int, Fanout] = {}
         self._sessions: dict[str, WhepSession] = {}
@@ -390,7 +391,13 @@ class Engine:
             checked = check_offer(sdp, max_bytes=self._max_offer_bytes,
                                   stream_profile_level_id=info.profile_level_id,
                                   parse=self._offer_parser.parse)
-            session, answer = await self._build_session(checked, info.profile_level_id, feed)
+            # One offer at a time, in arrival order: each answer leaves the moment it is ready
+            # instead of all together at the end of a burst (aiortc's awaits would otherwise
+            # interleave them in lockstep), so viewers get and apply their answers while later
+            # ones are made; what would run between them waits (offer_burst.py).
+            async with self._answer_lock:
+                session, answer = await self._build_session(checked, info.profile_level_id,
+                                                            feed)
             session.remote_key = key
             return session, answer
         finally:

@@ -1,8 +1,8 @@
 """Offers first: while the engine answers offers, the work that can wait, waits (bounded).
 
 A burst of offers (a wall of displays reloading, thirty viewers opening the page at once) is
-answered in lockstep: every offer's answer goes out about when the last one is done, so anything
-else the loop does meanwhile delays *every* answer. Two kinds of work can wait a few
+answered one offer at a time, in arrival order (the engine's answer lock), so anything else the
+loop does meanwhile delays every answer still to come. Two kinds of work can wait a few
 milliseconds without harm:
 
 - **Datagrams on the shared UDP port.** Viewers answered first start ICE checks and DTLS

@@ -17,6 +17,7 @@ from ruseon_appliance.engine import engine as engine_module
 from ruseon_appliance.engine import offer_burst as offer_burst_module
 from ruseon_appliance.engine.errors import OfferError
 from ruseon_appliance.engine.offer_burst import OfferBurst
+from ruseon_appliance.engine.session import WhepSession
 from tests.engine.conftest import (
     Viewer,
     camera_config,
@@ -148,6 +149,31 @@ async def test_concurrent_offers_all_connect_and_decode(engine: Engine) -> None:
         assert all(s.state == "connected" for s, _ in answers)
     finally:
         await asyncio.gather(*(v.close() for v in viewers))
+
+
+async def test_concurrent_offers_are_answered_one_at_a_time_in_order(engine: Engine) -> None:
+    """Each offer's answer is back with its caller before the next offer's session is built
+    (not all together at the end of the burst, as aiortc's awaits would interleave them)."""
+    made = [await make_offer() for _ in range(6)]
+    tasks: list[asyncio.Task[tuple[WhepSession, str]]] = []
+    # Callers that had their answer (done callbacks run on a later loop iteration than the
+    # offer's last step) when each session was started.
+    answered: list[int] = []
+    answered_when_started: list[int] = []
+    engine.add_listener(lambda event, session: answered_when_started.append(
+        len(answered)) if event == "session-started" else None)
+    try:
+        for i, (_, offer) in enumerate(made):
+            tasks.append(asyncio.ensure_future(engine.offer(offer)))
+            tasks[-1].add_done_callback(lambda _, i=i: answered.append(i))
+        await asyncio.gather(*tasks)
+        assert answered == list(range(6))
+        assert answered_when_started == list(range(6))  # lockstep: [0, 0, 0, 0, 0, 0]
+    finally:
+        for task in tasks:
+            if task.done() and not task.exception():
+                await engine.close(task.result()[0].id)
+        await asyncio.gather(*(pc.close() for pc, _ in made))
 
 
 async def test_answer_is_what_aiortc_renders_for_the_session(engine: Engine) -> None:
