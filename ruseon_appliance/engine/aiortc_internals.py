@@ -297,6 +297,97 @@ def guard_dtls_receive(pc: RTCPeerConnection, on_error: Callable[[Exception], No
         dtls._recv_next = recv_next
 
 
+def answer_as_dtls_server(pc: RTCPeerConnection) -> int:
+    """Make the answer take the DTLS server role (``a=setup:passive``) wherever the offer left
+    the choice to us (``a=setup:actpass``, what browsers send). Returns how many transports
+    were switched.
+
+    aiortc 1.16 answers ``actpass`` with ``active`` (``createAnswer`` turns a transport role of
+    ``"auto"`` into ``"client"``): the answerer then sends its ClientHello only once its own ICE
+    has completed, and is connected only after the browser's last flight came back, two round
+    trips through the browser's processes after ICE. As the server, the browser's ClientHello
+    (sent as soon as the browser's ICE is connected) is waiting when our DTLS starts, and we are
+    connected (and send media) on the browser's second flight, one round trip earlier.
+    ``RTCDtlsTransport._role`` is what ``createAnswer`` reads and ``start`` acts on; an offer
+    of ``active`` already made it ``"server"``, one of ``passive`` made it nothing we change
+    (``"auto"`` stays ``"client"`` in the answer: see the remote description's DTLS role).
+    Call after ``setRemoteDescription`` and before ``createAnswer``."""
+    switched = 0
+    # The offer as aiortc parsed it (not parsed again: an offer's CPU is counted).
+    remote = pc._RTCPeerConnection__remoteDescription()
+    roles = [m.dtls.role for m in remote.media if m.dtls is not None] if remote else []
+    for dtls in dtls_transports_of(pc):
+        # "auto" in the offer is actpass; a remote "server" (passive) leaves ours "auto",
+        # which must stay the client.
+        if dtls._role == "auto" and roles and all(r == "auto" for r in roles):
+            dtls._set_role("server")
+            switched += 1
+    return switched
+
+
+# aioice's connect() tasks still tidying up after connect_promptly returned (kept referenced).
+_tidying: set[asyncio.Task[None]] = set()
+# Instance attributes connect_promptly sets on an aioice connection, removed again on close.
+_CONNECTION_HOOKS = ("connect", "_check_list_maybe_complete")
+
+
+def connect_promptly(connection: Connection) -> None:
+    """Make ``connection.connect()`` return as soon as ICE has completed.
+
+    aioice 0.13 ``Connection.connect`` paces its checks in a loop (``_check_periodic`` every
+    20 ms, RFC 8445's Ta) that keeps going while more remote candidates may come, and only
+    then waits for the check list's result. The engine never learns a browser's candidates
+    from the offer (the browser's first check tells its address), so that loop runs until the
+    check list is done, and completion (a nominated pair, found when a check arrives or
+    succeeds, between two ticks) is noticed up to 20 ms late: DTLS starts that much later.
+    ``_check_list_maybe_complete`` is where aioice completes the check list; hooked per
+    connection, it wakes a wrapper of ``connect`` that returns at once. aioice's own
+    ``connect`` goes on in the background to its next tick, where it cancels the remaining
+    checks and starts consent freshness as usual. Failure and closing still come from
+    ``connect`` itself (ConnectionError), and cancelling the wrapper cancels it. Call before
+    aiortc's connect task runs (right after ``setLocalDescription``)."""
+    if "connect" in connection.__dict__:
+        return
+    original_connect = connection.connect
+    original_complete = connection._check_list_maybe_complete
+    completed = asyncio.Event()
+
+    def check_list_maybe_complete() -> bool:
+        done: bool = original_complete()
+        if done:
+            completed.set()
+        return done
+
+    async def connect() -> None:
+        task = asyncio.ensure_future(original_connect())
+        waiter = asyncio.ensure_future(completed.wait())
+        try:
+            await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        finally:
+            waiter.cancel()
+        if task.done():
+            task.result()
+            return
+        _tidying.add(task)
+        task.add_done_callback(lambda task: _tidied(connection, task))
+
+    connection.connect = connect
+    connection._check_list_maybe_complete = check_list_maybe_complete
+
+
+def _tidied(connection: Connection, task: asyncio.Task[None]) -> None:
+    _tidying.discard(task)
+    _forget_task_outcome(task)
+    # Closed within those 20 ms: close() found no consent task to stop, and connect() may
+    # just have started one, which would keep the closed connection alive for ever.
+    consent = connection._query_consent_task
+    if connection._closing and consent is not None and not consent.done():
+        consent.cancel()
+
+
 def break_reference_cycles(pc: RTCPeerConnection) -> None:
     """Cut the back-references that make a closed peer connection's objects a cycle, so they
     are freed by reference counting the moment the session lets go of them, without waiting
@@ -320,6 +411,8 @@ def break_reference_cycles(pc: RTCPeerConnection) -> None:
             dtls.__dict__.pop(name, None)
         ice = dtls.transport
         connection = ice._connection
+        for name in _CONNECTION_HOOKS:
+            connection.__dict__.pop(name, None)
         for emitter in (dtls, ice, ice.iceGatherer):
             emitter.remove_all_listeners()
         router = dtls._rtp_router
@@ -757,6 +850,13 @@ def offer_srtp_profiles(pc: RTCPeerConnection, profiles: list[Any]) -> None:
     (after ``setLocalDescription``, with no ``await`` in between)."""
     for dtls in dtls_transports_of(pc):
         dtls._srtp_profiles = list(profiles)
+
+
+def dtls_role(pc: RTCPeerConnection) -> str | None:
+    """The DTLS role (``"server"``/``"client"``) the peer connection's transport took."""
+    for dtls in dtls_transports_of(pc):
+        return str(dtls._role)
+    return None
 
 
 def selected_srtp_profile(pc: RTCPeerConnection) -> str | None:

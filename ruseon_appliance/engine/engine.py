@@ -514,6 +514,8 @@ class Engine:
             # pc.localDescription does, and needs no second rendering.
             for gatherer in _ice_gatherers(pc):
                 await gatherer.gather()
+            # DTLS server when the browser lets us choose: connected one round trip sooner.
+            aiortc_internals.answer_as_dtls_server(pc)
             answer = await pc.createAnswer()
             await pc.setLocalDescription(answer)
             # The text createAnswer rendered is what pc.localDescription would render again
@@ -521,6 +523,7 @@ class Engine:
             answer_sdp = answer.sdp
             # No await since: the connect task aiortc just scheduled has not run yet.
             aiortc_internals.guard_dtls_receive(pc, self._on_receive_error)
+            aiortc_internals.connect_promptly(connection)
             aiortc_internals.offer_srtp_profiles(pc, self._srtp_offer)
             if transceiver.currentDirection != "sendonly":
                 raise UnsupportedOffer("the offer does not let the engine send video")

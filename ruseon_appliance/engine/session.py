@@ -61,6 +61,8 @@ class WhepSession:
         self.remote_addresses: list[tuple[str, int]] = []
         # The SRTP profile the DTLS handshake settled on (OpenSSL's name), once connected.
         self.srtp_profile: str | None = None
+        # The engine's DTLS role ("server" for browsers' actpass offers), once connected.
+        self.dtls_role: str | None = None
 
     # -- wiring ------------------------------------------------------------------------------------
 
@@ -86,6 +88,7 @@ class WhepSession:
             for conn in aiortc_internals.ice_connection_of(self.pc):
                 self.remote_addresses = [r for _, r in aiortc_internals.nominated_addresses(conn)]
             self.srtp_profile = aiortc_internals.selected_srtp_profile(self.pc)
+            self.dtls_role = aiortc_internals.dtls_role(self.pc)
             logger.info("session %s connected from %s in %.0f ms", self.id[:8],
                         ",".join(f"{h}:{p}" for h, p in self.remote_addresses),
                         (time.monotonic() - self.created_monotonic) * 1000)
@@ -175,5 +178,6 @@ class WhepSession:
             "nacks": self.nacks,
             "rtt_ms": None if rtt is None else round(rtt * 1000, 1),
             "srtp_profile": self.srtp_profile,
+            "dtls_role": self.dtls_role,
             **send_path,
         }

@@ -14,8 +14,10 @@ The choice is deterministic (no timing at start): on x86 the ``aes`` and ``pclmu
 64-bit word; ``~0x200000200000000`` clears both, the bench's Pi stand-in); on arm64 the ``aes``
 and ``pmull`` Features. Without them only ``SRTP_AES128_CM_SHA1_80`` is offered: it is
 mandatory-to-implement in WebRTC (RFC 8827), so every browser accepts it. It has to be the only
-one, not merely the first: the engine answers, so it is the DTLS client, and the DTLS server (the
-viewer) picks by *its own* preference among the profiles the client lists. Unknown CPU: aiortc's
+one, not merely the first: the DTLS server picks by *its own* preference among the profiles the
+client lists, and while the engine is the DTLS server for offers that leave it the choice
+(``actpass``, what browsers and aiortc send: ``aiortc_internals.answer_as_dtls_server``), so its
+order decides, an offer of ``setup:passive`` makes the viewer the server. Unknown CPU: aiortc's
 list, unchanged.
 """
 

@@ -128,9 +128,9 @@ def test_chromium_plays_with_the_aes_cm_profile_a_board_without_aes_offers(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
     """Issue 19: what a Pi 4 offers (webrtc.srtp_profiles "auto" without AES instructions:
-    only SRTP_AES128_CM_SHA1_80) Chromium accepts and plays. (Chromium, the DTLS server here,
-    prefers AES-CM over AES-GCM anyway, measured: also when offered all three; aiortc viewers
-    pick AES-256-GCM, tests/engine/test_srtp_profiles.py.)"""
+    only SRTP_AES128_CM_SHA1_80) Chromium accepts and plays. (The engine is the DTLS server
+    for Chromium's actpass and picks the first profile of its list Chromium has: AES-256-GCM
+    with "auto" on a CPU with AES instructions, tests/engine/test_srtp_profiles.py.)"""
     if not in_browser_netns(request):
         return
     config = tmp_path / "ruseon.toml"
@@ -197,6 +197,9 @@ def test_chromium_decodes_every_frame_the_fanout_path_sends(
         page.goto(server.url)
         wait_for_page(page, "the first decoded frame", lambda s: s["framesDecoded"] > 0)
         assert viewer_session_stats(server)["send_path"] == "fanout"
+        # Chromium offers actpass: the engine answered as the DTLS server (one round trip
+        # sooner to the first picture) and everything below holds with it.
+        assert viewer_session_stats(server)["dtls_role"] == "server"
         first = stream_stats(page)
         # The first second after the first frame, in quarters: a join that shows a stale
         # keyframe and then waits for a fresh one would show here as a stall (Chromium's

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
+import types
+from typing import Any
 
 import aioice.ice
 import aiortc
@@ -233,3 +236,99 @@ def test_srtp_profile_list_is_read_from_the_transport() -> None:
     # aiortc's own order is what "auto" keeps on CPUs with AES instructions.
     assert [p.openssl_profile.decode() for p in rtcdtlstransport.SRTP_PROFILES] == list(
         SRTP_PROFILE_NAMES)
+
+
+async def test_dtls_server_answer_points() -> None:
+    """``answer_as_dtls_server`` sets ``RTCDtlsTransport._role`` to "server" after an actpass
+    offer: ``createAnswer`` must still write that role as ``a=setup:passive``, ``start`` act on
+    it, and aiortc must still answer an actpass offer with active by itself (else the hook is
+    moot); an offer of active or passive is left to aiortc (answered passive / active)."""
+    from aiortc import RTCDtlsTransport, RTCSessionDescription
+
+    assert 'if self._role == "server":' in inspect.getsource(RTCDtlsTransport.start)
+    answer_source = inspect.getsource(RTCPeerConnection.createAnswer)
+    assert 'media.dtls.role = dtlsTransport._role' in answer_source
+
+    offerer = RTCPeerConnection()
+    offerer.addTransceiver("video", direction="recvonly")
+    await offerer.setLocalDescription(await offerer.createOffer())
+    actpass = offerer.localDescription.sdp
+    assert "a=setup:actpass" in actpass
+    try:
+        for setup, hooked, switched, answered, role in [
+                ("actpass", False, 0, "active", "client"),
+                ("actpass", True, 1, "passive", "server"),
+                ("active", True, 0, "passive", "server"),
+                ("passive", True, 0, "active", "client")]:
+            pc = RTCPeerConnection()
+            pc.addTransceiver("video", direction="sendonly")
+            await pc.setRemoteDescription(RTCSessionDescription(
+                sdp=actpass.replace("a=setup:actpass", f"a=setup:{setup}"), type="offer"))
+            assert (aiortc_internals.answer_as_dtls_server(pc) if hooked else 0) == switched
+            await pc.setLocalDescription(await pc.createAnswer())
+            assert f"a=setup:{answered}" in pc.localDescription.sdp, (setup, hooked)
+            (dtls,) = aiortc_internals.dtls_transports_of(pc)
+            # What start() will act on (the answer's role is never "auto").
+            assert dtls._role == role, (setup, hooked)
+            await pc.close()
+    finally:
+        await offerer.close()
+
+
+async def test_prompt_connect_points() -> None:
+    """``connect_promptly`` relies on aioice's connect() pacing its checks in a 20 ms loop that
+    ends only at the next tick after completion, and on completion going through
+    ``self._check_list_maybe_complete()`` (so the per-connection hook sees it). With the pacing
+    sleep made endless, two connections still connect through the hook (without it they would
+    hang), exchange data, and close with no consent task left running."""
+    connect_source = inspect.getsource(Connection.connect)
+    assert "self._check_periodic()" in connect_source
+    assert "await asyncio.sleep(0.02)" in connect_source
+    assert "self._check_list_state.get()" in connect_source
+    assert "self._query_consent_task = asyncio.create_task" in connect_source
+    assert "self._check_list_maybe_complete()" in inspect.getsource(Connection.check_complete)
+    assert "self._closing = True" in inspect.getsource(Connection.close)
+
+    real_sleep = asyncio.sleep
+
+    async def endless_pacing(delay: float, *args: Any) -> Any:
+        if delay == 0.02:  # only connect()'s pacing tick
+            await real_sleep(3600)
+        return await real_sleep(delay, *args)
+
+    proxy = types.SimpleNamespace(**{k: getattr(asyncio, k) for k in dir(asyncio)
+                                     if not k.startswith("__")})
+    proxy.sleep = endless_pacing
+    controlling = Connection(ice_controlling=True, use_ipv6=False)
+    controlled = Connection(ice_controlling=False, use_ipv6=False)
+    original = aioice.ice.asyncio
+    aioice.ice.asyncio = proxy  # type: ignore[assignment]
+    try:
+        for conn in (controlling, controlled):
+            await conn.gather_candidates()
+            aiortc_internals.connect_promptly(conn)
+        for local, remote in ((controlling, controlled), (controlled, controlling)):
+            local.remote_username, local.remote_password = (remote.local_username,
+                                                            remote.local_password)
+            for candidate in remote.local_candidates:
+                await local.add_remote_candidate(candidate)
+        async with asyncio.timeout(30):
+            await asyncio.gather(controlling.connect(), controlled.connect())
+        assert len(aiortc_internals._tidying) >= 2  # aioice's own connect()s still sleeping
+        await controlling.send(b"hello")
+        async with asyncio.timeout(30):
+            assert await controlled.recv() == b"hello"
+    finally:
+        aioice.ice.asyncio = original  # type: ignore[assignment]
+        await controlling.close()
+        await controlled.close()
+        tidying = list(aiortc_internals._tidying)
+        for task in tidying:
+            task.cancel()
+        if tidying:
+            await asyncio.wait(tidying)
+        await asyncio.sleep(0)  # their done callbacks
+    assert not aiortc_internals._tidying
+    for conn in (controlling, controlled):
+        consent = conn._query_consent_task
+        assert consent is None or consent.done()
