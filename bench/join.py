@@ -440,6 +440,18 @@ CHROMIUM_PROBE_JS = """(() => {
         J.ice = performance.now() - J.post;
       }
     });
+    // Local candidate gathering and the answer being applied, on the same clock.
+    pc.addEventListener('icecandidate', (e) => {
+      if (e.candidate && J.candidate === undefined) J.candidate = performance.now() - J.post;
+    });
+    pc.addEventListener('icegatheringstatechange', () => {
+      if (pc.iceGatheringState === 'complete') J.gathered = performance.now() - J.post;
+    });
+    const srd = pc.setRemoteDescription.bind(pc);
+    pc.setRemoteDescription = (d) => {
+      J.srd_called = performance.now() - J.post;
+      return srd(d).then((r) => { J.srd_done = performance.now() - J.post; return r; });
+    };
     pc.addEventListener('connectionstatechange', () => {
       if (pc.connectionState === 'connected' && J.connected === undefined) {
         J.connected = performance.now() - J.post;
@@ -531,7 +543,41 @@ def answer_seconds_total(server: Any) -> float:
     return 0.0
 
 
-def chromium_join(browser: Any, server: Any, watch_s: float) -> dict[str, Any]:
+def server_trace(trace: Path | None, offset: int, post_wall_ms: float
+                 ) -> tuple[int, dict[str, float]]:
+    """The newest session's handshake events from the server's trace (see PACE_HOOK), in ms
+    after the page's POST: ``stun_rx`` (the first check; ``stun_use``: the first carrying
+    USE-CANDIDATE), ``check_in_progress``/``check_succeeded`` (our own check), ``ice_done``,
+    ``dtls_start``, ``dtls_rx``/``dtls_tx`` (#n: the nth record datagram), ``dtls_up`` and
+    ``rtp_tx`` (the first RTP packet out). Returns the new file offset too."""
+    if trace is None or not trace.exists():
+        return offset, {}
+    with trace.open() as f:
+        f.seek(offset)
+        text = f.read()
+        offset = f.tell()
+    by_ufrag: dict[str, list[dict[str, Any]]] = {}
+    for line in text.splitlines():
+        with contextlib.suppress(ValueError):
+            event = json.loads(line)
+            by_ufrag.setdefault(event["u"], []).append(event)
+    started = [(e["t"], u) for u, es in by_ufrag.items() for e in es if e["e"] == "ice_connect"]
+    if not started:
+        return offset, {}
+    events = by_ufrag[max(started)[1]]
+    out: dict[str, float] = {}
+    for e in events:
+        name = e["e"] if e["n"] == 1 else f"{e['e']}#{e['n']}"
+        out[name] = round(e["t"] * 1000 - post_wall_ms, 1)
+        if e["e"] == "stun_rx" and e.get("use") and "stun_use" not in out:
+            out["stun_use"] = out[name]
+        if e["e"] == "dtls_start":
+            out["dtls_role_server"] = float(e.get("role") == "server")
+    return offset, out
+
+
+def chromium_join(browser: Any, server: Any, watch_s: float, trace: Path | None = None,
+                  trace_offset: int = 0) -> dict[str, Any]:
     """One page joining: what getStats and the presented frames show."""
     page = browser.new_page(viewport={"width": 1280, "height": 720})
     page.add_init_script(CHROMIUM_PROBE_JS)
@@ -546,6 +592,8 @@ def chromium_join(browser: Any, server: Any, watch_s: float) -> dict[str, Any]:
     data = page.evaluate("(() => { window.__join.stop = true; const j = window.__join; "
                          "return {post: j.post, post_wall: performance.timeOrigin + j.post, "
                          "connected: j.connected, answered: j.answered, "
+                         "candidate: j.candidate, gathered: j.gathered, "
+                         "srd_called: j.srd_called, srd_done: j.srd_done, "
                          "ice: j.ice, samples: j.samples, "
                          "presented: j.presented}; })()")
     page.close()
@@ -559,7 +607,10 @@ def chromium_join(browser: Any, server: Any, watch_s: float) -> dict[str, Any]:
     first = next((p for p in presented), None)
     moving = next((p for p in presented if first is not None and p["rtp"] != first["rtp"]), None)
     burst = session.get("frames_sent", 0)
+    trace_offset, events = server_trace(trace, trace_offset, data["post_wall"])
     return {
+        "trace_offset": trace_offset,
+        "server_events": events,
         "join_mode": session.get("join_mode"),
         # The newest IDR's age when the page was opened, plus the time the page took to POST.
         "join_age_s": None if age_s is None
@@ -567,6 +618,10 @@ def chromium_join(browser: Any, server: Any, watch_s: float) -> dict[str, Any]:
         "post_after_open_ms": round(data["post"], 1),
         "connected_ms": None if data.get("connected") is None else round(data["connected"], 1),
         "answered_ms": None if data.get("answered") is None else round(data["answered"], 1),
+        # The page's first local candidate and gathering complete (negative: before the
+        # POST), setRemoteDescription(answer) called and resolved.
+        **{f"{k}_ms": None if data.get(k) is None else round(data[k], 1)
+           for k in ("candidate", "gathered", "srd_called", "srd_done")},
         "server_answer_ms": round(server_answer_ms, 1),
         "server_handshake_ms": None if not created or not connected_at
         else round((connected_at - created) * 1000, 1),
@@ -629,6 +684,111 @@ if os.environ.get("JOIN_BENCH_SQUEEZE"):
         self.burst_ticks_per_byte = 0.0
 
     track.ViewerCursor.__init__ = init
+if os.environ.get("JOIN_BENCH_DTLS_ACTIVE"):
+    # The old way: answer a browser's actpass with active (the appliance the DTLS client).
+    from ruseon_appliance.engine import aiortc_internals
+    aiortc_internals.answer_as_dtls_server = lambda pc: 0
+if os.environ.get("JOIN_BENCH_ICE_PACED"):
+    # The old way: DTLS starts at aioice's next 20 ms check tick after ICE completed.
+    from ruseon_appliance.engine import aiortc_internals
+    aiortc_internals.connect_promptly = lambda connection: None
+if os.environ.get("JOIN_BENCH_TRACE"):
+    # The server's side of each handshake, one JSON line per event (time.time(), by local ICE
+    # ufrag): STUN checks received (and USE-CANDIDATE), our checks, ICE completed, DTLS
+    # started/records in and out/connected, the first RTP packet sent.
+    import json
+    import time
+
+    import aioice.ice
+    from aiortc import rtcdtlstransport
+
+    from ruseon_appliance.engine import fanout as _fanout
+
+    _trace = open(os.environ["JOIN_BENCH_TRACE"], "a", buffering=1)
+    _counts = {}
+
+    def _note(ufrag, event, limit=1, **extra):
+        n = _counts[(ufrag, event)] = _counts.get((ufrag, event), 0) + 1
+        if n <= limit:
+            _trace.write(json.dumps({"u": ufrag, "e": event, "n": n, "t": time.time(),
+                                     **extra}) + "\\n")
+
+    _C = aioice.ice.Connection
+    _orig = {k: getattr(_C, k) for k in ("request_received", "check_state", "connect",
+                                          "_check_list_maybe_complete", "data_received",
+                                          "sendto")}
+
+    def request_received(self, message, addr, protocol):
+        _note(self.local_username, "stun_rx", limit=8,
+              use=("USE-CANDIDATE" in message.attributes))
+        return _orig["request_received"](self, message, addr, protocol)
+
+    def check_state(self, pair, state):
+        if state.name in ("IN_PROGRESS", "SUCCEEDED", "FAILED"):
+            _note(self.local_username, "check_" + state.name.lower(), limit=4)
+        return _orig["check_state"](self, pair, state)
+
+    async def connect(self):
+        _note(self.local_username, "ice_connect")
+        return await _orig["connect"](self)
+
+    def maybe_complete(self):
+        done = self._check_list_done
+        result = _orig["_check_list_maybe_complete"](self)
+        if result and not done:
+            _note(self.local_username, "ice_done")
+        return result
+
+    def data_received(self, data, component):
+        if data and 19 < data[0] < 64:
+            _note(self.local_username, "dtls_rx", limit=6, size=len(data))
+        return _orig["data_received"](self, data, component)
+
+    async def sendto(self, data, component):
+        if data and 19 < data[0] < 64:
+            _note(self.local_username, "dtls_tx", limit=6, size=len(data))
+        elif data and 127 < data[0] < 192:
+            _note(self.local_username, "rtp_tx")
+        return await _orig["sendto"](self, data, component)
+
+    _C.request_received = request_received
+    _C.check_state = check_state
+    _C.connect = connect
+    _C._check_list_maybe_complete = maybe_complete
+    _C.data_received = data_received
+    _C.sendto = sendto
+
+    _D = rtcdtlstransport.RTCDtlsTransport
+    _dtls_start, _dtls_set_state = _D.start, _D._set_state
+
+    def _ufrag(dtls):
+        return dtls.transport._connection.local_username
+
+    async def dtls_start(self, remote):
+        _note(_ufrag(self), "dtls_start", role=self._role)
+        return await _dtls_start(self, remote)
+
+    def dtls_set_state(self, state):
+        if state.name == "CONNECTED":
+            _note(_ufrag(self), "dtls_up", role=self._role)
+        return _dtls_set_state(self, state)
+
+    _D.start = dtls_start
+    _D._set_state = dtls_set_state
+    _padding = _fanout.FanoutViewer._send_leading_padding
+
+    def send_leading_padding(self, sock, addr, timestamp):
+        _note(self._connection.local_username, "rtp_tx")
+        return _padding(self, sock, addr, timestamp)
+
+    _fanout.FanoutViewer._send_leading_padding = send_leading_padding
+    _viewer_start = _fanout.FanoutViewer._start
+
+    async def viewer_start(self, parameters):
+        _note(self._connection.local_username, "send_start")
+        return await _viewer_start(self, parameters)
+
+    _fanout.FanoutViewer._start = viewer_start
 """
 
 
@@ -653,6 +813,32 @@ def chromium_summary(rows: list[dict[str, Any]], path: str) -> None:
     print(f"{path:6} " + "; ".join(parts))
     print(json.dumps({"figure": "join_chromium_summary", "send_path": path, "joins": len(mine),
                       "summary": parts}))
+
+
+# The handshake and the first pictures, in order, in ms after the page's POST: the page's own
+# events (p:) and the server's (s:, see server_trace), medians per send path.
+PHASES = (("s:created", "server_created_ms"), ("p:answered", "answered_ms"),
+          ("p:candidate", "candidate_ms"), ("p:gathered", "gathered_ms"),
+          ("p:srd_called", "srd_called_ms"), ("p:srd_done", "srd_done_ms"),
+          ("s:stun_rx", "stun_rx"), ("s:check_ok", "check_succeeded"), ("s:stun_use", "stun_use"),
+          ("s:ice_done", "ice_done"), ("p:ice", "ice_connected_ms"),
+          ("s:dtls_start", "dtls_start"), ("s:dtls_rx", "dtls_rx"), ("s:dtls_tx", "dtls_tx"),
+          ("p:dtls_up", "connected_ms"), ("s:dtls_up", "dtls_up"), ("s:send_start", "send_start"),
+          ("s:rtp_tx", "rtp_tx"),
+          ("p:first_picture", "first_presented_ms"), ("p:moving", "moving_presented_ms"))
+
+
+def chromium_phases(rows: list[dict[str, Any]], path: str) -> dict[str, float]:
+    """Median of each phase (PHASES) over ``path``'s joins."""
+    mine = [r for r in rows if r["send_path"] == path]
+    out: dict[str, float] = {}
+    for label, key in PHASES:
+        # Row fields (server_created_ms, the page's) or the server trace's events.
+        values = [v for r in mine
+                  if (v := r[key] if key in r else r["server_events"].get(key)) is not None]
+        if values:
+            out[label] = round(statistics.median(values), 1)
+    return out
 
 
 def chromium_main(joins: int, watch_s: float, source: str, paths: list[str]) -> None:
@@ -684,6 +870,8 @@ def chromium_main(joins: int, watch_s: float, source: str, paths: list[str]) -> 
         hook = Path(state) / "hook"
         hook.mkdir()
         (hook / "sitecustomize.py").write_text(PACE_HOOK)
+        traces: dict[str, Path] = {}
+        offsets: dict[str, int] = {}
         for path in paths:
             send_path, _, pace = path.partition(":")
             config = Path(state) / f"{send_path}.toml"
@@ -691,13 +879,20 @@ def chromium_main(joins: int, watch_s: float, source: str, paths: list[str]) -> 
             server = Server(Path(state) / path.replace(":", "-"),
                             extra_args=["--source", source, "--config", str(config)])
             saved = dict(os.environ)
-            if pace:  # an experiment: see PACE_HOOK
-                if pace == "squeeze":
+            traces[path] = Path(state) / f"{path.replace(':', '-')}.trace"
+            offsets[path] = 0
+            os.environ["JOIN_BENCH_TRACE"] = str(traces[path])
+            os.environ["PYTHONPATH"] = os.pathsep.join(
+                filter(None, [str(hook), os.environ.get("PYTHONPATH")]))
+            for option in filter(None, pace.split("+")):  # experiments: see PACE_HOOK
+                if option == "squeeze":
                     os.environ["JOIN_BENCH_SQUEEZE"] = "1"
+                elif option == "active":
+                    os.environ["JOIN_BENCH_DTLS_ACTIVE"] = "1"
+                elif option == "paced":
+                    os.environ["JOIN_BENCH_ICE_PACED"] = "1"
                 else:
-                    os.environ["JOIN_BENCH_PACE_BYTES"] = pace
-                os.environ["PYTHONPATH"] = os.pathsep.join(
-                    filter(None, [str(hook), os.environ.get("PYTHONPATH")]))
+                    os.environ["JOIN_BENCH_PACE_BYTES"] = option
             try:
                 server.start()
             finally:
@@ -718,7 +913,9 @@ def chromium_main(joins: int, watch_s: float, source: str, paths: list[str]) -> 
                     if abs(age - target) < 0.05:
                         break
                     time.sleep(0.01)
-                row = {"send_path": path, **chromium_join(browser, server, watch_s)}
+                row = {"send_path": path, **chromium_join(browser, server, watch_s,
+                                                           traces[path], offsets[path])}
+                offsets[path] = row.pop("trace_offset")
                 rows.append(row)
                 print(json.dumps({"figure": "join_chromium", **row}), flush=True)
                 time.sleep(0.5)
@@ -737,6 +934,24 @@ def chromium_main(joins: int, watch_s: float, source: str, paths: list[str]) -> 
               f"{row['late_jitter_buffer_ms']} ms, target {row['late_jitter_target_ms']} ms)")
     for path in paths:
         chromium_summary(rows, path)
+    print("\nPhase medians, ms after the POST (p: the page, s: the server):")
+    for path in paths:
+        phases = chromium_phases(rows, path)
+        print(f"{path:14} " + "  ".join(f"{k} {v:.0f}" for k, v in phases.items()))
+        print(json.dumps({"figure": "join_chromium_phases", "send_path": path, **phases}))
+    # Side by side with the first path: moving picture p50 / p95 ratios.
+    base = [r["moving_presented_ms"] for r in rows if r["send_path"] == paths[0]
+            and r["moving_presented_ms"] is not None]
+    for path in paths[1:]:
+        other = [r["moving_presented_ms"] for r in rows if r["send_path"] == path
+                 and r["moving_presented_ms"] is not None]
+        if base and other:
+            p50 = statistics.median(other) / statistics.median(base)
+            p95 = percentile(other, 0.95) / percentile(base, 0.95)
+            print(f"moving picture {path} / {paths[0]}: p50 {p50:.2f}x, p95 {p95:.2f}x")
+            print(json.dumps({"figure": "join_chromium_ratio", "send_path": path,
+                              "against": paths[0], "moving_p50_ratio": round(p50, 2),
+                              "moving_p95_ratio": round(p95, 2)}))
 
 
 # --- orchestration ---------------------------------------------------------------------------
@@ -837,7 +1052,10 @@ def main() -> None:
     parser.add_argument("--paths", nargs="*", default=["fanout", "aiortc"],
                         help="chromium: the engine's send paths to join; fanout:BYTES = the "
                         "fan-out with join-burst slices of BYTES (default 32768); "
-                        "fanout:squeeze = the burst's timestamps squeezed (the old way)")
+                        "fanout:squeeze = the burst's timestamps squeezed (the old way); "
+                        "PATH:active = the appliance answers a browser's actpass as the "
+                        "DTLS client, PATH:paced = DTLS starts at aioice's next 20 ms tick "
+                        "after ICE (both the old way); options combine: fanout:active+paced")
     args = parser.parse_args()
     source = args.source or f"file:{recorded_stream()}"
     if args.role == "serve":
