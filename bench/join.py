@@ -544,7 +544,7 @@ def answer_seconds_total(server: Any) -> float:
 
 
 def server_trace(trace: Path | None, offset: int, post_wall_ms: float
-                 ) -> tuple[int, dict[str, float]]:
+                 ) -> tuple[int, dict[str, Any]]:
     """The newest session's handshake events from the server's trace (see PACE_HOOK), in ms
     after the page's POST: ``stun_rx`` (the first check; ``stun_use``: the first carrying
     USE-CANDIDATE), ``check_in_progress``/``check_succeeded`` (our own check), ``ice_done``,
@@ -565,7 +565,11 @@ def server_trace(trace: Path | None, offset: int, post_wall_ms: float
     if not started:
         return offset, {}
     events = by_ufrag[max(started)[1]]
-    out: dict[str, float] = {}
+    out: dict[str, Any] = {}
+    # The server's event-loop stalls from the session's first event to its first RTP packet.
+    span = [e["t"] for e in events]
+    out["lags"] = [[round(e["t"] * 1000 - post_wall_ms, 1), e["wall"], e["cpu"]]
+                   for e in by_ufrag.get("*", []) if min(span) <= e["t"] <= max(span) + 0.05]
     for e in events:
         name = e["e"] if e["n"] == 1 else f"{e['e']}#{e['n']}"
         out[name] = round(e["t"] * 1000 - post_wall_ms, 1)
@@ -573,6 +577,9 @@ def server_trace(trace: Path | None, offset: int, post_wall_ms: float
             out["stun_use"] = out[name]
         if e["e"] == "dtls_start":
             out["dtls_role_server"] = float(e.get("role") == "server")
+        if e["e"] in ("dtls_rx", "dtls_tx"):
+            out.setdefault("dtls_log", []).append(
+                [e["e"][-2:], out[name], e.get("size"), e.get("r")])
     return offset, out
 
 
@@ -713,6 +720,29 @@ if os.environ.get("JOIN_BENCH_TRACE"):
             _trace.write(json.dumps({"u": ufrag, "e": event, "n": n, "t": time.time(),
                                      **extra}) + "\\n")
 
+    # Event-loop stalls: a 5 ms timer that fired more than 15 ms late, with the CPU time the
+    # process's main thread used meanwhile (about the gap: the loop was busy with our own work;
+    # about zero: the process was not scheduled).
+    import asyncio as _asyncio
+
+    def _lag_probe(last=None):
+        now, cpu = time.monotonic(), time.thread_time()
+        if last is not None and now - last[0] > 0.020:
+            _trace.write(json.dumps({"u": "*", "e": "lag", "n": 1, "t": time.time(),
+                                     "wall": round((now - last[0] - 0.005) * 1000, 1),
+                                     "cpu": round((cpu - last[1]) * 1000, 1)}) + "\\n")
+        _asyncio.get_running_loop().call_later(0.005, _lag_probe, (now, cpu))
+
+    _loop_new = _asyncio.new_event_loop
+
+    def _start_probe_with(loop):
+        loop.call_soon(_lag_probe)
+        return loop
+
+    _policy = _asyncio.get_event_loop_policy()
+    _policy_new = _policy.new_event_loop
+    _policy.new_event_loop = lambda: _start_probe_with(_policy_new())
+
     _C = aioice.ice.Connection
     _orig = {k: getattr(_C, k) for k in ("request_received", "check_state", "connect",
                                           "_check_list_maybe_complete", "data_received",
@@ -739,14 +769,25 @@ if os.environ.get("JOIN_BENCH_TRACE"):
             _note(self.local_username, "ice_done")
         return result
 
+    def _records(data):
+        # (content type, handshake type or -1) of each DTLSPlaintext record in a datagram.
+        out, pos = [], 0
+        while pos + 13 <= len(data) and 19 < data[pos] < 26:
+            length = int.from_bytes(data[pos + 11:pos + 13], "big")
+            epoch = int.from_bytes(data[pos + 3:pos + 5], "big")
+            out.append([data[pos], data[pos + 13] if data[pos] == 22 and epoch == 0
+                        and pos + 13 < len(data) else -1])
+            pos += 13 + length
+        return out
+
     def data_received(self, data, component):
         if data and 19 < data[0] < 64:
-            _note(self.local_username, "dtls_rx", limit=6, size=len(data))
+            _note(self.local_username, "dtls_rx", limit=10, size=len(data), r=_records(data))
         return _orig["data_received"](self, data, component)
 
     async def sendto(self, data, component):
         if data and 19 < data[0] < 64:
-            _note(self.local_username, "dtls_tx", limit=6, size=len(data))
+            _note(self.local_username, "dtls_tx", limit=10, size=len(data), r=_records(data))
         elif data and 127 < data[0] < 192:
             _note(self.local_username, "rtp_tx")
         return await _orig["sendto"](self, data, component)

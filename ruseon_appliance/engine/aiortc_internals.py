@@ -345,7 +345,8 @@ def connect_promptly(connection: Connection) -> None:
     ``connect`` goes on in the background to its next tick, where it cancels the remaining
     checks and starts consent freshness as usual. Failure and closing still come from
     ``connect`` itself (ConnectionError), and cancelling the wrapper cancels it. Call before
-    aiortc's connect task runs (right after ``setLocalDescription``)."""
+    ``setLocalDescription``: aiortc schedules its connect task in ``setRemoteDescription``
+    already, and it runs (and calls ``connect``) while ``setLocalDescription`` awaits."""
     if "connect" in connection.__dict__:
         return
     original_connect = connection.connect

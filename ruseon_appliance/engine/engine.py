@@ -509,6 +509,8 @@ class Engine:
                 raise StreamNotReady("the engine has no address to advertise", retry_after=30)
             aiortc_internals.install_local_candidates(
                 connection, list(endpoint.protocols.values()), endpoint.candidates)
+            # Before setLocalDescription: aiortc's connect task may start ICE while we await.
+            aiortc_internals.connect_promptly(connection)
             # Gathering is already done (the mux gave the candidates, so this does not wait):
             # completed before createAnswer, its text carries a=end-of-candidates as
             # pc.localDescription does, and needs no second rendering.
@@ -523,7 +525,6 @@ class Engine:
             answer_sdp = answer.sdp
             # No await since: the connect task aiortc just scheduled has not run yet.
             aiortc_internals.guard_dtls_receive(pc, self._on_receive_error)
-            aiortc_internals.connect_promptly(connection)
             aiortc_internals.offer_srtp_profiles(pc, self._srtp_offer)
             if transceiver.currentDirection != "sendonly":
                 raise UnsupportedOffer("the offer does not let the engine send video")

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import types
+from collections.abc import Iterator
 from typing import Any
 
 import aioice.ice
@@ -275,6 +277,38 @@ async def test_dtls_server_answer_points() -> None:
         await offerer.close()
 
 
+@contextlib.contextmanager
+def endless_connect_pacing() -> Iterator[None]:
+    """aioice's connect() pacing tick (its ``asyncio.sleep(0.02)``) lasts an hour meanwhile, so
+    a connect() that waits for its next tick never returns (other sleeps are untouched)."""
+    real_sleep = asyncio.sleep
+
+    async def endless_pacing(delay: float, *args: Any) -> Any:
+        if delay == 0.02:  # only connect()'s pacing tick
+            await real_sleep(3600)
+        return await real_sleep(delay, *args)
+
+    proxy = types.SimpleNamespace(**{k: getattr(asyncio, k) for k in dir(asyncio)
+                                     if not k.startswith("__")})
+    proxy.sleep = endless_pacing
+    original = aioice.ice.asyncio
+    aioice.ice.asyncio = proxy  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        aioice.ice.asyncio = original  # type: ignore[assignment]
+
+
+async def stop_tidying() -> None:
+    """Cancel aioice's own connect()s that connect_promptly left running (and wait for them)."""
+    tidying = list(aiortc_internals._tidying)
+    for task in tidying:
+        task.cancel()
+    if tidying:
+        await asyncio.wait(tidying)
+    await asyncio.sleep(0)  # their done callbacks
+
+
 async def test_prompt_connect_points() -> None:
     """``connect_promptly`` relies on aioice's connect() pacing its checks in a 20 ms loop that
     ends only at the next tick after completion, and on completion going through
@@ -289,21 +323,9 @@ async def test_prompt_connect_points() -> None:
     assert "self._check_list_maybe_complete()" in inspect.getsource(Connection.check_complete)
     assert "self._closing = True" in inspect.getsource(Connection.close)
 
-    real_sleep = asyncio.sleep
-
-    async def endless_pacing(delay: float, *args: Any) -> Any:
-        if delay == 0.02:  # only connect()'s pacing tick
-            await real_sleep(3600)
-        return await real_sleep(delay, *args)
-
-    proxy = types.SimpleNamespace(**{k: getattr(asyncio, k) for k in dir(asyncio)
-                                     if not k.startswith("__")})
-    proxy.sleep = endless_pacing
     controlling = Connection(ice_controlling=True, use_ipv6=False)
     controlled = Connection(ice_controlling=False, use_ipv6=False)
-    original = aioice.ice.asyncio
-    aioice.ice.asyncio = proxy  # type: ignore[assignment]
-    try:
+    with endless_connect_pacing():
         for conn in (controlling, controlled):
             await conn.gather_candidates()
             aiortc_internals.connect_promptly(conn)
@@ -312,22 +334,17 @@ async def test_prompt_connect_points() -> None:
                                                             remote.local_password)
             for candidate in remote.local_candidates:
                 await local.add_remote_candidate(candidate)
-        async with asyncio.timeout(30):
-            await asyncio.gather(controlling.connect(), controlled.connect())
-        assert len(aiortc_internals._tidying) >= 2  # aioice's own connect()s still sleeping
-        await controlling.send(b"hello")
-        async with asyncio.timeout(30):
-            assert await controlled.recv() == b"hello"
-    finally:
-        aioice.ice.asyncio = original  # type: ignore[assignment]
-        await controlling.close()
-        await controlled.close()
-        tidying = list(aiortc_internals._tidying)
-        for task in tidying:
-            task.cancel()
-        if tidying:
-            await asyncio.wait(tidying)
-        await asyncio.sleep(0)  # their done callbacks
+        try:
+            async with asyncio.timeout(30):
+                await asyncio.gather(controlling.connect(), controlled.connect())
+            assert len(aiortc_internals._tidying) >= 2  # aioice's own connect()s still sleep
+            await controlling.send(b"hello")
+            async with asyncio.timeout(30):
+                assert await controlled.recv() == b"hello"
+        finally:
+            await controlling.close()
+            await controlled.close()
+            await stop_tidying()
     assert not aiortc_internals._tidying
     for conn in (controlling, controlled):
         consent = conn._query_consent_task
