@@ -12,13 +12,14 @@ milliseconds without harm:
   the last pending offer is answered.
 - **The cyclic garbage collector.** Answering one offer allocates a few thousand objects, so a
   burst of 30 triggers about seven young collections and, every few bursts, an older one that
-  walks the whole heap (tens of ms on this board; measured 2-3.5 ms of CPU per 30-offer burst,
+  walks the whole heap (tens of ms; measured 2-3.5 ms of CPU per 30-offer burst,
   and a full collection in one burst of fifteen). Automatic collection is paused while offers
   are pending and resumed after, when the collection it owes runs at once.
 
-Both are bounded: after :data:`MAX_HOLD_S` of continuous answering (offers arriving without a
-pause) everything resumes, and nothing is held again until the engine has been idle once, so
-a steady stream of offers cannot starve connected viewers' RTCP/consent or let the heap grow.
+Both are bounded: after :data:`MAX_HOLD_S` (0.25 s) of continuous answering (offers arriving
+without a pause) everything resumes, and nothing is held again until the engine has been idle
+once, so a steady stream of offers cannot starve connected viewers' RTCP/consent or let the
+heap grow.
 """
 
 from __future__ import annotations
@@ -27,10 +28,11 @@ import asyncio
 import gc
 from typing import Protocol
 
-# Longest the engine holds datagrams and the collector back for one burst of offers: several
-# times a 30-offer burst (about 25 ms), far below anything a peer's STUN or DTLS retransmission
+# Longest the engine holds datagrams and the collector back for one burst of offers: a 30-offer
+# burst is about 18 ms of CPU here (several times that on a Pi, and longer still in wall time on
+# a busy machine: 0.1 s ran out under load), below what a peer's STUN or DTLS retransmission
 # timer (500 ms and up) or consent freshness (seconds) would notice.
-MAX_HOLD_S = 0.1
+MAX_HOLD_S = 0.25
 
 
 class PausableReader(Protocol):
