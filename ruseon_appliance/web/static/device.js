@@ -324,7 +324,8 @@ wake();
 
 // ---------------------------------------------------------------------------------------------
 
+// The offer first: its POST takes the connection the page was loaded on, ahead of the status.
+connect();
 setInterval(statsTick, STATS_INTERVAL_MS);
 setInterval(refreshStatus, STATUS_INTERVAL_MS);
 refreshStatus();
-connect();
