@@ -644,6 +644,8 @@ def chromium_join(browser: Any, server: Any, watch_s: float, trace: Path | None 
         "thirtieth_decoded_ms": first_at(samples, "decoded", 30),
         "first_presented_ms": None if first is None else round(first["t"], 1),
         "moving_presented_ms": None if moving is None else round(moving["t"], 1),
+        # From the page's navigation start (what a user opening the page waits).
+        "moving_after_open_ms": None if moving is None else round(moving["t"] + data["post"], 1),
         "motion_after_connected_ms": None if moving is None or data.get("connected") is None
         else round(moving["t"] - data["connected"], 1),
         "presented_first_second": len({p["rtp"] for p in presented if p["t"] <= 1000}),
@@ -695,6 +697,12 @@ if os.environ.get("JOIN_BENCH_DTLS_ACTIVE"):
     # The old way: answer a browser's actpass with active (the appliance the DTLS client).
     from ruseon_appliance.engine import aiortc_internals
     aiortc_internals.answer_as_dtls_server = lambda pc: 0
+if os.environ.get("JOIN_BENCH_STATIC"):
+    # Another version of the device page (e.g. an older one, side by side with this one).
+    from pathlib import Path
+
+    from ruseon_appliance.web import app as _web_app
+    _web_app.STATIC_DIR = Path(os.environ["JOIN_BENCH_STATIC"])
 if os.environ.get("JOIN_BENCH_ICE_PACED"):
     # The old way: DTLS starts at aioice's next 20 ms check tick after ICE completed.
     from ruseon_appliance.engine import aiortc_internals
@@ -836,7 +844,8 @@ if os.environ.get("JOIN_BENCH_TRACE"):
 def chromium_summary(rows: list[dict[str, Any]], path: str) -> None:
     mine = [r for r in rows if r["send_path"] == path]
     parts = []
-    for key in ("server_created_ms", "server_connected_ms", "connected_ms",
+    for key in ("post_after_open_ms", "moving_after_open_ms",
+                "server_created_ms", "server_connected_ms", "connected_ms",
                 "first_presented_ms", "moving_presented_ms",
                 "motion_after_connected_ms", "thirtieth_decoded_ms", "late_jitter_buffer_ms"):
         values = [r[key] for r in mine if r[key] is not None]
@@ -917,10 +926,12 @@ def chromium_main(joins: int, watch_s: float, source: str, paths: list[str]) -> 
             send_path, _, pace = path.partition(":")
             config = Path(state) / f"{send_path}.toml"
             config.write_text(f'[webrtc]\nsend_path = "{send_path}"\n')
-            server = Server(Path(state) / path.replace(":", "-"),
+            # A file name for the path (it may hold a directory: static=DIR).
+            name = hashlib.sha1(path.encode()).hexdigest()[:12]
+            server = Server(Path(state) / name,
                             extra_args=["--source", source, "--config", str(config)])
             saved = dict(os.environ)
-            traces[path] = Path(state) / f"{path.replace(':', '-')}.trace"
+            traces[path] = Path(state) / f"{name}.trace"
             offsets[path] = 0
             os.environ["JOIN_BENCH_TRACE"] = str(traces[path])
             os.environ["PYTHONPATH"] = os.pathsep.join(
@@ -932,6 +943,8 @@ def chromium_main(joins: int, watch_s: float, source: str, paths: list[str]) -> 
                     os.environ["JOIN_BENCH_DTLS_ACTIVE"] = "1"
                 elif option == "paced":
                     os.environ["JOIN_BENCH_ICE_PACED"] = "1"
+                elif option.startswith("static="):
+                    os.environ["JOIN_BENCH_STATIC"] = option.removeprefix("static=")
                 else:
                     os.environ["JOIN_BENCH_PACE_BYTES"] = option
             try:
@@ -1096,7 +1109,8 @@ def main() -> None:
                         "fanout:squeeze = the burst's timestamps squeezed (the old way); "
                         "PATH:active = the appliance answers a browser's actpass as the "
                         "DTLS client, PATH:paced = DTLS starts at aioice's next 20 ms tick "
-                        "after ICE (both the old way); options combine: fanout:active+paced")
+                        "after ICE (both the old way), PATH:static=DIR = the device page from "
+                        "DIR; options combine: fanout:active+paced")
     args = parser.parse_args()
     source = args.source or f"file:{recorded_stream()}"
     if args.role == "serve":
