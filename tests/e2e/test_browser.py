@@ -345,6 +345,12 @@ def test_page_reconnects_by_itself_after_a_server_restart(
             server.stop()
             wait_for_page(page, "noticing the server went away",
                           lambda s: s["state"] != "live", timeout_s=60)
+            # Down for longer than the page's HLS fallback waits for a picture (5 s): a board
+            # that does not answer at all is no reason to give up on WebRTC (HLS would not
+            # play either, and the page stayed on HLS, seconds behind, once the board was back).
+            time.sleep(8)
+            assert page.evaluate("() => window.ruseonHls.mode") == "webrtc"
+            assert page.evaluate("() => window.ruseon.reachable") is False
             server.start()  # same ports and state directory, as systemd would restart it
 
             after = wait_for_page(
@@ -352,6 +358,7 @@ def test_page_reconnects_by_itself_after_a_server_restart(
                 lambda s: s["generation"] > before["generation"] and playing(s), timeout_s=90,
             )
             assert after["codec"] == "video/H264"
+            assert page.evaluate("() => window.ruseonHls.mode") == "webrtc"
             assert server.status()["viewers"]["count"] == 1
         finally:
             server_cm.__exit__(None, None, None)

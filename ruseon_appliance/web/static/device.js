@@ -25,6 +25,9 @@ const player = {
   lastFrameChange: 0,
   viewers: null,
   transport: "webrtc", // "hls" while hls-fallback.js plays the stream instead
+  // false while the board does not answer HTTP at all (down, rebooting, restarting): HLS would
+  // not play either, so hls-fallback.js does not give up on WebRTC for that.
+  reachable: true,
   // Which camera: /#<name> deep links straight to it (cameras.js switches it with the grid).
   camera: decodeURIComponent(location.hash.slice(1)),
   get endpoint() { return this.camera ? `/whep/${encodeURIComponent(this.camera)}` : "/whep"; },
@@ -63,6 +66,7 @@ async function connect() {
       video.play().catch(() => {});
     });
     if (generation !== player.generation) return;
+    player.reachable = true;
     let graceTimer = 0;
     pc.onconnectionstatechange = () => {
       if (generation !== player.generation) return;
@@ -85,6 +89,8 @@ async function connect() {
 }
 
 function handleConnectError(error) {
+  // A WhepError is an HTTP answer (or our own close); anything else: fetch found no board.
+  player.reachable = error instanceof WhepError;
   if (error instanceof WhepError && error.status === 406) {
     // The server and this browser share no codec: hls-fallback.js may play HLS instead.
     window.dispatchEvent(new CustomEvent("ruseon:webrtc-unsupported", { detail: error.message }));

@@ -195,13 +195,15 @@ function hlsTick() {
 
 // Give up on WebRTC when it shows no picture for FALLBACK_MS (a blocked UDP port never fails
 // loudly: ICE just never connects), unless a person chose WebRTC or must enter the token.
+// Not while the board does not answer at all (a restart, a reboot): HLS would not play either,
+// and the page would stay on HLS, seconds behind, once the board is back.
 function watch() {
   const p = player();
   if (!p || state.mode !== "webrtc") return;
   // Another module (recordings.js) may hand the video back to WebRTC by setting the mode.
   if ($("transport") && $("transport").dataset.transport !== "webrtc") label("WebRTC");
   // "grid": cameras.js shows every camera's tile and the big picture waits on purpose.
-  if (p.state === "live" || p.state === "auth" || p.state === "grid") {
+  if (p.state === "live" || p.state === "auth" || p.state === "grid" || p.reachable === false) {
     state.notLiveSince = performance.now();
     return;
   }
