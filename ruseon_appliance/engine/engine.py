@@ -523,7 +523,9 @@ class Engine:
             # The text createAnswer rendered is what pc.localDescription would render again
             # (setLocalDescription re-applies the same transport fields; tests compare them).
             answer_sdp = answer.sdp
-            # No await since: the connect task aiortc just scheduled has not run yet.
+            # aiortc's connect task may already have started ICE during the awaits above, but
+            # DTLS starts only once ICE completes, and that needs the viewer's checks, which
+            # it sends only after it has this answer: these still come before DTLS.
             aiortc_internals.guard_dtls_receive(pc, self._on_receive_error)
             aiortc_internals.offer_srtp_profiles(pc, self._srtp_offer)
             if transceiver.currentDirection != "sendonly":
