@@ -281,12 +281,14 @@ def test_chromium_recovers_lost_packets_by_nack_and_retransmission(
         wait_for_page(page, f"more than {FRAMES} frames decoded", playing)
         fps = source_fps(server)
         before_server = viewer_session_stats(server)
+        late_before = camera_frames_late(server)
         samples = [stream_stats(page)]
         with udp_loss_from_port(server.rtc_port, LOSS_PERCENT):
             for _ in range(LOSS_WATCH_S):
                 page.wait_for_timeout(1000)
                 samples.append(stream_stats(page))
             dropped = udp_loss_dropped()
+        late = camera_frames_late(server) - late_before
         session = viewer_session_stats(server)
 
         window = stream_window(samples[0], samples[-1])
@@ -296,7 +298,7 @@ def test_chromium_recovers_lost_packets_by_nack_and_retransmission(
             "loss_percent": LOSS_PERCENT, "datagrams_dropped_by_nft": dropped,
             "source_fps": fps, "window": window,
             "decoded_per_second": [s["frames_decoded"] for s in seconds],
-            "server_retransmitted": retransmitted,
+            "server_retransmitted": retransmitted, "camera_frames_late": late,
             "server_nacks": session["nacks"] - before_server["nacks"],
             "server_keyframes_requested": (
                 session["keyframes_requested"] - before_server["keyframes_requested"]),
@@ -310,7 +312,10 @@ def test_chromium_recovers_lost_packets_by_nack_and_retransmission(
         assert slowest >= fps / 3, [s["frames_decoded"] for s in seconds]
         assert window["decoded_fps"] is not None
         assert window["decoded_fps"] >= fps * (1 - FPS_TOLERANCE), (window, fps)
-        assert window["freezes"] <= 1, window
+        # One freeze is tolerated for the loss (a packet and its retransmission both dropped
+        # until Chromium gave up on it), plus, as in the clean test, one per 3 slots the camera
+        # skipped (seen: 2 freezes in 8 s at load 8).
+        assert window["freezes"] <= 1 + late // 3, (window, {"camera_frames_late": late})
         # Retransmission repairs the loss; a keyframe should not be needed (one is tolerated, if
         # a packet and its retransmission were both dropped until Chromium gave up on it).
         assert window["plis"] <= 1, window

@@ -80,12 +80,16 @@ def test_ffmpeg_decodes_while_ll_and_plain_clients_measure_latency(tmp_path: Pat
             except subprocess.TimeoutExpired:
                 decode.kill()
                 out, err = decode.communicate()
-        fps = server.status()["source"]["fps"]
+        source = server.status()["source"]
+        fps = source["fps"]
+        # Slots the synthetic camera skipped since it started (a busy machine made it late):
+        # 10 s of its stream hold that many frames fewer (seen: 282 decoded at 30 fps, load 8).
+        late = source["stats"]["source_frames_late"]
     assert decode.returncode == 0, err
     assert err.strip() == "", err
     frames = [int(line.split("=")[1]) for line in out.splitlines() if line.startswith("frame=")]
-    assert frames and frames[-1] >= 0.95 * 10 * fps, (frames[-1:], fps)
-    record("ffmpeg", {"frames_decoded": frames[-1], "source_fps": fps})
+    assert frames and frames[-1] >= 0.95 * 10 * fps - late, (frames[-1:], fps, late)
+    record("ffmpeg", {"frames_decoded": frames[-1], "source_fps": fps, "camera_frames_late": late})
 
     assert len(ll) >= 20 and len(plain) >= 5, (len(ll), len(plain))
     figures = {
