@@ -34,6 +34,7 @@ from .engine.fanout import Fanout
 from .events import EventBus, RecordingWatcher, StallWatcher, session_listener
 from .heap import release_free_heap
 from .hls import HlsStream
+from .listening import bind_every_host
 from .recording import Recorder, RecorderSettings
 from .relay import RtpRelay
 from .rtsp import RtspServer, RtspSource
@@ -206,14 +207,17 @@ class Appliance:
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
         await self._runner.setup()
         tls = self._tls_context()
-        site: web.BaseSite
         if "http" in passed:
-            site = web.SockSite(self._runner, passed["http"], ssl_context=tls)
+            await web.SockSite(self._runner, passed["http"], ssl_context=tls).start()
         else:
-            site = web.TCPSite(
-                self._runner, config.http.listen.host, config.http.listen.port, ssl_context=tls
-            )
-        await site.start()
+            runner = self._runner
+
+            async def bind(host: str, port: int) -> int:
+                site = web.TCPSite(runner, host, port, ssl_context=tls)
+                await site.start()
+                return int(runner.addresses[-1][1])
+
+            await bind_every_host(config.http.listen, "http.listen", bind)
         await self._start_integrations()
 
         if not await self.cameras.wait_first_frame(FIRST_FRAME_TIMEOUT_S):

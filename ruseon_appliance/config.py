@@ -64,6 +64,12 @@ class HostPort:
     def __str__(self) -> str:
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
+    def bind_hosts(self) -> list[str]:
+        """The addresses to bind: ``[::]`` (or no host) means every address of both families,
+        IPv4 first (asyncio alone makes a ``::`` socket IPv6-only, which leaves IPv4 clients
+        out); anything else is bound as it is."""
+        return ["0.0.0.0", "::"] if self.host in ("::", "") else [self.host]
+
 
 def parse_host_port(key: str, text: str) -> HostPort:
     """Parse ``HOST:PORT`` or ``[V6]:PORT``; raise :class:`ConfigError` naming ``key``."""

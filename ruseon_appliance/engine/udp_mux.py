@@ -198,8 +198,8 @@ class UdpMux:
             self._loop.add_reader(sock.fileno(), self._on_readable, sock)
 
     def _open_sockets(self) -> list[socket.socket]:
-        host, port = self._listen.host, self._listen.port
-        hosts = ["0.0.0.0", "::"] if host in ("::", "") else [host]
+        port = self._listen.port
+        hosts = self._listen.bind_hosts()
         opened: list[socket.socket] = []
         for h in hosts:
             family = socket.AF_INET6 if ":" in h else socket.AF_INET

@@ -34,6 +34,7 @@ from urllib.parse import unquote, urlsplit
 
 from ruseon_appliance.config import RtspConfig
 from ruseon_appliance.engine.fanout import Fanout
+from ruseon_appliance.listening import bind_every_host
 from ruseon_appliance.relay.sdp import parameter_sets
 from ruseon_appliance.rtsp.auth import RtspAuth
 from ruseon_appliance.rtsp.message import (
@@ -176,7 +177,8 @@ class RtspServer:
         self.session_timeout_s = session_timeout_s
         self.sessions: dict[str, RtspSession] = {}
         self._connections: set[_Connection] = set()
-        self._server: asyncio.Server | None = None
+        # One per address family listened on (rtsp.listen [::] is both).
+        self._servers: list[asyncio.Server] = []
         self._reaper: asyncio.Task[None] | None = None
         self._handlers: set[asyncio.Task[Any]] = set()
         self._sdp_id = secrets.randbelow(1 << 31)
@@ -200,11 +202,19 @@ class RtspServer:
     async def start(self) -> None:
         """Listen on ``config.listen``; raises ``OSError`` naming the setting when it cannot."""
         listen = self.config.listen
+
+        async def bind(host: str, port: int) -> int:
+            server = await asyncio.start_server(
+                self._connection, host, port, limit=MAX_HEAD_BYTES, reuse_address=True)
+            self._servers.append(server)
+            return int(server.sockets[0].getsockname()[1])
+
         try:
-            self._server = await asyncio.start_server(
-                self._connection, listen.host, listen.port, limit=MAX_HEAD_BYTES,
-                reuse_address=True)
+            await bind_every_host(listen, "rtsp.listen", bind)
         except OSError as exc:
+            for server in self._servers:
+                server.close()
+            self._servers.clear()
             raise OSError(exc.errno, f"cannot listen on rtsp.listen = {listen}: "
                                      f"{exc.strerror}") from exc
         self._reaper = asyncio.get_running_loop().create_task(self._reap_loop())
@@ -216,25 +226,25 @@ class RtspServer:
         self._reaper = None
         for session in list(self.sessions.values()):
             session.close("server stopping")
-        if self._server is not None:
-            self._server.close()
+        for server in self._servers:
+            server.close()
         for conn in list(self._connections):
             conn.writer.transport.abort()  # their handlers end on the closed connection
         if self._handlers:
             await asyncio.wait(list(self._handlers), timeout=2.0)
         for task in list(self._handlers):
             await cancel_and_wait(task)
-        if self._server is not None:
+        for server in self._servers:
             with contextlib.suppress(Exception):
-                await self._server.wait_closed()
-            self._server = None
+                await server.wait_closed()
+        self._servers.clear()
 
     @property
     def port(self) -> int:
         """The TCP port listened on (0 before start)."""
-        if self._server is None or not self._server.sockets:
+        if not self._servers or not self._servers[0].sockets:
             return 0
-        return int(self._server.sockets[0].getsockname()[1])
+        return int(self._servers[0].sockets[0].getsockname()[1])
 
     # -- connections -----------------------------------------------------------------------------
 
