@@ -252,6 +252,27 @@ def page_problems(page: Any) -> list[str]:
     return list(_PROBLEMS.get(page, []))
 
 
+# Which of the page's modules have run (each sets its window global) and which of its own files
+# finished loading, when (ms after the page opened) and in how long (a file still loading has no
+# entry yet): twice in CI a module after device.js (hls-fallback.js, recordings.js) had not
+# run while the picture was live, once for 90 s; this says which file stood still, next time.
+PAGE_MODULES_JS = """() => ({
+  modules: {device: !!window.ruseon, hls: !!window.ruseonHls,
+            recordings: !!window.ruseonRecordings},
+  files: performance.getEntriesByType('resource').filter(e => e.name.includes('/static/'))
+    .map(e => `${e.name.split('/static/')[1]} ${Math.round(e.startTime)}+` +
+              `${Math.round(e.duration)} ms`)})"""
+
+
+def page_diagnostics(page: Any) -> str:
+    """What went wrong on ``page`` and which of its modules ran, for a failure message."""
+    try:
+        modules = page.evaluate(PAGE_MODULES_JS)
+    except Exception as exc:  # the page itself may be what broke
+        modules = f"(page not readable: {exc})"
+    return f"page problems {page_problems(page)}; {modules}"
+
+
 class WatchedBrowser:
     """A Playwright browser whose new pages (and new contexts' pages) are watched (see
     :func:`watch_page`); anything else is the browser's own."""
@@ -333,7 +354,8 @@ def poll_page(page: Any, read: Callable[[Any], dict[str, Any]], condition: str,
     stats = read(page)
     while not predicate(stats):
         if time.monotonic() > deadline:
-            raise AssertionError(f"page never reached: {condition}; last stats {stats}")
+            raise AssertionError(f"page never reached: {condition}; last stats {stats}; "
+                                 f"{page_diagnostics(page)}")
         page.wait_for_timeout(250)
         stats = read(page)
     return stats

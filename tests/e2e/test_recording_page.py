@@ -11,6 +11,7 @@ import pytest
 from tests.e2e.browser_netns import (
     chromium,
     in_browser_netns,
+    page_diagnostics,
     running_server,
     save_screenshot,
     wait_for_page,
@@ -44,11 +45,15 @@ def test_timeline_plays_a_recording_in_the_page_then_live_again(
         page = browser.new_page(viewport={"width": 1280, "height": 720})
         page.goto(server.url)
         wait_for_page(page, "live", lambda s: s["state"] == "live" and s["framesDecoded"] > 0)
-        page.wait_for_function(
-            # recordings.js may still be loading when the picture is already live.
-            "() => { const r = window.ruseonRecordings && window.ruseonRecordings.ranges;"
-            " return r && r.length > 0 && r[r.length - 1].end - r[r.length - 1].start > 5000; }",
-            timeout=90_000)
+        try:
+            page.wait_for_function(
+                # recordings.js may still be loading when the picture is already live.
+                "() => { const r = window.ruseonRecordings && window.ruseonRecordings.ranges;"
+                " return r && r.length > 0 && r[r.length - 1].end - r[r.length - 1].start > 5000;"
+                " }", timeout=90_000)
+        except Exception as exc:
+            raise AssertionError(f"no 5 s recording range on the timeline: {exc}; "
+                                 f"{page_diagnostics(page)}; status {server.status()}") from exc
         assert page.evaluate("() => window.ruseonRecordings.state") == "recording"
         start = page.evaluate("() => window.ruseonRecordings.ranges.at(-1).start")
         wanted = start + 2500
