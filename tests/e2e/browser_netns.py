@@ -254,8 +254,9 @@ def page_problems(page: Any) -> list[str]:
 
 # Which of the page's modules have run (each sets its window global) and which of its own files
 # finished loading, when (ms after the page opened) and in how long (a file still loading has no
-# entry yet): twice in CI a module after device.js (hls-fallback.js, recordings.js) had not
-# run while the picture was live, once for 90 s; this says which file stood still, next time.
+# entry yet). Twice (one CI run, one whole e2e run here) a module after device.js
+# (hls-fallback.js, recordings.js) had not run while the picture was live, once for 90 s; this
+# says which file stood still, next time.
 PAGE_MODULES_JS = """() => ({
   modules: {device: !!window.ruseon, hls: !!window.ruseonHls,
             recordings: !!window.ruseonRecordings},
