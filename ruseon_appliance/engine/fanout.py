@@ -92,7 +92,7 @@ UDP_SEGMENT = 103
 GSO_MAX_SEGMENTS = 64
 GSO_MAX_BYTES = 65_000
 # Errors meaning the kernel or the route will not segment for us: send datagram by datagram.
-_GSO_REFUSED = (errno.EIO, errno.EINVAL, errno.ENOPROTOOPT, errno.EOPNOTSUPP)
+GSO_REFUSED = (errno.EIO, errno.EINVAL, errno.ENOPROTOOPT, errno.EOPNOTSUPP)
 
 
 def ntp_now() -> int:
@@ -836,7 +836,7 @@ class Fanout:
                 viewer.send_dropped_full += count  # lost like on the wire: NACKs recover them
                 return
             except OSError as exc:
-                if exc.errno not in _GSO_REFUSED:
+                if exc.errno not in GSO_REFUSED:
                     viewer.send_errors += count
                     return
                 # Detected once: this kernel/route does not segment. Resend this batch below.

@@ -25,7 +25,6 @@ is heard on UDP.
 from __future__ import annotations
 
 import asyncio
-import errno
 import itertools
 import logging
 import random
@@ -40,6 +39,7 @@ from ruseon_appliance.capture.ring import FrameView
 from ruseon_appliance.engine.fanout import (
     GSO_MAX_BYTES,
     GSO_MAX_SEGMENTS,
+    GSO_REFUSED,
     JOIN_PACE_BYTES,
     JOIN_PACE_S,
     UDP_SEGMENT,
@@ -61,9 +61,6 @@ MAX_BACKLOG_S = 0.5
 TCP_BUFFER_LIMIT = 1 << 20
 # A TCP client that has taken nothing for this long is disconnected (it holds a slot).
 STUCK_CLOSE_S = 30.0
-
-# Errors meaning the kernel or the route will not segment for us (as the fan-out reads them).
-_GSO_REFUSED = (errno.EIO, errno.EINVAL, errno.ENOPROTOOPT, errno.EOPNOTSUPP)
 
 _INTERLEAVED_RTP = struct.Struct("!BBHBBHII")  # $, channel, length, then the 12-byte RTP header
 _RTP = struct.Struct("!BBHII")
@@ -486,7 +483,7 @@ class RtspSession:
                         i = j
                         continue
                     except OSError as exc:
-                        if exc.errno not in _GSO_REFUSED:  # a full buffer: lost like on the wire
+                        if exc.errno not in GSO_REFUSED:  # a full buffer: lost like on the wire
                             self.send_errors += count
                             i = j
                             continue
