@@ -121,6 +121,17 @@ def prepare_namespace(*, ipv6: bool = False) -> None:
             ]
     for command in commands:
         subprocess.run(command, check=True, capture_output=True)
+    # The veths' IPv6 link-local addresses stay "tentative" (duplicate address detection) for a
+    # second or two after the links come up. When they turn valid, Chromium sees a network
+    # change and fails every request in flight with net::ERR_NETWORK_CHANGED: in CI the page's
+    # later module scripts were lost that way and never ran. Start nothing before that.
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        tentative = subprocess.run(["ip", "-6", "addr", "show", "tentative"],
+                                   capture_output=True, text=True).stdout
+        if not tentative.strip():
+            break
+        time.sleep(0.05)
 
 
 class Server:
