@@ -205,11 +205,16 @@ class Server:
             self.proc.wait(10)
         self.proc = None
 
+    @property
+    def admin_secret(self) -> str:
+        """The admin credential: ``--token`` when given, else the secret the first start
+        generated in the state dir (what ``sudo ruseon admin-secret`` prints)."""
+        return self.token or (self.state_dir / "admin-secret").read_text().strip()
+
     def status(self) -> dict[str, Any]:
-        """``/api/status`` as JSON."""
+        """``/api/status`` as JSON, as admin sees it."""
         request = urllib.request.Request(self.url + "api/status")
-        if self.token:
-            request.add_header("Authorization", f"Bearer {self.token}")
+        request.add_header("Authorization", f"Bearer {self.admin_secret}")
         with urllib.request.urlopen(request, timeout=10) as response:
             document: dict[str, Any] = json.load(response)
             return document
@@ -307,6 +312,23 @@ class WatchedBrowser:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._browser, name)
+
+
+def viewing_needs_a_credential(directory: Path, viewer_token: str) -> list[str]:
+    """``serve`` arguments for ``[auth] viewing = "credential"`` with ``viewer_token`` (a config
+    file written to ``directory``): watching then needs a login too."""
+    path = directory / "viewing-credential.toml"
+    path.write_text(f'[auth]\nviewing = "credential"\nviewer_token = "{viewer_token}"\n')
+    return ["--config", str(path)]
+
+
+def log_in(page: Any, server: Server, secret: str | None = None) -> None:
+    """Log ``page``'s browser context in as the page's dialogs do (POST /api/session; the admin
+    secret unless ``secret``): its session cookie then goes with every request. Call it before
+    ``page.goto``, so the page starts logged in; for tests that are not about the login."""
+    secret = server.admin_secret if secret is None else secret
+    response = page.request.post(server.url + "api/session", data={"secret": secret})
+    assert response.ok, f"POST /api/session: {response.status} {response.text()}"
 
 
 def wait_for_element(page: Any, selector: str) -> None:
