@@ -111,9 +111,10 @@ def test_timeline_plays_a_recording_in_the_page_then_live_again(
         assert asked and asked[0].startswith("Delete the recording from "), asked
         after = page.evaluate("() => window.ruseonRecordings.ranges.at(-1)")
         # Cut at the first IDR at or after the selection's end (the GOP is 2 s; the selection's
-        # end is the pixel nearest the middle); what came after it stays.
+        # end is the pixel nearest the middle); what came after it stays (the stop may still
+        # have been writing the last seconds when `before` was read, so the end only grows).
         assert middle - 1000 <= after["start"] <= middle + 3000, (before, after)
-        assert abs(after["end"] - before["end"]) < 1000, (before, after)
+        assert after["end"] >= before["end"], (before, after)
         assert not page.is_visible("#admin-dialog")  # asked once only
         wait_for_page(page, "live after the delete", lambda s: s["state"] == "live")
 
