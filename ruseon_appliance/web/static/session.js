@@ -33,12 +33,10 @@ function update(fields) {
   }
 }
 
-async function refusal(response) {
+// Why POST /api/session did not log in, for the dialog.
+async function refusal(response, retryAfter) {
   if (response.status === 401) return "That secret is not valid.";
-  if (response.status === 429) {
-    const wait = Number(response.headers.get("Retry-After")) || 60;
-    return `Too many wrong secrets from this address: try again in ${wait} s.`;
-  }
+  if (response.status === 429) return `Too many wrong secrets from this address: try again in ${retryAfter} s.`;
   try {
     const problem = await response.json();
     return problem.detail || problem.title || `HTTP ${response.status}`;
@@ -65,21 +63,18 @@ export async function login(secret) {
   }
   if (!response.ok) {
     const retryAfter = response.status === 429 ? Number(response.headers.get("Retry-After")) || 60 : 0;
-    return { role: null, message: await refusal(response), retryAfter };
+    return { role: null, message: await refusal(response, retryAfter), retryAfter };
   }
   const { role } = await response.json();
   update({ role });
   return { role };
 }
 
-/** Log out: the server forgets the session and clears the cookie. */
+/** Log out: the server forgets the session and clears the cookie (throws when it did not). */
 export async function logout() {
-  try {
-    await fetch("/api/session", { method: "DELETE", cache: "no-store" });
-  } finally {
-    update({ role: "none" });
-    await refreshSession();
-  }
+  const response = await fetch("/api/session", { method: "DELETE", cache: "no-store" });
+  if (!response.ok) throw new Error(`HTTP ${response.status}`);
+  update({ role: "none" });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -158,6 +153,11 @@ export async function adminFetch(url, options = {}) {
 }
 
 $("btn-logout").addEventListener("click", async () => {
-  await logout();
-  toast("Logged out");
+  try {
+    await logout();
+    toast("Logged out");
+  } catch (error) {
+    // Still logged in on the camera: say so rather than pretend.
+    toast(`Not logged out: ${error instanceof TypeError ? "the camera is not reachable" : error.message}`);
+  }
 });
