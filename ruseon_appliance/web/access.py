@@ -62,7 +62,8 @@ def query_token(request: web.Request) -> str | None:
 
 def request_role(request: web.Request) -> Role:
     """What the request's credential granted (NONE before :func:`access_middleware` ran)."""
-    return request.get(ROLE_KEY, Role.NONE)
+    role = request.get(ROLE_KEY)
+    return role if isinstance(role, Role) else Role.NONE
 
 
 def request_address(request: web.Request) -> str:
