@@ -179,7 +179,17 @@ class SessionResource:
     def _role(self, request: web.Request) -> Role:
         provided = bearer_token(request)
         if provided is not None:
-            return self.credentials.role_of(provided) or Role.NONE
+            # As on every other route: counted and throttled, or this would be an oracle.
+            address = request_address(request)
+            wait = self.credentials.throttle.retry_after(address)
+            if wait is not None:
+                raise _throttled(wait)
+            role = self.credentials.role_of(provided)
+            if role is None:
+                self.credentials.throttle.failed(address)
+                raise _unauthorized("the Bearer token is not valid", invalid=True)
+            self.credentials.throttle.succeeded(address)
+            return role
         cookie = request.cookies.get(COOKIE_NAME)
         return self.credentials.sessions.role(cookie) if cookie else Role.NONE
 
