@@ -154,6 +154,9 @@ class HttpConfig:
     tls_key: str = ""
     # Extra origins allowed by CORS besides the device page's own.
     cors_origins: tuple[str, ...] = ()
+    # Host names the board answers to besides its IP addresses, localhost, its hostname and
+    # <hostname>.local (DNS rebinding defence): a reverse proxy's name, a DNS name of the board.
+    hosts: tuple[str, ...] = ()
     max_offer_bytes: int = 64 * 1024
 
 
@@ -181,23 +184,40 @@ class WebRtcConfig:
 
 @dataclass(frozen=True, slots=True)
 class AuthConfig:
-    """``[auth]``: Bearer token for WHEP and the API; off when both are empty."""
+    """``[auth]``: who may view and who may administer (ruseon_appliance/access/).
+
+    Admin always needs a credential: ``token`` (or ``token_file``) when set, otherwise the
+    per-device secret generated on first start in ``<state.dir>/admin-secret``. Viewing is open
+    on the LAN unless ``viewing = "credential"``; then it takes ``viewer_token`` (shareable,
+    view only) or the admin secret.
+    """
 
     token: str = ""
     token_file: str = ""
+    # "open": anyone on the LAN may watch; "credential": viewing needs the viewer token or admin.
+    viewing: str = "open"
+    viewer_token: str = ""
+    viewer_token_file: str = ""
 
     def resolve_token(self) -> str:
-        """Return the configured token, reading ``token_file`` if set (stripped)."""
-        if self.token:
-            return self.token
-        if self.token_file:
-            try:
-                return Path(self.token_file).read_text(encoding="utf-8").strip()
-            except OSError as exc:
-                raise ConfigError(
-                    f"auth.token_file = {self.token_file!r} cannot be read: {exc.strerror}"
-                ) from exc
-        return ""
+        """Return the configured admin token, reading ``token_file`` if set (stripped); "" when
+        neither is set (the generated secret is used then: access/credentials.py)."""
+        return _read_secret("auth.token_file", self.token, self.token_file)
+
+    def resolve_viewer_token(self) -> str:
+        """The viewer token, reading ``viewer_token_file`` if set; "" when none."""
+        return _read_secret("auth.viewer_token_file", self.viewer_token, self.viewer_token_file)
+
+
+def _read_secret(key: str, value: str, path: str) -> str:
+    if value:
+        return value
+    if path:
+        try:
+            return Path(path).read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise ConfigError(f"{key} = {path!r} cannot be read: {exc.strerror}") from exc
+    return ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -766,6 +786,11 @@ def validate(config: Config) -> None:
         config.http.tls_cert,
         "set together with http.tls_key (both or neither)",
     )
+    _check(config.auth.viewing in ("open", "credential"), "auth.viewing", config.auth.viewing,
+           '"open" (anyone on the LAN may watch) or "credential" (viewer token or admin)')
+    for name in config.http.hosts:
+        _check(bool(name.strip()) and "/" not in name and " " not in name.strip(),
+               "http.hosts", name, "host names (no scheme, path or spaces)")
     _check(
         config.http.max_offer_bytes >= 1024,
         "http.max_offer_bytes",
@@ -1022,7 +1047,7 @@ def validate_relays(relays: tuple[RelayConfig, ...]) -> None:
 
 # Fields ``ruseon config`` hides unless asked (--show-secrets): the API token, the broker's
 # password, webhook HMAC keys, relay SRTP keys. URLs keep their user but lose any password.
-SECRET_FIELDS = frozenset({"token", "password", "secret", "srtp_key"})
+SECRET_FIELDS = frozenset({"token", "viewer_token", "password", "secret", "srtp_key"})
 HIDDEN = "(hidden: ruseon config --show-secrets)"
 
 

@@ -41,7 +41,7 @@ def cameras(url: str) -> dict[str, Any]:
 def get(server: Server, path: str) -> dict[str, Any]:
     """``path`` as JSON, asked as admin (the controls are admin's)."""
     request = urllib.request.Request(server.url + path,
-                                     headers={"Authorization": f"Bearer {server.admin_secret}"})
+                                     headers={"Authorization": f"Bearer {server.admin_secret()}"})
     with urllib.request.urlopen(request, timeout=10) as response:
         document: dict[str, Any] = json.load(response)
         return document

@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 def controls(server: Server) -> dict[str, Any]:
     request = urllib.request.Request(server.url + "api/camera/controls",
-                                     headers={"Authorization": f"Bearer {server.admin_secret}"})
+                                     headers={"Authorization": f"Bearer {server.admin_secret()}"})
     with urllib.request.urlopen(request, timeout=10) as response:
         data: dict[str, Any] = json.load(response)["controls"]
         return data

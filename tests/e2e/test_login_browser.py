@@ -52,7 +52,7 @@ def test_viewing_is_open_and_settings_ask_for_the_admin_secret_once(
     if not in_browser_netns(request):
         return
     with running_server(tmp_path) as server, chromium() as browser:
-        secret = server.admin_secret  # no --token: the file the first start generated
+        secret = server.admin_secret()  # no --token: the file the first start generated
         assert len(secret) >= 22  # >= 128 bits however it is spelled
         page = browser.new_page(viewport={"width": 1280, "height": 720})
         page.goto(server.url)

@@ -87,7 +87,7 @@ def test_timeline_plays_a_recording_in_the_page_then_live_again(
         page.click("#btn-record")  # continuous recording on: the button stops it
         page.wait_for_selector("#admin-dialog[open]")
         assert page.evaluate("() => window.ruseonRecordings.state") == "recording"
-        page.fill("#admin-input", server.admin_secret)
+        page.fill("#admin-input", server.admin_secret())
         page.click("#admin-submit")
         page.wait_for_function("() => window.ruseonRecordings.state === 'stopped'",
                                timeout=30_000)
