@@ -106,6 +106,7 @@ def make_app(
         ice_servers=config.webrtc.ice_servers,
         max_body_bytes=max_body,
         metrics=web_metrics,
+        trusted_proxies=config.http.trusted_proxy_networks(),
     )
     whep.add_routes(app)
     app[WHEP] = whep

@@ -15,17 +15,18 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from ruseon_appliance.access.client import Network, client_address
 from ruseon_appliance.engine.errors import (
     MalformedOffer,
     OfferError,
     OfferTooLarge,
-    TooManyPending,
+    TooManyFromAddress,
     TooManyViewers,
     UnknownSession,
     UnsupportedOffer,
@@ -83,11 +84,14 @@ class WhepResource:
         ice_servers: tuple[str, ...],
         max_body_bytes: int,
         metrics: WebMetrics,
+        trusted_proxies: Sequence[Network] = (),
     ) -> None:
         self.engine = engine
         self.ice_servers = ice_servers
         self.max_body_bytes = max_body_bytes
         self.metrics = metrics
+        # Proxies whose Forwarded / X-Forwarded-For say whom an offer counts against.
+        self.trusted_proxies = tuple(trusted_proxies)
         self._records: dict[str, _SessionRecord] = {}
         # An engine that implements ICE restarts exposes
         # ``async restart_ice(session_id, sdpfrag) -> str`` returning the answer fragment.
@@ -142,8 +146,9 @@ class WhepResource:
         sdp = await self._read_text(request, "offer")
         self._forget_ended_sessions()
         began = time.perf_counter()
+        remote = client_address(request.remote, request.headers, self.trusted_proxies)
         try:
-            session, answer = await self.engine.offer(sdp, feed=feed, remote=request.remote)
+            session, answer = await self.engine.offer(sdp, feed=feed, remote=remote)
         except OfferError as exc:
             self.metrics.offers_refused[type(exc).__name__] += 1
             raise self._offer_problem(exc) from None
@@ -157,11 +162,10 @@ class WhepResource:
         response = web.Response(status=201, text=answer, content_type=SDP, headers=headers)
         for url in self.ice_servers:
             response.headers.add("Link", ice_server_link(url))
-        log.info(
-            "viewer session created",
-            extra={"EVENT": "whep_session", "SESSION_ID": session.id,
-                   "REMOTE_ADDR": request.remote},
-        )
+        fields = {"EVENT": "whep_session", "SESSION_ID": session.id, "REMOTE_ADDR": remote}
+        if remote != request.remote:
+            fields["PROXY_ADDR"] = request.remote or ""  # the trusted proxy it came through
+        log.info("viewer session created", extra=fields)
         return response
 
     @staticmethod
@@ -171,7 +175,7 @@ class WhepResource:
         if isinstance(exc, UnsupportedOffer):
             # 422: the offer is well-formed SDP, but nothing in it is something we can send.
             return Problem(422, exc.reason)
-        if isinstance(exc, TooManyPending):
+        if isinstance(exc, TooManyFromAddress):
             return Problem(
                 429, exc.reason, headers={"Retry-After": retry_after_seconds(exc.retry_after)}
             )
