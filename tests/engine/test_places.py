@@ -11,9 +11,11 @@ addresses (aiohttp's ``local_addr``), by real aiortc viewers that connect and de
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 
 import aiohttp
+import pytest
 from aiortc import RTCSessionDescription
 
 from ruseon_appliance.capture.pipeline import CapturePipeline
@@ -184,3 +186,18 @@ def test_deprecated_pending_per_address_only_widens_the_share() -> None:
     assert "deprecated and ignored" in str(deprecated_settings(both))
     assert webrtc_config(pending_per_address=400).places_per_address() == 50
 
+
+
+async def test_an_old_configs_pending_per_address_is_warned_about_once_at_start(
+        feed: CapturePipeline, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    engine = Engine(webrtc_config(pending_per_address=2), tmp_path / "s", feed)
+    with caplog.at_level(logging.WARNING, logger="ruseon_appliance.engine.engine"):
+        await engine.start()
+        try:
+            _, offer = await make_offer()
+            for _ in range(3):  # the old cap of 2 no longer applies
+                await engine.offer(offer, remote="127.0.0.2")
+        finally:
+            await engine.stop()
+    warnings = [r.getMessage() for r in caplog.records if "pending_per_address" in r.getMessage()]
+    assert len(warnings) == 1 and "deprecated and ignored" in warnings[0], warnings
