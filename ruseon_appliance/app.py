@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from .access.credentials import Credentials
 from .cameras import Camera, CameraSet
 from .capture.controls import CameraControls, camera_with
 from .capture.pipeline import CapturePipeline
@@ -147,6 +148,11 @@ class Appliance:
         state_dir = Path(config.state.dir)
         state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         passed = self.notifier.passed_sockets()
+        # Before anything listens: the admin secret exists (generated on a first start).
+        self.credentials = Credentials.from_config(config.auth, state_dir)
+        if config.auth.resolve_token() and self.credentials.viewing_open:
+            log.info("access: viewing is open on the LAN; [auth] token is the admin secret "
+                     "(set auth.viewing = \"credential\" to require a credential for viewing)")
 
         for name, controls in self.camera_controls.items():
             if controls is not self.controls:
@@ -192,7 +198,8 @@ class Appliance:
 
         app = make_app(config, self.engine, self.capture, started=self.started,
                        relays=self.relays, hls=self.hls, recorder=self.recorder,
-                       cameras=self.cameras, recorders=self.recorders)
+                       cameras=self.cameras, recorders=self.recorders,
+                       credentials=self.credentials)
         app[DEVICE_API].status_sections["integrations"] = self._integrations_status
         app[DEVICE_API].status_sections["https"] = self._https_status
         app[DEVICE_API].metrics_sections.append(self._integrations_metrics)
@@ -202,7 +209,7 @@ class Appliance:
         ControlsResource(self.controls).add_routes(app)
         for name, controls in self.camera_controls.items():
             ControlsResource(controls, path=f"/api/camera/{name}/controls").add_routes(app)
-        token_required = bool(config.auth.resolve_token())
+        token_required = not self.credentials.viewing_open
         for name, stream in self.hls_cameras.items():
             # Requests to every camera's HLS count in the one hls status/metrics (the board's
             # load); the stream figures there stay the first camera's.
@@ -239,6 +246,7 @@ class Appliance:
         healthy = frames_flowing(self.cameras.newest_frame_monotonic)
         self._tasks.append(asyncio.create_task(self.notifier.watchdog_loop(healthy)))
         self._tasks.append(asyncio.create_task(self._status_loop()))
+        self._tasks.append(asyncio.create_task(self.credentials.watch()))
         urls = self.urls()
         log.info(
             "ready: open %s",
@@ -294,7 +302,7 @@ class Appliance:
                                       catch_up_max_frames=catch_up,
                                       keyframe_interval_frames=camera.keyframe_interval,
                                       catch_up_max_bytes=gop_bytes))
-        self.rtsp = RtspServer(self.config.rtsp, sources, token=self.config.auth.resolve_token())
+        self.rtsp = RtspServer(self.config.rtsp, sources, credentials=self.credentials)
         await self.rtsp.start()
 
     def _rtsp_metrics(self) -> str:

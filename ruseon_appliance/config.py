@@ -152,14 +152,17 @@ class HttpConfig:
     """``[http]``: the device page, WHEP and the API."""
 
     listen: HostPort = HostPort("0.0.0.0", 8080)
-    # "self-signed": HTTPS with a certificate made once and kept in state.dir (web/https.py);
-    # "" (default): plain HTTP, or HTTPS when tls_cert and tls_key are set.
+    # "self-signed": HTTPS with a certificate made once and kept in state.dir
+    # (web/https_certificate.py); "" (default): plain HTTP, or HTTPS with tls_cert and tls_key.
     tls: str = ""
     # Optional HTTPS: both paths set means TLS.
     tls_cert: str = ""
     tls_key: str = ""
     # Extra origins allowed by CORS besides the device page's own.
     cors_origins: tuple[str, ...] = ()
+    # Host names the board answers to besides its IP addresses, localhost, its hostname and
+    # <hostname>.local (DNS rebinding defence): a reverse proxy's name, a DNS name of the board.
+    hosts: tuple[str, ...] = ()
     max_offer_bytes: int = 64 * 1024
     # Reverse proxies (addresses or CIDR networks) whose Forwarded / X-Forwarded-For name the
     # client; requests from anywhere else count against their own address.
@@ -218,23 +221,40 @@ class WebRtcConfig:
 
 @dataclass(frozen=True, slots=True)
 class AuthConfig:
-    """``[auth]``: Bearer token for WHEP and the API; off when both are empty."""
+    """``[auth]``: who may view and who may administer (ruseon_appliance/access/).
+
+    Admin always needs a credential: ``token`` (or ``token_file``) when set, otherwise the
+    per-device secret generated on first start in ``<state.dir>/admin-secret``. Viewing is open
+    on the LAN unless ``viewing = "credential"``; then it takes ``viewer_token`` (shareable,
+    view only) or the admin secret.
+    """
 
     token: str = ""
     token_file: str = ""
+    # "open": anyone on the LAN may watch; "credential": viewing needs the viewer token or admin.
+    viewing: str = "open"
+    viewer_token: str = ""
+    viewer_token_file: str = ""
 
     def resolve_token(self) -> str:
-        """Return the configured token, reading ``token_file`` if set (stripped)."""
-        if self.token:
-            return self.token
-        if self.token_file:
-            try:
-                return Path(self.token_file).read_text(encoding="utf-8").strip()
-            except OSError as exc:
-                raise ConfigError(
-                    f"auth.token_file = {self.token_file!r} cannot be read: {exc.strerror}"
-                ) from exc
-        return ""
+        """Return the configured admin token, reading ``token_file`` if set (stripped); "" when
+        neither is set (the generated secret is used then: access/credentials.py)."""
+        return _read_secret("auth.token_file", self.token, self.token_file)
+
+    def resolve_viewer_token(self) -> str:
+        """The viewer token, reading ``viewer_token_file`` if set; "" when none."""
+        return _read_secret("auth.viewer_token_file", self.viewer_token, self.viewer_token_file)
+
+
+def _read_secret(key: str, value: str, path: str) -> str:
+    if value:
+        return value
+    if path:
+        try:
+            return Path(path).read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise ConfigError(f"{key} = {path!r} cannot be read: {exc.strerror}") from exc
+    return ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -815,6 +835,11 @@ def validate(config: Config) -> None:
             raise ConfigError(f"http.trusted_proxies = {entry!r} is not valid: an IPv4 or IPv6 "
                               f"address or CIDR network, e.g. 192.0.2.10 or 10.0.0.0/8 ({exc})"
                               ) from None
+    _check(config.auth.viewing in ("open", "credential"), "auth.viewing", config.auth.viewing,
+           '"open" (anyone on the LAN may watch) or "credential" (viewer token or admin)')
+    for name in config.http.hosts:
+        _check(bool(name.strip()) and "/" not in name and " " not in name.strip(),
+               "http.hosts", name, "host names (no scheme, path or spaces)")
     _check(
         config.http.max_offer_bytes >= 1024,
         "http.max_offer_bytes",
@@ -1078,7 +1103,7 @@ def validate_relays(relays: tuple[RelayConfig, ...]) -> None:
 
 # Fields ``ruseon config`` hides unless asked (--show-secrets): the API token, the broker's
 # password, webhook HMAC keys, relay SRTP keys. URLs keep their user but lose any password.
-SECRET_FIELDS = frozenset({"token", "password", "secret", "srtp_key"})
+SECRET_FIELDS = frozenset({"token", "viewer_token", "password", "secret", "srtp_key"})
 HIDDEN = "(hidden: ruseon config --show-secrets)"
 
 

@@ -26,7 +26,7 @@ from aiohttp import web
 
 from ruseon_appliance.hls import HlsStream, TooManyWaiting, render
 from ruseon_appliance.hls.window import Part
-from ruseon_appliance.web.auth import bearer_token
+from ruseon_appliance.web.access import bearer_token
 from ruseon_appliance.web.metrics import Exposition
 from ruseon_appliance.web.problem import Problem
 

@@ -15,13 +15,12 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from ruseon_appliance.access.client import Network, client_address
 from ruseon_appliance.engine.errors import (
     MalformedOffer,
     OfferError,
@@ -31,6 +30,7 @@ from ruseon_appliance.engine.errors import (
     UnknownSession,
     UnsupportedOffer,
 )
+from ruseon_appliance.web.access import request_address
 from ruseon_appliance.web.metrics import WebMetrics
 from ruseon_appliance.web.problem import Problem
 
@@ -84,14 +84,11 @@ class WhepResource:
         ice_servers: tuple[str, ...],
         max_body_bytes: int,
         metrics: WebMetrics,
-        trusted_proxies: Sequence[Network] = (),
     ) -> None:
         self.engine = engine
         self.ice_servers = ice_servers
         self.max_body_bytes = max_body_bytes
         self.metrics = metrics
-        # Proxies whose Forwarded / X-Forwarded-For say whom an offer counts against.
-        self.trusted_proxies = tuple(trusted_proxies)
         self._records: dict[str, _SessionRecord] = {}
         # An engine that implements ICE restarts exposes
         # ``async restart_ice(session_id, sdpfrag) -> str`` returning the answer fragment.
@@ -146,7 +143,9 @@ class WhepResource:
         sdp = await self._read_text(request, "offer")
         self._forget_ended_sessions()
         began = time.perf_counter()
-        remote = client_address(request.remote, request.headers, self.trusted_proxies)
+        # The client's address as the access rules saw it: behind a trusted proxy the one it
+        # forwards (access/client.py), so a proxy's clients each have their own share.
+        remote = request_address(request)
         try:
             session, answer = await self.engine.offer(sdp, feed=feed, remote=remote)
         except OfferError as exc:

@@ -27,7 +27,7 @@ from ruseon_appliance.engine import Engine
 from ruseon_appliance.engine.engine import address_key
 from ruseon_appliance.engine.errors import TooManyFromAddress, TooManyViewers
 from tests.engine.conftest import Viewer, connect_viewer, make_offer, wait_for, webrtc_config
-from tests.web.conftest import running_device, web_config
+from tests.web.conftest import ADMIN, running_device, web_config
 
 
 def parse_metrics(text: str) -> dict[str, float]:
@@ -168,12 +168,12 @@ async def test_never_connecting_offers_cannot_lock_a_real_viewer_out(tmp_path: P
             assert session.state == "connected"
             assert 429 in statuses  # the flooding address hit its share of places
 
-            status_doc = await (await client.get("/api/status")).json()
+            status_doc = await (await client.get("/api/status", headers=ADMIN)).json()
             stats = status_doc["webrtc"]["stats"]
             assert stats["sessions_pending"] >= 1
             assert stats["places_refused"]["address-share"] >= 1
             assert stats["places_reclaimed"]["oldest-pending"] >= 1
-            samples = parse_metrics(await (await client.get("/metrics")).text())
+            samples = parse_metrics(await (await client.get("/metrics", headers=ADMIN)).text())
             assert samples["ruseon_engine_sessions_pending"] >= 1
             assert samples['ruseon_engine_places_refused{key="address-share"}'] >= 1
             assert samples['ruseon_engine_places_reclaimed{key="oldest-pending"}'] >= 1
@@ -182,7 +182,7 @@ async def test_never_connecting_offers_cannot_lock_a_real_viewer_out(tmp_path: P
             with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
                 udp.sendto(b"", ("127.0.0.1", engine.udp_port))
             await wait_for(lambda: engine.mux.dropped["empty"] >= 1)
-            samples = parse_metrics(await (await client.get("/metrics")).text())
+            samples = parse_metrics(await (await client.get("/metrics", headers=ADMIN)).text())
             assert samples['ruseon_udp_packets_dropped_total{reason="empty"}'] >= 1
         finally:
             stop.set()

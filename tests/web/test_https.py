@@ -89,6 +89,13 @@ async def test_self_signed_https_is_made_once_served_verified_and_kept(
         assert https["mode"] == "self-signed"
         assert str(https["fingerprint_sha256"]).replace(":", "").lower() == presented
         assert {"localhost", "127.0.0.1", "::1"} <= {*https["names"], *https["addresses"]}
+        # Admin only: a viewer's status has no https section.
+        context = ssl.create_default_context(cafile=str(cert_file))
+        async with (aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context)) as http,
+                    http.get(f"https://127.0.0.1:{config.http.listen.port}/api/status"
+                             ) as response):
+            assert response.status == 200
+            assert "https" not in await response.json()
         # Plain HTTP is not served on that port.
         async with aiohttp.ClientSession() as http:
             with pytest.raises(aiohttp.ClientError):
