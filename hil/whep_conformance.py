@@ -245,7 +245,7 @@ async def _capacity_cases(device: Device, offer: str, fill_limit: int) -> list[C
     """Offers that never connect (fresh ICE credentials each) must not lock viewers out.
 
     From this one address the harness opens such offers until the device refuses one or is
-    full. A device that caps pending sessions per client address refuses with 429 and
+    full. A device that caps the places per client address refuses with 429 and
     ``Retry-After``; one whose cap is above its free places fills up, and then one more offer
     must still be answered (201): the oldest pending session gives way, since only connected
     viewers hold a place for sure. Every session opened is DELETEd again at once; the device

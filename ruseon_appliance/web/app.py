@@ -9,7 +9,6 @@ not start with a route that is not there).
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -99,7 +98,7 @@ def make_app(
             host_middleware(HostAllowList(config.http.hosts)),
             cors_middleware(config.http.cors_origins),
             problem_middleware,
-            access_middleware(credentials, _trusted_proxies(config)),
+            access_middleware(credentials, config.http.trusted_proxy_networks()),
         ],
     )
     app[CREDENTIALS] = credentials
@@ -165,11 +164,6 @@ def make_app(
     app.router.add_get("/", _device_page)
     app.router.add_static("/static/", STATIC_DIR, append_version=False)
     return app
-
-
-def _trusted_proxies(config: Config) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
-    return [ipaddress.ip_network(p, strict=False)
-            for p in getattr(config.http, "trusted_proxies", ())]
 
 
 def access_metrics(credentials: Credentials) -> str:

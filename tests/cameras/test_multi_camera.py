@@ -189,8 +189,7 @@ async def appliance(tmp_path: Path) -> AsyncIterator[tuple[Appliance, str, Path]
     config = Config(
         cameras=cameras,
         http=HttpConfig(listen=HostPort("127.0.0.1", port)),
-        webrtc=WebRtcConfig(listen=HostPort("127.0.0.1", 0), advertise=("127.0.0.1",),
-                            pending_per_address=10),
+        webrtc=WebRtcConfig(listen=HostPort("127.0.0.1", 0), advertise=("127.0.0.1",)),
         state=StateConfig(dir=str(tmp_path / "state")),
         hls=HlsConfig(part_duration_s=0.5, window_s=6.0),
         # A relay of the second camera (relays default to the first).
