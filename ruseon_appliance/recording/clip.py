@@ -22,6 +22,8 @@ from .archive import CONTIGUOUS_TOLERANCE_US, OPEN_SUFFIX, SEGMENT_SUFFIX, Segme
 from .segment_file import SegmentFormatError, init_track, read_segment
 
 READ_CHUNK = 1024 * 1024
+# A segment starting more than this before the previous one ended overlaps it.
+OVERLAP_US = 50_000
 FORMATS = ("mp4", "fmp4")
 
 
@@ -122,6 +124,10 @@ def plan_clip(segments: list[Segment], start_us: int, end_us: int, fmt: str = "m
             if previous_end is not None and segment.start_us - previous_end > (
                     CONTIGUOUS_TOLERANCE_US):
                 break  # a gap: the clip is one continuous stretch
+            if previous_end is not None and segment.start_us < previous_end - OVERLAP_US:
+                # Overlapping recordings (an archive from a clock that stepped back): the clip
+                # stops rather than splicing them with time running backwards.
+                break
             try:
                 fd = _open(segment)
             except FileNotFoundError:

@@ -77,7 +77,7 @@ def make_app(
 ) -> web.Application:
     """The web application for one engine and one capture pipeline.
 
-    ``started`` is the service's start time (``time.time()``), for the uptime in ``/api/status``;
+    ``started`` is the service's start time (``time.monotonic()``), for ``/api/status``'s uptime;
     ``relays`` get ``/relay/<name>.sdp`` and their part of the status and metrics; ``hls``, when
     given, is served under ``/hls/``.
     ``recorder`` adds the playback API and recording control (web/recordings.py).
