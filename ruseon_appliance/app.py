@@ -92,7 +92,7 @@ class Appliance:
         # recording.max_bytes bounds the whole recording disk: each camera keeps its share.
         share = rec.max_bytes // len(self.cameras) if rec.max_bytes > 0 else 0
         # Whether the wall clock is right, and its steps (the archive's times depend on it).
-        self.clock = WallClock.from_environment()
+        self.clock = WallClock(Path(rec.clock_sync_file) if rec.clock_sync_file else None)
         self.recorder = Recorder(RecorderSettings(
             directory=rec.directory(config.state.dir), continuous=rec.continuous,
             segment_s=rec.segment_s, preroll_s=rec.preroll_s, max_bytes=share,

@@ -7,9 +7,9 @@ is for what needs the wall time itself (the archive's names and ranges):
 
 - **synchronized**: the kernel's NTP state (``adjtimex``: not ``TIME_ERROR``, no ``STA_UNSYNC``;
   timesyncd, chrony and ntpd all clear it once they have set the clock) or timesyncd's flag file
-  ``/run/systemd/timesync/synchronized``. A flag file named by ``RUSEON_CLOCK_SYNC_FILE`` (the
-  composition root reads it) replaces both: the clock counts as synchronized exactly while that
-  file exists (tests, or a board whose time comes from elsewhere).
+  ``/run/systemd/timesync/synchronized``. A flag file named by ``recording.clock_sync_file``
+  (``RUSEON_RECORDING_CLOCK_SYNC_FILE``) replaces both: the clock counts as synchronized exactly
+  while that file exists (tests, or a board whose time comes from elsewhere).
 - **steps**: realtime minus monotonic moving by more than :data:`STEP_THRESHOLD_US`; each is
   logged once (``EVENT=clock_step``) and handed to the listeners (the recorders).
 """
@@ -20,7 +20,6 @@ import ctypes
 import ctypes.util
 import datetime as dt
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -31,9 +30,11 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 TIMESYNCD_FLAG = Path("/run/systemd/timesync/synchronized")
-SYNC_FILE_ENV = "RUSEON_CLOCK_SYNC_FILE"
 # NTP slews by at most 500 ppm; more than this between two looks is a step.
 STEP_THRESHOLD_US = 1_000_000
+# A step is seen within about a second of when it happened (the recorder looks at every
+# fragment, the housekeeping every second).
+EPOCH_SLACK_US = 2_000_000
 TIME_ERROR = 5  # adjtimex's return value when the clock is not synchronized
 STA_UNSYNC = 0x0040
 
@@ -120,6 +121,9 @@ class WallClock:
         self.sync_file = sync_file
         self.threshold_us = threshold_us
         self._offset = self.offset_us()
+        # (monotonic µs from which, offset) for the last few steps: a frame captured before a
+        # step but handled after it carries a wall time of the old clock.
+        self._epochs: list[tuple[int, int]] = [(0, self._offset)]
         self._lock = threading.Lock()
         self._listeners: list[Callable[[ClockStep], None]] = []
         self.steps: list[ClockStep] = []
@@ -127,16 +131,21 @@ class WallClock:
         self._synchronized = False
         self.refresh()
 
-    @classmethod
-    def from_environment(cls) -> WallClock:
-        """The clock with the flag file ``$RUSEON_CLOCK_SYNC_FILE`` names, if it names one."""
-        name = os.environ.get(SYNC_FILE_ENV, "").strip()
-        return cls(Path(name) if name else None)
-
     @staticmethod
     def offset_us() -> int:
         """Realtime minus monotonic, in µs (moves only when the wall clock is set or slewed)."""
         return time.time_ns() // 1000 - time.monotonic_ns() // 1000
+
+    def to_monotonic_us(self, wall: int) -> int:
+        """The monotonic µs of a recent wall-clock reading (a capture time), taken with the
+        offset of the clock it was read from (before or after a step)."""
+        now = monotonic_us()
+        epochs = self._epochs
+        for since, offset in reversed(epochs):
+            mono = wall - offset
+            if since - EPOCH_SLACK_US <= mono <= now + EPOCH_SLACK_US:
+                return mono
+        return wall - epochs[-1][1]
 
     def add_listener(self, listener: Callable[[ClockStep], None]) -> None:
         """Call ``listener(step)`` for every step seen from now on."""
@@ -167,6 +176,7 @@ class WallClock:
                 return None
             self._offset = offset
             step = ClockStep(delta, monotonic_us(), offset + monotonic_us())
+            self._epochs = [*self._epochs[-9:], (step.monotonic_us, offset)]
             self.steps = [*self.steps[-9:], step]
             self.steps_total += 1
         log.warning("clock stepped by %s (now %s, %s)", describe_delta(delta),

@@ -218,12 +218,18 @@ class Archive:
 
     def ranges(self, current: Segment | None = None) -> list[tuple[int, int]]:
         """Continuous recorded ranges ``(start_us, end_us)``; a gap splits them."""
-        out: list[tuple[int, int]] = []
+        return [(lo, hi) for lo, hi, _ in self.timed_ranges(current)]
+
+    def timed_ranges(self, current: Segment | None = None) -> list[tuple[int, int, bool]]:
+        """``(start_us, end_us, uncertain)``: a gap, or a change between trusted and uncertain
+        time, splits them."""
+        out: list[tuple[int, int, bool]] = []
         for s in self.with_open(current):
-            if out and s.start_us - out[-1][1] <= CONTIGUOUS_TOLERANCE_US:
-                out[-1] = (out[-1][0], max(out[-1][1], s.end_us))
+            if out and s.uncertain == out[-1][2] and (
+                    s.start_us - out[-1][1] <= CONTIGUOUS_TOLERANCE_US):
+                out[-1] = (out[-1][0], max(out[-1][1], s.end_us), s.uncertain)
             else:
-                out.append((s.start_us, s.end_us))
+                out.append((s.start_us, s.end_us, s.uncertain))
         return out
 
     def overlapping(self, start_us: int, end_us: int,

@@ -334,7 +334,7 @@ class Recorder:
         # No stat() here (the loop sends video): the start is after everything recorded, so
         # the name is new; the disk thread's O_EXCL open would refuse it otherwise.
         offset = self.clock.offset_us()
-        mono = first.capture_time_us - offset
+        mono = self.clock.to_monotonic_us(first.capture_time_us)
         start, uncertain = self._place(mono, self._timeline_end_us, offset)
         cur = _OpenSegment(self._segment_file(start, uncertain), start, first.init_generation,
                            mono_start_us=mono, first_capture_us=first.capture_time_us,
@@ -372,6 +372,9 @@ class Recorder:
         with the new clock (renamed on the disk thread, in order with their writes)."""
         self._cut = self._current is not None
         self._shift_us = 0
+        self._retime_run()
+
+    def _retime_run(self) -> None:
         run, floor = self._uncertain_run, self._run_floor_us
         if not run:
             return
@@ -535,6 +538,9 @@ class Recorder:
         now = time.monotonic()
         await asyncio.to_thread(self.clock.refresh)
         self.clock.check_step()
+        if self.clock.synchronized and self._uncertain_run and not self._shift_us:
+            # Synchronized since (without a step, or just after one): their times were right.
+            self._retime_run()
         cur = self._current
         if cur is not None and cur.pending and now - cur.last_submit >= FLUSH_INTERVAL_S:
             self._submit(cur)

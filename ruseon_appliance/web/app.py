@@ -148,6 +148,7 @@ def make_app(
                 name: r.stats() for name, r in recorders.items()}
         recordings.add_routes(app)
         api.status_sections["recording"] = recorder.stats
+        api.status_sections["clock"] = recorder.clock.describe
         api.metrics_sections.append(recordings.metrics)
 
     app.router.add_get("/", _device_page)

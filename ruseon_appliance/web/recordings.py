@@ -118,7 +118,7 @@ class RecordingsResource:
         start = parse_time("start", request.query["start"]) if "start" in request.query else None
         end = parse_time("end", request.query["end"]) if "end" in request.query else None
         out: list[dict[str, Any]] = []
-        for lo, hi in recorder.archive.ranges(recorder.current_segment()):
+        for lo, hi, uncertain in recorder.archive.timed_ranges(recorder.current_segment()):
             if start is not None:
                 lo = max(lo, start)
             if end is not None:
@@ -130,7 +130,10 @@ class RecordingsResource:
                                             **({"path": request.query["path"]}
                                                if "path" in request.query else {})})
             out.append({"start": rfc3339(lo), "duration": round(seconds, 6),
-                        "url": f"/recordings/get?{query}"})
+                        "url": f"/recordings/get?{query}",
+                        # Recorded while the clock was not known to be right: in order, but
+                        # its time of day may be wrong.
+                        **({"time_uncertain": True} if uncertain else {})})
         return web.json_response(out, headers={"Cache-Control": "no-store"})
 
     async def get(self, request: web.Request) -> web.StreamResponse:
@@ -206,12 +209,14 @@ class RecordingsResource:
         """The recorder's numbers as ``ruseon_recording_*`` families for ``/metrics``."""
         out = Exposition()
         out.stats("ruseon_recording", self.recorder.stats(), "Recording")
+        out.stats("ruseon_clock", self.recorder.clock.metrics(), "Wall clock")
         return out.text()
 
     async def status(self, request: web.Request) -> web.Response:
         """``GET /api/recording``."""
         recorder = self._recorder(request)
-        return web.json_response(recorder.stats(), headers={"Cache-Control": "no-store"})
+        return web.json_response({**recorder.stats(), "clock": recorder.clock.describe()},
+                                 headers={"Cache-Control": "no-store"})
 
     async def start(self, request: web.Request) -> web.Response:
         """``POST /api/recording/start[?preroll=seconds]``."""
