@@ -178,7 +178,6 @@ def test_power_cut_with_the_clock_behind_the_archive(tmp_path: Path) -> None:
     serve.start()
     try:
         state = serve.json("/api/recording")
-        assert state["segments_repaired_total"] >= 1, state
         before = state["segments"]
         state = serve.closed_at_least(3)
         assert state["segments_uncertain"] >= 3, state
