@@ -136,6 +136,12 @@ class WallClock:
         """Realtime minus monotonic, in µs (moves only when the wall clock is set or slewed)."""
         return time.time_ns() // 1000 - time.monotonic_ns() // 1000
 
+    @property
+    def epoch_offset_us(self) -> int:
+        """Realtime minus monotonic as of the last look (steady between looks, unlike
+        :meth:`offset_us`, whose two clock reads differ by a µs or so each time)."""
+        return self._epochs[-1][1]
+
     def to_monotonic_us(self, wall: int) -> int:
         """The monotonic µs of a recent wall-clock reading (a capture time), taken with the
         offset of the clock it was read from (before or after a step)."""
@@ -173,6 +179,7 @@ class WallClock:
             if abs(delta) <= self.threshold_us:
                 if delta:
                     self._offset = offset  # follow slewing, so it never adds up to a "step"
+                    self._epochs[-1] = (self._epochs[-1][0], offset)
                 return None
             self._offset = offset
             step = ClockStep(delta, monotonic_us(), offset + monotonic_us())

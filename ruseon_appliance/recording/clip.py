@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -105,7 +105,7 @@ def _open(segment: Segment) -> int:
         return os.open(Path(segment.path.parent, final), os.O_RDONLY | os.O_CLOEXEC)
 
 
-def plan_clip(segments: list[Segment], start_us: int, end_us: int, fmt: str = "mp4") -> Clip:
+def plan_clip(segments: Sequence[Segment], start_us: int, end_us: int, fmt: str = "mp4") -> Clip:
     """Plan the clip ``[start_us, end_us)`` from ``segments`` (oldest first, overlapping it).
 
     It starts at the IDR at or before ``start_us`` and stops at the end, at a gap in the

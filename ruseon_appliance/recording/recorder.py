@@ -333,7 +333,7 @@ class Recorder:
     def _open_segment(self, first: Fragment, init: bytes) -> _OpenSegment:
         # No stat() here (the loop sends video): the start is after everything recorded, so
         # the name is new; the disk thread's O_EXCL open would refuse it otherwise.
-        offset = self.clock.offset_us()
+        offset = self.clock.epoch_offset_us
         mono = self.clock.to_monotonic_us(first.capture_time_us)
         start, uncertain = self._place(mono, self._timeline_end_us, offset)
         cur = _OpenSegment(self._segment_file(start, uncertain), start, first.init_generation,
@@ -380,7 +380,7 @@ class Recorder:
             return
         moves: list[tuple[_OpenSegment, int, bool]] = []
         end = floor
-        offset = self.clock.offset_us()
+        offset = self.clock.epoch_offset_us
         for rec in run:
             start, uncertain = self._place(rec.mono_start_us, end, offset)
             moves.append((rec, start, uncertain))

@@ -142,7 +142,10 @@ def make_app(
         app[HLS] = hls_resource
 
     if recorder is not None:
-        recordings = RecordingsResource(recorder, recorders=recorders)
+        recordings = RecordingsResource(
+            recorder, recorders=recorders, max_downloads=config.recording.max_downloads,
+            max_downloads_per_address=config.recording.max_downloads_per_address)
+        app.on_cleanup.append(recordings.close)
         if recorders and len(recorders) > 1:
             api.status_sections["recordings"] = lambda: {
                 name: r.stats() for name, r in recorders.items()}

@@ -14,6 +14,7 @@ and every range's clip decodes silently with non-decreasing timestamps (ffmpeg/f
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import json
 import signal
 import time
@@ -95,7 +96,7 @@ def check_archive(serve: ClockedServe, tmp: Path, *, segments_before: int) -> li
     assert ranges, state
     bounds = [(_parse(r["start"]), _parse(r["start"]) + round(r["duration"] * 1e6))
               for r in ranges]
-    for (lo, hi), (next_lo, _) in zip(bounds, bounds[1:], strict=False):
+    for (lo, hi), (next_lo, _) in itertools.pairwise(bounds):
         assert lo < hi <= next_lo, ("ranges overlap or are out of order", ranges)
     for i, r in enumerate(ranges):
         query = urllib.parse.urlencode({"start": r["start"], "duration": f"{r['duration']:.6f}"})
@@ -105,7 +106,7 @@ def check_archive(serve: ClockedServe, tmp: Path, *, segments_before: int) -> li
         clip.write_bytes(body)
         assert ffmpeg_errors(clip) == "", (r, ffmpeg_errors(clip))
         times = [t for _, t in probe_frames(clip)]
-        assert times and all(b >= a for a, b in zip(times, times[1:], strict=False)), r
+        assert times and all(b >= a for a, b in itertools.pairwise(times)), r
     return ranges
 
 
