@@ -429,3 +429,48 @@ def test_rpi_layer_wires_user_wheels_network_and_ssh() -> None:
     assert config["device"]["user1"] == "pi"
     assert config["layer"]["app"] == "ruseon-appliance"
 
+
+
+def test_the_image_keeps_time_without_waiting_for_it() -> None:
+    """systemd-timesyncd is in both targets and enabled with its clock file seeded; the service
+    does not wait for NTP (a board on a LAN without it would never start recording)."""
+    import yaml
+
+    layer_text = (REPO / "image/rpi/layer/ruseon-appliance.yaml").read_text()
+    layer = yaml.safe_load(layer_text.split("\n---\n", 1)[1])
+    assert "systemd-timesyncd" in layer["mmdebstrap"]["packages"]
+    packages = (REPO / "image/debian/packages").read_text().split()
+    assert "systemd-timesyncd" in packages
+    apply = (REPO / "image/layer/apply.sh").read_text()
+    assert "systemctl enable systemd-timesyncd.service" in apply
+    assert 'touch "$rootfs/var/lib/systemd/timesync/clock"' in apply
+    unit = (REPO / "systemd/ruseon.service").read_text()
+    assert "time-sync.target" not in unit and "time-set.target" not in unit
+
+
+def test_first_boot_writes_the_ntp_servers_of_the_time_table(tmp_path: Path) -> None:
+    """``[time] ntp = [...]`` goes to a timesyncd drop-in, not into the appliance's config
+    (whose loader would refuse an unknown table); bad values are refused before writing."""
+    import importlib.machinery
+    import importlib.util
+
+    loader = importlib.machinery.SourceFileLoader(
+        "ruseon_firstboot", str(REPO / "image/layer/ruseon-firstboot"))
+    spec = importlib.util.spec_from_loader("ruseon_firstboot", loader)
+    assert spec is not None
+    firstboot = importlib.util.module_from_spec(spec)
+    loader.exec_module(firstboot)
+    text = ('[auth]\ntoken = "t"\n\n[time]\nntp = ["ntp.example.lan", "192.0.2.123"]\n\n'
+            '[camera]\nwidth = 640\n')
+    appliance, _ = firstboot.split_device_table(text)
+    assert "[time]" not in appliance and "ntp" not in appliance and "[camera]" in appliance
+    assert firstboot.check_time({"ntp": ["ntp.example.lan", "192.0.2.123"]}) == [
+        "ntp.example.lan", "192.0.2.123"]
+    for bad in ({"ntp": "one"}, {"ntp": ["a b"]}, {"servers": []}):
+        with pytest.raises(firstboot.ProvisioningError):
+            firstboot.check_time(bad)
+    firstboot.TIMESYNCD_DROPIN = tmp_path / "timesyncd.conf.d/ruseon.conf"
+    notes: list[str] = []
+    firstboot.apply_time(["ntp.example.lan", "192.0.2.123"], notes)
+    assert firstboot.TIMESYNCD_DROPIN.read_text().splitlines()[1:] == [
+        "[Time]", "NTP=ntp.example.lan 192.0.2.123"]
