@@ -361,6 +361,7 @@ class Appliance:
             "stalled": self.stall_watcher.stalled,
             "recording": self.recorder.active,
             "recording_state": self.recorder.state,
+            "clock_unsynchronized": not self.clock.synchronized,
             "cameras": self._cameras_state(),
         }
 
