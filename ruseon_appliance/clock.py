@@ -147,11 +147,19 @@ class WallClock:
         offset of the clock it was read from (before or after a step)."""
         now = monotonic_us()
         epochs = self._epochs
-        for since, offset in reversed(epochs):
-            mono = wall - offset
-            if since - EPOCH_SLACK_US <= mono <= now + EPOCH_SLACK_US:
-                return mono
-        return wall - epochs[-1][1]
+        if len(epochs) == 1:
+            return wall - epochs[0][1]
+        # A capture is recent (a pre-roll at most a minute): of the clocks it could have been
+        # read from, the one that puts it nearest to now, and not before that clock began.
+        candidates = [wall - offset for since, offset in epochs
+                      if wall - offset >= since - EPOCH_SLACK_US]
+        if not candidates:
+            return wall - epochs[-1][1]
+        return min(candidates, key=lambda mono: abs(mono - now))
+
+    def now_us(self) -> int:
+        """The wall clock now, in µs since the Unix epoch."""
+        return wall_us()
 
     def add_listener(self, listener: Callable[[ClockStep], None]) -> None:
         """Call ``listener(step)`` for every step seen from now on."""

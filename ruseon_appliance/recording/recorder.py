@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..capture.ring import RingBuffer, RingReader
-from ..clock import ClockStep, WallClock, monotonic_us, wall_us
+from ..clock import ClockStep, WallClock, monotonic_us
 from ..logs import RateLimit
 from ..segmenter import Fmp4Segmenter, Fragment, run_segmenter
 from ..tasks import cancel_and_wait
@@ -581,7 +581,7 @@ class Recorder:
             return monotonic_us() - segment.mono_start_us - segment.duration_us
         if segment.uncertain or self._shift_us or not self.clock.synchronized:
             return None
-        return wall_us() - segment.end_us
+        return self.clock.now_us() - segment.end_us
 
     async def delete_range(self, start_us: int, end_us: int) -> dict[str, list[Segment]]:
         """Delete what is recorded in ``[start_us, end_us)``, never the open segment.
