@@ -69,6 +69,9 @@ CLOCK_JUMP_US = 2_000_000
 # A new segment starting this much before the previous one's end means the clock is behind the
 # archive (less is the camera's clock against the system's: the segment just follows on).
 BEHIND_US = 500_000
+# At most this many uncertain segments wait to be re-timed by a step (a board that never gets
+# NTP would otherwise keep one record per segment for ever); older ones stay as they are.
+MAX_RETIMED = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -344,6 +347,10 @@ class Recorder:
             if not self._uncertain_run:
                 self._run_floor_us = self._timeline_end_us
             self._uncertain_run.append(cur)
+            if len(self._uncertain_run) > MAX_RETIMED:
+                oldest = self._uncertain_run.pop(0)
+                self._run_floor_us = oldest.start_us + (
+                    oldest.media_ticks * 1_000_000 // self._timescale)
         else:
             self._uncertain_run = []  # what came before stays as it is: uncertain, in order
         self._current = cur

@@ -18,6 +18,7 @@ from ruseon_appliance.capture.access_unit import AccessUnit
 from ruseon_appliance.capture.ring import RingBuffer
 from ruseon_appliance.clock import WallClock, monotonic_us
 from ruseon_appliance.recording import Archive, Recorder, RecorderSettings, plan_clip
+from ruseon_appliance.recording import recorder as recorder_module
 from ruseon_appliance.recording.archive import UNCERTAIN_MARK, Segment
 from tests.segmenter.stream import Unit, encode, ffmpeg_errors, probe_frames
 
@@ -212,3 +213,30 @@ async def test_a_clip_never_splices_overlapping_recordings_backwards(
     assert ffmpeg_errors(out) == ""
     times = [t for _, t in probe_frames(out)]
     assert all(y >= x for x, y in itertools.pairwise(times))
+
+
+async def test_only_the_newest_uncertain_segments_wait_for_a_step(
+        tmp_path: Path, units: list[Unit], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A board that never gets NTP keeps a bounded list: a late step re-times the newest
+    ``MAX_RETIMED``; the older stay uncertain, and the archive stays in order."""
+    monkeypatch.setattr(recorder_module, "MAX_RETIMED", 2)
+    archive_end = await a_trusted_archive(tmp_path, units)
+    clock = SetClock(REAL_OFFSET - 400 * DAY_US, synchronized=False)
+    ring = RingBuffer(8 * 1024 * 1024, 1024)
+    rec = recorder(tmp_path, ring, clock)
+    await rec.start()
+    assert rec.begin(preroll_s=0)
+    mono0 = monotonic_us()
+    pts = await record(ring, clock, units, pts0=0, times=3, mono0=mono0)
+    await asyncio.sleep(0.1)
+    assert len(rec._uncertain_run) == 2
+    clock.set(REAL_OFFSET, synchronized=True)
+    await record(ring, clock, units, pts0=pts, mono0=mono_after(mono0, pts))
+    await rec.end()
+    await rec.stop()
+    segments = Archive(tmp_path / "rec")
+    segments.scan()
+    check_disjoint(segments)
+    new = [s for s in segments.segments if s.start_us >= archive_end]
+    assert new[0].uncertain and not new[-1].uncertain, new
+    assert rec.segments_deleted == 0
