@@ -165,6 +165,11 @@ class WallClock:
         """Call ``listener(step)`` for every step seen from now on."""
         self._listeners.append(listener)
 
+    def remove_listener(self, listener: Callable[[ClockStep], None]) -> None:
+        """Stop calling ``listener`` (a recorder that stopped)."""
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+
     def refresh(self) -> bool:
         """Read whether the system says the clock is synchronized; returns it."""
         if self.sync_file is not None:

@@ -188,6 +188,7 @@ class Recorder:
         await self.end()
         await cancel_and_wait(self._housekeeping)
         self._housekeeping = None
+        self.clock.remove_listener(self._on_clock_step)
         await self._drain()
         self._disk.shutdown(wait=True)
 
