@@ -223,7 +223,7 @@ async def serve_web(feed: CapturePipeline, port: int) -> None:
         max_viewers_per_address=200))
     engine = Engine(config.webrtc, Path(tempfile.mkdtemp()), feed)
     await engine.start()
-    app = make_app(config, engine, feed, started=time.time())
+    app = make_app(config, engine, feed, started=time.monotonic())
     offer_cpu_ms: list[float] = []
     meter = BurstMeter()
 

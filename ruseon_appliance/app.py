@@ -24,6 +24,7 @@ from .cameras import Camera, CameraSet
 from .capture.controls import CameraControls, camera_with
 from .capture.pipeline import CapturePipeline
 from .capture.sources.base import SourceUnavailable
+from .clock import WallClock
 from .config import Config
 from .engine.engine import (
     GOP_CATCH_UP_MAX_S,
@@ -93,10 +94,12 @@ class Appliance:
         rec = config.recording
         # recording.max_bytes bounds the whole recording disk: each camera keeps its share.
         share = rec.max_bytes // len(self.cameras) if rec.max_bytes > 0 else 0
+        # Whether the wall clock is right, and its steps (the archive's times depend on it).
+        self.clock = WallClock(Path(rec.clock_sync_file) if rec.clock_sync_file else None)
         self.recorder = Recorder(RecorderSettings(
             directory=rec.directory(config.state.dir), continuous=rec.continuous,
             segment_s=rec.segment_s, preroll_s=rec.preroll_s, max_bytes=share,
-            max_age_s=rec.max_age_hours * 3600), self.capture.ring)
+            max_age_s=rec.max_age_hours * 3600), self.capture.ring, clock=self.clock)
         # Every camera records; the first into recording.dir (where one camera always did), the
         # others into recording.dir/cameras/<name>/ (the archive skips sub-directories).
         self.recorders: dict[str, Recorder] = {self.cameras.first.name: self.recorder}
@@ -105,12 +108,12 @@ class Appliance:
                 directory=rec.directory(config.state.dir) / "cameras" / camera.name,
                 continuous=rec.continuous, segment_s=rec.segment_s, preroll_s=rec.preroll_s,
                 max_bytes=share, max_age_s=rec.max_age_hours * 3600),
-                camera.pipeline.ring)
+                camera.pipeline.ring, clock=self.clock)
         self._runner: web.AppRunner | None = None
         # The HTTP server's certificate, with http.tls = "self-signed" or tls_cert / tls_key.
         self.https: HttpsCertificate | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self.started = time.time()
+        self.started = time.monotonic()  # uptime: a wall-clock step must not move it
         # Events (viewer joined/left, camera stalled/recovered, recording) for MQTT and webhooks.
         self.events = EventBus()
         # The first camera's configured settings (its [[camera]] table, or [camera]).
@@ -371,6 +374,7 @@ class Appliance:
             "stalled": self.stall_watcher.stalled,
             "recording": self.recorder.active,
             "recording_state": self.recorder.state,
+            "clock_unsynchronized": not self.clock.synchronized,
             "cameras": self._cameras_state(),
         }
 

@@ -433,6 +433,13 @@ class RecordingConfig:
     # Retention: oldest segments are deleted once the archive exceeds either limit (0: none).
     max_bytes: int = 2 * 1024 * 1024 * 1024
     max_age_hours: float = 168.0
+    # Clip downloads (/recordings/get) at once, in total and from one client address; beyond
+    # them 503 with Retry-After.
+    max_downloads: int = 4
+    max_downloads_per_address: int = 2
+    # The clock counts as synchronized while this file exists; empty: the kernel's NTP state
+    # (adjtimex) or systemd-timesyncd's /run/systemd/timesync/synchronized.
+    clock_sync_file: str = ""
 
     def directory(self, state_dir: str) -> Path:
         """The archive directory, resolved against the state directory."""
@@ -914,6 +921,11 @@ def validate(config: Config) -> None:
            rec.max_bytes, "0 (no limit) or at least 1048576 bytes")
     _check(rec.max_age_hours >= 0, "recording.max_age_hours", rec.max_age_hours,
            "0 (no limit) or more hours")
+    _check(1 <= rec.max_downloads <= 1000, "recording.max_downloads", rec.max_downloads,
+           "1 to 1000")
+    _check(1 <= rec.max_downloads_per_address <= rec.max_downloads,
+           "recording.max_downloads_per_address", rec.max_downloads_per_address,
+           "1 to recording.max_downloads")
     validate_relays(config.relay)
     names = [cam.name for cam in config.all_cameras]
     for relay in config.relay:

@@ -96,6 +96,23 @@ fi
 if [ "$network_manager" = yes ]; then
     "$here/network-manager.sh" "$rootfs"
 fi
+# A board without a real-time clock keeps time with systemd-timesyncd: it advances the clock at
+# start to the mtime of its clock file (/var/lib/systemd/timesync/clock, saved at every sync and
+# every SaveIntervalSec=, 60 s), so the clock never starts much before the last shutdown; and no
+# earlier than this build on the first boot (the file seeded here, and /usr/lib/clock-epoch,
+# which PID 1 itself advances the clock to). ruseon.service does not wait for time-sync.target:
+# the recorder copes with a clock set later.
+if [ -e "$rootfs/lib/systemd/system/systemd-timesyncd.service" ] || \
+        [ -e "$rootfs/usr/lib/systemd/system/systemd-timesyncd.service" ]; then
+    chroot "$rootfs" systemctl enable systemd-timesyncd.service
+    install -d -m 0755 "$rootfs/var/lib/systemd/timesync"
+    touch "$rootfs/var/lib/systemd/timesync/clock" "$rootfs/usr/lib/clock-epoch"
+    if chroot "$rootfs" getent passwd systemd-timesync >/dev/null; then
+        chroot "$rootfs" chown systemd-timesync:systemd-timesync \
+            /var/lib/systemd/timesync /var/lib/systemd/timesync/clock
+    fi
+    say "systemd-timesyncd enabled, clock file seeded with the build time"
+fi
 # Nothing but the appliance's state is meant to change at run time: no unattended apt runs.
 for timer in apt-daily.timer apt-daily-upgrade.timer; do
     if [ -e "$rootfs/lib/systemd/system/$timer" ]; then

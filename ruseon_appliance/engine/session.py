@@ -38,8 +38,12 @@ class WhepSession:
         self.id = secrets.token_urlsafe(24)
         self.etag = '"' + secrets.token_urlsafe(12) + '"'
         self.state = "new"
+        # Unix timestamps for reports; durations (age, handshake) use the monotonic ones, which
+        # a wall-clock step (NTP setting a Pi's clock) does not move.
         self.created = time.time()
+        self.created_monotonic = time.monotonic()
         self.connected_at: float | None = None
+        self.connected_monotonic: float | None = None
         self.closed_at: float | None = None
         self.end_reason = ""
         self.ufrag = ufrag
@@ -82,6 +86,7 @@ class WhepSession:
         if state == "connected" and self.state == "connecting":
             self.state = "connected"
             self.connected_at = time.time()
+            self.connected_monotonic = time.monotonic()
             if self._reaper is not None:
                 self._reaper.cancel()
                 self._reaper = None
@@ -146,7 +151,7 @@ class WhepSession:
             aiortc_internals.break_reference_cycles(self.pc)
         await self._release(self)
         logger.info("session %s ended (%s) after %.1f s, %d frames sent", self.id[:8], reason,
-                    self.closed_at - self.created, self.track.frames_sent)
+                    time.monotonic() - self.created_monotonic, self.track.frames_sent)
 
     # -- stats -----------------------------------------------------------------------------------
 

@@ -152,6 +152,10 @@ class Discovery:
             entities += [
                 _sensor("recording_state", "Recording state", icon="mdi:record-rec"),
                 _binary("recording", "Recording", "running"),
+                # The recordings' times depend on it (a Pi has no real-time clock).
+                Entity("binary_sensor", "clock_unsynchronized", {
+                    **_binary("clock_unsynchronized", "Clock not synchronized", "problem").config,
+                    "entity_category": "diagnostic"}),
                 Entity("button", "record", {"name": "Record", "icon": "mdi:record",
                                             "command_topic": topics.command("record"),
                                             "payload_press": PRESS}),

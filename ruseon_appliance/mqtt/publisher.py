@@ -91,7 +91,8 @@ class HomeAssistantMqtt:
     """Publishes one appliance to Home Assistant over MQTT.
 
     ``state()`` returns the sensors' values (``viewers``, ``fps``, ``bitrate``,
-    ``keyframe_age_s``, ``stalled`` and, with recording, ``recording`` / ``recording_state``);
+    ``keyframe_age_s``, ``stalled`` and, with recording, ``recording`` / ``recording_state`` /
+    ``clock_unsynchronized``);
     ``snapshot()`` the newest keyframe as JPEG; ``record()`` starts a recording (the button).
     """
 

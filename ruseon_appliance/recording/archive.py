@@ -1,7 +1,10 @@
 """The archive on disk: one fMP4 file per segment, named by its start time, indexed in memory.
 
 ``2026-11-30_20-45-01-123456.mp4`` starts at that UTC wall-clock time (the capture time of its
-first frame). The segment being written is ``<name>.mp4.part`` and becomes ``<name>.mp4`` when it
+first frame). ``...~uncertain.mp4`` was recorded while the clock was not known to be right (never
+synchronized, or behind what was already recorded: it is then placed after the archive's end,
+keeping the order); the recorder renames it with its corrected start when the clock is set.
+The segment being written is ``<name>.mp4.part`` and becomes ``<name>.mp4`` when it
 is closed (fsynced, then renamed), so a closed segment is never written to again. At start-up the
 index is rebuilt from the files: a ``.part`` left by a crash or power loss is cut back to its last
 complete fragment and closed, or moved to ``set-aside/`` when nothing in it is usable.
@@ -14,6 +17,7 @@ import contextlib
 import datetime as dt
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,18 +34,21 @@ _NAME_FORMAT = "%Y-%m-%d_%H-%M-%S-%f"
 # (the systemd unit sets 0077, but `ruseon serve --record-dir` from a shell usually has 0022).
 FILE_MODE = 0o600
 DIR_MODE = 0o700
+UNCERTAIN_MARK = "~uncertain"
 # Two segments whose ends are closer than this belong to one continuous range.
 CONTIGUOUS_TOLERANCE_US = 1_000_000
 
 
-def segment_name(start_us: int) -> str:
+def segment_name(start_us: int, uncertain: bool = False) -> str:
     """The file name (without suffix) of a segment starting at ``start_us`` (UTC µs)."""
-    when = dt.datetime.fromtimestamp(start_us / 1e6, tz=dt.UTC)
-    return when.replace(microsecond=start_us % 1_000_000).strftime(_NAME_FORMAT)
+    when = dt.datetime.fromtimestamp(start_us // 1_000_000, tz=dt.UTC)
+    name = when.replace(microsecond=start_us % 1_000_000).strftime(_NAME_FORMAT)
+    return name + UNCERTAIN_MARK if uncertain else name
 
 
 def parse_segment_name(name: str) -> int | None:
     """The start time in µs encoded in ``name`` (suffix removed), or None if it is not ours."""
+    name = name.removesuffix(UNCERTAIN_MARK)
     try:
         when = dt.datetime.strptime(name, _NAME_FORMAT).replace(tzinfo=dt.UTC)
     except ValueError:
@@ -64,6 +71,10 @@ class Segment:
     duration_us: int
     size: int
     open: bool = False
+    uncertain: bool = False  # recorded while the clock was not known to be right
+    # The monotonic µs of its first frame, for a segment recorded since this start-up: its age
+    # is then measured on the monotonic clock, whatever the wall clock did.
+    mono_start_us: int | None = None
 
     @property
     def end_us(self) -> int:
@@ -83,7 +94,8 @@ def segment_info(path: Path) -> Segment:
     with path.open("rb") as f:
         size = os.fstat(f.fileno()).st_size
         index = read_segment(f, size)
-    return Segment(path, start, index.duration * 1_000_000 // index.timescale, size)
+    return Segment(path, start, index.duration * 1_000_000 // index.timescale, size,
+                   uncertain=name.endswith(UNCERTAIN_MARK))
 
 
 @dataclass
@@ -179,6 +191,15 @@ class Archive:
         """Insert a newly closed segment."""
         bisect.insort(self.segments, segment)
 
+    def resort(self) -> None:
+        """Order again after segments were re-timed."""
+        self.segments.sort()
+
+    @property
+    def end_us(self) -> int:
+        """Where the newest closed segment ends (0 when there is none)."""
+        return max((s.end_us for s in self.segments), default=0)
+
     def forget(self, segments: list[Segment]) -> None:
         """Drop segments from the index (their files are deleted separately)."""
         gone = {id(s) for s in segments}
@@ -197,12 +218,18 @@ class Archive:
 
     def ranges(self, current: Segment | None = None) -> list[tuple[int, int]]:
         """Continuous recorded ranges ``(start_us, end_us)``; a gap splits them."""
-        out: list[tuple[int, int]] = []
+        return [(lo, hi) for lo, hi, _ in self.timed_ranges(current)]
+
+    def timed_ranges(self, current: Segment | None = None) -> list[tuple[int, int, bool]]:
+        """``(start_us, end_us, uncertain)``: a gap, or a change between trusted and uncertain
+        time, splits them."""
+        out: list[tuple[int, int, bool]] = []
         for s in self.with_open(current):
-            if out and s.start_us - out[-1][1] <= CONTIGUOUS_TOLERANCE_US:
-                out[-1] = (out[-1][0], max(out[-1][1], s.end_us))
+            if out and s.uncertain == out[-1][2] and (
+                    s.start_us - out[-1][1] <= CONTIGUOUS_TOLERANCE_US):
+                out[-1] = (out[-1][0], max(out[-1][1], s.end_us), s.uncertain)
             else:
-                out.append((s.start_us, s.end_us))
+                out.append((s.start_us, s.end_us, s.uncertain))
         return out
 
     def overlapping(self, start_us: int, end_us: int,
@@ -210,15 +237,20 @@ class Archive:
         """Segments with media in ``[start_us, end_us)``, oldest first."""
         return [s for s in self.with_open(current) if s.start_us < end_us and s.end_us > start_us]
 
-    def expired(self, *, max_bytes: int, max_age_us: int, now_us: int,
+    def expired(self, *, max_bytes: int, max_age_us: int, age_us: Callable[[Segment], int | None],
                 open_bytes: int = 0) -> list[Segment]:
         """Closed segments retention removes now: oldest first, until the archive (with the
-        open segment's ``open_bytes``) fits ``max_bytes``, and every one older than the age."""
+        open segment's ``open_bytes``) fits ``max_bytes``, and every one older than the age.
+
+        ``age_us(segment)`` is how long ago it ended, or None when that cannot be trusted (it
+        then never expires by age): a wall clock that stepped must not make anything "old".
+        """
         out: list[Segment] = []
         total = self.total_bytes + open_bytes
         for s in self.segments:
             too_big = max_bytes > 0 and total > max_bytes
-            too_old = max_age_us > 0 and s.end_us < now_us - max_age_us
+            age = age_us(s) if max_age_us > 0 and not too_big else None
+            too_old = age is not None and age > max_age_us
             if not (too_big or too_old):
                 break
             out.append(s)
@@ -277,7 +309,8 @@ def cut_segment(segment: Segment, start_us: int, end_us: int) -> list[Segment]:
             return tmp
 
         base = segment.path.name.removesuffix(SEGMENT_SUFFIX)
-        tail_tmp = write(segment_name(at(tail[0].decode_time)), tail) if tail else None
+        tail_tmp = (write(segment_name(at(tail[0].decode_time), segment.uncertain), tail)
+                    if tail else None)
         head_tmp = write(base, head) if head else None
     made: list[Path] = []
     if tail_tmp is not None:

@@ -9,10 +9,12 @@ ending it early with a file that looks complete.
 
 from __future__ import annotations
 
+import array
 import contextlib
 import os
 import struct
-from collections.abc import Iterator
+import sys
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +24,8 @@ from .archive import CONTIGUOUS_TOLERANCE_US, OPEN_SUFFIX, SEGMENT_SUFFIX, Segme
 from .segment_file import SegmentFormatError, init_track, read_segment
 
 READ_CHUNK = 1024 * 1024
+# A segment starting more than this before the previous one ended overlaps it.
+OVERLAP_US = 50_000
 FORMATS = ("mp4", "fmp4")
 
 
@@ -82,14 +86,29 @@ class Clip:
         self.fds.clear()
 
 
-@dataclass(slots=True)
-class _Sample:
-    time_us: int
-    duration: int
-    size: int
-    sync: bool
-    fd: int
-    offset: int
+class _Samples:
+    """Every frame of a plan, one column per field (``array``): about 29 bytes a frame, where
+    an object per frame took about 250 (an hour at 30 fps is 108,000 frames)."""
+
+    def __init__(self) -> None:
+        self.time_us = array.array("q")
+        self.duration = array.array("I")
+        self.size = array.array("I")
+        self.offset = array.array("q")
+        self.fd = array.array("i")
+        self.sync = bytearray()
+
+    def __len__(self) -> int:
+        return len(self.time_us)
+
+    def append(self, time_us: int, duration: int, size: int, sync: bool, fd: int,
+               offset: int) -> None:
+        self.time_us.append(time_us)
+        self.duration.append(duration)
+        self.size.append(size)
+        self.offset.append(offset)
+        self.fd.append(fd)
+        self.sync.append(sync)
 
 
 def _open(segment: Segment) -> int:
@@ -103,7 +122,7 @@ def _open(segment: Segment) -> int:
         return os.open(Path(segment.path.parent, final), os.O_RDONLY | os.O_CLOEXEC)
 
 
-def plan_clip(segments: list[Segment], start_us: int, end_us: int, fmt: str = "mp4") -> Clip:
+def plan_clip(segments: Sequence[Segment], start_us: int, end_us: int, fmt: str = "mp4") -> Clip:
     """Plan the clip ``[start_us, end_us)`` from ``segments`` (oldest first, overlapping it).
 
     It starts at the IDR at or before ``start_us`` and stops at the end, at a gap in the
@@ -112,7 +131,7 @@ def plan_clip(segments: list[Segment], start_us: int, end_us: int, fmt: str = "m
     if fmt not in FORMATS:
         raise ClipError(400, f"format must be one of {', '.join(FORMATS)}")
     fds: list[int] = []
-    samples: list[_Sample] = []
+    samples = _Samples()
     init: bytes | None = None
     track: tuple[bytes, int, int] | None = None
     timescale = 90_000
@@ -122,6 +141,10 @@ def plan_clip(segments: list[Segment], start_us: int, end_us: int, fmt: str = "m
             if previous_end is not None and segment.start_us - previous_end > (
                     CONTIGUOUS_TOLERANCE_US):
                 break  # a gap: the clip is one continuous stretch
+            if previous_end is not None and segment.start_us < previous_end - OVERLAP_US:
+                # Overlapping recordings (an archive from a clock that stepped back): the clip
+                # stops rather than splicing them with time running backwards.
+                break
             try:
                 fd = _open(segment)
             except FileNotFoundError:
@@ -140,33 +163,36 @@ def plan_clip(segments: list[Segment], start_us: int, end_us: int, fmt: str = "m
                 offset = fragment.data_offset
                 for duration, size, sync in zip(fragment.durations, fragment.sizes,
                                                 fragment.sync, strict=True):
-                    samples.append(_Sample(segment.start_us + t * 1_000_000 // timescale,
-                                           duration, size, sync, fd, offset))
+                    samples.append(segment.start_us + t * 1_000_000 // timescale,
+                                   duration, size, sync, fd, offset)
                     t += duration
                     offset += size
             previous_end = segment.start_us + index.duration * 1_000_000 // timescale
     except (OSError, SegmentFormatError) as exc:
         _close(fds)
         raise ClipError(503, f"a segment cannot be read now: {exc}") from exc
+    times, syncs = samples.time_us, samples.sync
     first_index = None
-    for i, s in enumerate(samples):
-        if s.time_us > start_us and first_index is not None:
+    for i, t in enumerate(times):
+        if t > start_us and first_index is not None:
             break
-        if s.sync and (s.time_us <= start_us or first_index is None):
+        if syncs[i] and (t <= start_us or first_index is None):
             first_index = i
-    if first_index is None or samples[first_index].time_us >= end_us:
+    if first_index is None or times[first_index] >= end_us:
         _close(fds)
         raise ClipError(404, "nothing is recorded in that range")
-    chosen = [s for s in samples[first_index:] if s.time_us < end_us]
+    last = first_index  # times never decrease: the clip is [first_index, last)
+    while last < len(times) and times[last] < end_us:
+        last += 1
     assert init is not None and track is not None
-    clip = Clip(start_us=chosen[0].time_us,
-                duration_us=sum(s.duration for s in chosen) * 1_000_000 // timescale,
-                frames=len(chosen), content_type="video/mp4", fds=fds)
-    chunks = _chunks(chosen)
+    clip = Clip(start_us=times[first_index],
+                duration_us=sum(samples.duration[first_index:last]) * 1_000_000 // timescale,
+                frames=last - first_index, content_type="video/mp4", fds=fds)
+    chunks = _chunks(samples, first_index, last)
     if fmt == "mp4":
-        clip.pieces = _progressive(chunks, track, timescale)
+        clip.pieces = _progressive(samples, chunks, track, timescale)
     else:
-        clip.pieces = _fragmented(chunks, init)
+        clip.pieces = _fragmented(samples, chunks, init)
     return clip
 
 
@@ -176,24 +202,26 @@ def _close(fds: list[int]) -> None:
             os.close(fd)
 
 
-def _chunks(samples: list[_Sample]) -> list[list[_Sample]]:
-    """Runs of samples stored back to back in one file."""
-    chunks: list[list[_Sample]] = []
-    for s in samples:
-        if chunks:
-            last = chunks[-1][-1]
-            if last.fd == s.fd and last.offset + last.size == s.offset and len(chunks[-1]) < 1024:
-                chunks[-1].append(s)
-                continue
-        chunks.append([s])
+def _chunks(samples: _Samples, first: int, last: int) -> list[tuple[int, int]]:
+    """Runs ``[lo, hi)`` of samples stored back to back in one file (at most 1024 each)."""
+    chunks: list[tuple[int, int]] = []
+    fd, offset, size = samples.fd, samples.offset, samples.size
+    lo = first
+    for i in range(first + 1, last):
+        if fd[i] != fd[i - 1] or offset[i - 1] + size[i - 1] != offset[i] or i - lo >= 1024:
+            chunks.append((lo, i))
+            lo = i
+    if last > first:
+        chunks.append((lo, last))
     return chunks
 
 
-def _data_pieces(chunk: list[_Sample]) -> _Piece:
-    return _Piece(chunk[0].fd, chunk[0].offset, sum(s.size for s in chunk))
+def _data_piece(samples: _Samples, chunk: tuple[int, int]) -> _Piece:
+    lo, hi = chunk
+    return _Piece(samples.fd[lo], samples.offset[lo], sum(samples.size[lo:hi]))
 
 
-def _run_length(values: list[int]) -> list[tuple[int, int]]:
+def _run_length(values: array.array[int]) -> list[tuple[int, int]]:
     out: list[tuple[int, int]] = []
     for v in values:
         if out and out[-1][1] == v:
@@ -203,41 +231,50 @@ def _run_length(values: list[int]) -> list[tuple[int, int]]:
     return out
 
 
-def _progressive(chunks: list[list[_Sample]], track: tuple[bytes, int, int],
-                 timescale: int) -> list[bytes | _Piece]:
-    samples = [s for c in chunks for s in c]
-    data_size = sum(s.size for s in samples)
+def _big_endian(values: array.array[int]) -> bytes:
+    if sys.byteorder == "little":
+        values = array.array(values.typecode, values)
+        values.byteswap()
+    return values.tobytes()
+
+
+def _progressive(samples: _Samples, chunks: list[tuple[int, int]],
+                 track: tuple[bytes, int, int], timescale: int) -> list[bytes | _Piece]:
+    first, last = chunks[0][0], chunks[-1][1]
+    sizes = samples.size[first:last]
+    data_size = sum(sizes)
     avcc, width, height = track
-    stts = _run_length([s.duration for s in samples])
-    stss = [i + 1 for i, s in enumerate(samples) if s.sync]
+    stts = _run_length(samples.duration[first:last])
+    stss = array.array("I", (i + 1 for i in range(last - first) if samples.sync[first + i]))
     stsc: list[tuple[int, int]] = []  # (first_chunk, samples_per_chunk)
-    for number, chunk in enumerate(chunks, start=1):
-        if not stsc or stsc[-1][1] != len(chunk):
-            stsc.append((number, len(chunk)))
+    for number, (lo, hi) in enumerate(chunks, start=1):
+        if not stsc or stsc[-1][1] != hi - lo:
+            stsc.append((number, hi - lo))
+    chunk_sizes = [sum(samples.size[lo:hi]) for lo, hi in chunks]
     wide = data_size + 1_000_000 > 0xFFFFFFFF - 64 * 1024 * 1024
+    stsz = _big_endian(sizes)
+    stss_table = _big_endian(stss)
 
     def tables(first_offset: int) -> bytes:
-        offsets, pos = [], first_offset
-        for chunk in chunks:
+        offsets = array.array("Q" if wide else "I")
+        pos = first_offset
+        for size in chunk_sizes:
             offsets.append(pos)
-            pos += sum(s.size for s in chunk)
-        if wide:
-            co = full_box(b"co64", 0, 0, struct.pack(f">I{len(offsets)}Q", len(offsets), *offsets))
-        else:
-            co = full_box(b"stco", 0, 0, struct.pack(f">I{len(offsets)}I", len(offsets), *offsets))
+            pos += size
+        co = full_box(b"co64" if wide else b"stco", 0, 0, struct.pack(">I", len(offsets)),
+                      _big_endian(offsets))
         return b"".join([
             full_box(b"stts", 0, 0, struct.pack(">I", len(stts)),
                      *(struct.pack(">II", n, d) for n, d in stts)),
-            full_box(b"stss", 0, 0, struct.pack(f">I{len(stss)}I", len(stss), *stss)),
+            full_box(b"stss", 0, 0, struct.pack(">I", len(stss)), stss_table),
             full_box(b"stsc", 0, 0, struct.pack(">I", len(stsc)),
                      *(struct.pack(">III", first, n, 1) for first, n in stsc)),
-            full_box(b"stsz", 0, 0, struct.pack(f">II{len(samples)}I", 0, len(samples),
-                                                *(s.size for s in samples))),
+            full_box(b"stsz", 0, 0, struct.pack(">II", 0, len(sizes)), stsz),
             co,
         ])
 
     ftyp = box(b"ftyp", b"isom", struct.pack(">I", 512), b"isom", b"iso2", b"avc1", b"mp41")
-    duration = sum(s.duration for s in samples)
+    duration = sum(samples.duration[first:last])
     mdat_header = box_header(b"mdat", data_size)
     sizing = movie_box([avcc], width, height, timescale, duration=duration,
                        sample_tables=tables(0))
@@ -245,18 +282,20 @@ def _progressive(chunks: list[list[_Sample]], track: tuple[bytes, int, int],
     moov = movie_box([avcc], width, height, timescale, duration=duration,
                      sample_tables=tables(first_offset))
     pieces: list[bytes | _Piece] = [ftyp + moov + mdat_header]
-    pieces.extend(_data_pieces(c) for c in chunks)
+    pieces.extend(_data_piece(samples, c) for c in chunks)
     return pieces
 
 
-def _fragmented(chunks: list[list[_Sample]], init: bytes) -> list[bytes | _Piece]:
+def _fragmented(samples: _Samples, chunks: list[tuple[int, int]],
+                init: bytes) -> list[bytes | _Piece]:
     pieces: list[bytes | _Piece] = [init]
     decode_time = 0
-    for sequence, chunk in enumerate(chunks, start=1):
-        table = [(s.duration, s.size, SYNC_SAMPLE_FLAGS if s.sync else NON_SYNC_SAMPLE_FLAGS)
-                 for s in chunk]
-        size = sum(s.size for s in chunk)
+    for sequence, (lo, hi) in enumerate(chunks, start=1):
+        table = [(samples.duration[i], samples.size[i],
+                  SYNC_SAMPLE_FLAGS if samples.sync[i] else NON_SYNC_SAMPLE_FLAGS)
+                 for i in range(lo, hi)]
+        size = sum(samples.size[lo:hi])
         pieces.append(moof_box(sequence, decode_time, table) + box_header(b"mdat", size))
-        pieces.append(_data_pieces(chunk))
-        decode_time += sum(s.duration for s in chunk)
+        pieces.append(_data_piece(samples, (lo, hi)))
+        decode_time += sum(samples.duration[lo:hi])
     return pieces

@@ -43,6 +43,7 @@ class SegmentFile:
         self.good = 0  # bytes known written whole
         self.init_size = 0
         self.failed: OSError | None = None
+        self.closed = False
 
     def append(self, data: bytes, *, init: bool = False) -> None:
         """Write ``data`` at the end; raises OSError (once) when the disk refuses it."""
@@ -70,9 +71,25 @@ class SegmentFile:
         if init:
             self.init_size = self.good
 
+    def rename(self, part: Path, final: Path) -> bool:
+        """Give the segment new names (its start was re-timed): the ``.part`` while it is
+        written, the closed file after. True when a file was renamed."""
+        renamed = False
+        if self._fd is not None:
+            os.replace(self.part, part)
+            renamed = True
+        elif self.closed and self.final.exists():
+            os.replace(self.final, final)
+            renamed = True
+        self.part, self.final = part, final
+        if renamed:
+            fsync_dir(final.parent)
+        return renamed
+
     def close(self) -> Segment | None:
         """fsync, rename to the final name and index it; None when nothing usable was written."""
         fd, self._fd = self._fd, None
+        self.closed = True
         if fd is None:
             return None
         try:

@@ -7,6 +7,14 @@ The event loop only segments (a few µs per access unit) and batches; files are 
 worker thread in large sequential writes. A full or read-only disk stops writing with a clear
 state and one journal line; the live view does not notice, and recording resumes by itself
 once the disk takes data again.
+
+Time (a board without a real-time clock, see ``clock.py``): a segment is placed at the wall time
+of its first frame, but never before the end of what is already recorded: a clock behind the
+archive (a power cut, a clock never set) puts new segments after it, shifted, marked
+``~uncertain``. When the clock steps, the open segment is cut and the uncertain segments recorded
+since the last trusted one are re-timed (renamed) to their monotonic start plus the new clock. Age
+retention measures a segment recorded since start-up on the monotonic clock, an older one on the
+wall clock only while that is synchronized and the segment's time was trusted.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..capture.ring import RingBuffer, RingReader
+from ..clock import ClockStep, WallClock, monotonic_us
 from ..logs import RateLimit
 from ..segmenter import Fmp4Segmenter, Fragment, run_segmenter
 from ..tasks import cancel_and_wait
@@ -57,6 +66,12 @@ RATE_WINDOW_S = 10.0
 MAX_PREROLL_S = 60.0
 # Wall clock and media clock drifting apart by more than this within a segment is a clock jump.
 CLOCK_JUMP_US = 2_000_000
+# A new segment starting this much before the previous one's end means the clock is behind the
+# archive (less is the camera's clock against the system's: the segment just follows on).
+BEHIND_US = 500_000
+# At most this many uncertain segments wait to be re-timed by a step (a board that never gets
+# NTP would otherwise keep one record per segment for ever); older ones stay as they are.
+MAX_RETIMED = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +91,10 @@ class _OpenSegment:
     file: SegmentFile
     start_us: int
     generation: int
+    mono_start_us: int = 0  # monotonic µs of its first frame
+    first_capture_us: int = 0  # the wall clock's capture time of its first frame
+    uncertain: bool = False
+    segment: Segment | None = None  # once closed and indexed
     media_ticks: int = 0
     next_pts: int = 0  # where the next fragment should start if the clock runs on
     first_pts: int = 0
@@ -91,10 +110,23 @@ class _OpenSegment:
 class Recorder:
     """Continuous and on-demand recording of one ring into an :class:`Archive`."""
 
-    def __init__(self, settings: RecorderSettings, ring: RingBuffer) -> None:
+    def __init__(self, settings: RecorderSettings, ring: RingBuffer, *,
+                 clock: WallClock | None = None) -> None:
         self.settings = settings
         self.ring = ring
+        self.clock = clock or WallClock()
+        self.clock.add_listener(self._on_clock_step)
         self.archive = Archive(settings.directory)
+        # Where the newest segment (closed, closing or open) ends: no new one starts before it.
+        self._timeline_end_us = 0
+        # Added to the wall clock while it is behind the archive (reset when the clock steps).
+        self._shift_us = 0
+        # The uncertain segments since the last trusted one (the ones a step re-times), and
+        # where the segment before them ended.
+        self._uncertain_run: list[_OpenSegment] = []
+        self._run_floor_us = 0
+        self._cut = False  # a clock step: cut the open segment at the next IDR
+        self.segments_retimed = 0
         self._disk = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="recording-disk")
         self._segmenter = Fmp4Segmenter(fragment_max_s=FRAGMENT_S)
         self._timescale = self._segmenter.timescale
@@ -138,6 +170,7 @@ class Recorder:
         except OSError as exc:
             self._block(exc)
         else:
+            self._timeline_end_us = max(self._timeline_end_us, self.archive.end_us)
             self.segments_repaired += len(report.repaired)
             self.segments_set_aside += len(report.set_aside)
             log.info("recording: %d segments in %s (%d repaired, %d set aside)",
@@ -145,6 +178,7 @@ class Recorder:
                      len(report.set_aside), extra={"EVENT": "recording_index"})
         self._disk_free = await loop.run_in_executor(self._disk, free_bytes,
                                                      self.settings.directory)
+        await asyncio.to_thread(self.clock.refresh)
         self._housekeeping = asyncio.create_task(self._housekeeping_loop())
         if self.settings.continuous:
             self.begin(preroll_s=0.0)
@@ -154,6 +188,7 @@ class Recorder:
         await self.end()
         await cancel_and_wait(self._housekeeping)
         self._housekeeping = None
+        self.clock.remove_listener(self._on_clock_step)
         await self._drain()
         self._disk.shutdown(wait=True)
 
@@ -265,6 +300,7 @@ class Recorder:
 
     def _on_fragments(self, fragments: list[Fragment]) -> None:
         now = time.monotonic()
+        self.clock.check_step()  # a step is handled before any segment is placed with it
         for f in fragments:
             if self._blocked is not None:
                 self.fragments_dropped += 1
@@ -275,13 +311,14 @@ class Recorder:
             # So does a jump of the wall clock (NTP setting a Pi's clock after boot): a segment's
             # name is the wall-clock time of its first frame, and the rest follows the media clock.
             jumped = cur is not None and (
-                abs(f.start_pts - cur.next_pts) > self._timescale // 10
-                or abs(f.capture_time_us - cur.start_us - (f.start_pts - cur.first_pts)
+                self._cut or abs(f.start_pts - cur.next_pts) > self._timescale // 10
+                or abs(f.capture_time_us - cur.first_capture_us - (f.start_pts - cur.first_pts)
                        * 1_000_000 // self._timescale) > CLOCK_JUMP_US)
             if cur is not None and f.independent and (
                     jumped or cur.media_ticks >= self._segment_ticks
                     or f.init_generation != cur.generation):
                 self._close_current()
+                self._cut = False
                 cur = None
             if cur is None:
                 init = self._segmenter.init_segment_for(f.init_generation)
@@ -298,22 +335,109 @@ class Recorder:
                 self._submit(cur)
 
     def _open_segment(self, first: Fragment, init: bytes) -> _OpenSegment:
-        start = first.capture_time_us
-        directory = self.settings.directory
-        while True:
-            name = segment_name(start)
-            if not (directory / (name + SEGMENT_SUFFIX)).exists() and not (
-                    directory / (name + OPEN_SUFFIX)).exists():
-                break
-            start += 1
-        cur = _OpenSegment(SegmentFile(directory / (name + OPEN_SUFFIX),
-                                       directory / (name + SEGMENT_SUFFIX)),
-                           start, first.init_generation, next_pts=first.start_pts,
+        # No stat() here (the loop sends video): the start is after everything recorded, so
+        # the name is new; the disk thread's O_EXCL open would refuse it otherwise.
+        offset = self.clock.epoch_offset_us
+        mono = self.clock.to_monotonic_us(first.capture_time_us)
+        start, uncertain = self._place(mono, self._timeline_end_us, offset)
+        cur = _OpenSegment(self._segment_file(start, uncertain), start, first.init_generation,
+                           mono_start_us=mono, first_capture_us=first.capture_time_us,
+                           uncertain=uncertain, next_pts=first.start_pts,
                            first_pts=first.start_pts)
+        if uncertain:
+            if not self._uncertain_run:
+                self._run_floor_us = self._timeline_end_us
+            self._uncertain_run.append(cur)
+            if len(self._uncertain_run) > MAX_RETIMED:
+                oldest = self._uncertain_run.pop(0)
+                self._run_floor_us = oldest.start_us + (
+                    oldest.media_ticks * 1_000_000 // self._timescale)
+        else:
+            self._uncertain_run = []  # what came before stays as it is: uncertain, in order
         self._current = cur
         self._track(self._disk_call(cur.file.append, init, init=True),
                     lambda ok: self._written(cur, ok, len(init), 0))
         return cur
+
+    def _segment_file(self, start_us: int, uncertain: bool) -> SegmentFile:
+        name = segment_name(start_us, uncertain)
+        directory = self.settings.directory
+        return SegmentFile(directory / (name + OPEN_SUFFIX), directory / (name + SEGMENT_SUFFIX))
+
+    def _place(self, mono_us: int, floor_us: int, offset_us: int) -> tuple[int, bool]:
+        """Where a segment whose first frame was at ``mono_us`` (monotonic) starts, never before
+        ``floor_us``, with the wall clock at ``offset_us`` from the monotonic one; and whether
+        that time is uncertain."""
+        start = mono_us + offset_us + self._shift_us
+        if start < floor_us:
+            if floor_us - start > BEHIND_US:
+                self._shift_us += floor_us - start  # the clock is behind the archive
+            start = floor_us
+        return start, self._shift_us > 0 or not self.clock.synchronized
+
+    def _on_clock_step(self, step: ClockStep) -> None:
+        """Cut the open segment; re-time the uncertain ones recorded since the last trusted one
+        with the new clock (renamed on the disk thread, in order with their writes)."""
+        self._cut = self._current is not None
+        self._shift_us = 0
+        self._retime_run()
+
+    def _retime_run(self) -> None:
+        run, floor = self._uncertain_run, self._run_floor_us
+        if not run:
+            return
+        moves: list[tuple[_OpenSegment, int, bool]] = []
+        end = floor
+        offset = self.clock.epoch_offset_us
+        for rec in run:
+            start, uncertain = self._place(rec.mono_start_us, end, offset)
+            moves.append((rec, start, uncertain))
+            end = start + (rec.media_ticks * 1_000_000 // self._timescale)
+        self._timeline_end_us = max(end, floor)
+        # What is still uncertain (the clock is still behind, or not synchronized) stays the
+        # run a later step re-times: the trailing uncertain ones, after the last trusted one.
+        self._uncertain_run, self._run_floor_us = [], floor
+        for rec, start, uncertain in moves:
+            if uncertain:
+                self._uncertain_run.append(rec)
+            else:
+                self._uncertain_run = []
+                self._run_floor_us = start + rec.media_ticks * 1_000_000 // self._timescale
+        directory = self.settings.directory
+        renames = []
+        for rec, start, uncertain in moves:
+            if (start, uncertain) == (rec.start_us, rec.uncertain):
+                continue
+            rec.start_us, rec.uncertain = start, uncertain  # the loop's view, at once
+            name = segment_name(start, uncertain)
+            renames.append((rec, start, uncertain, directory / (name + OPEN_SUFFIX),
+                            directory / (name + SEGMENT_SUFFIX)))
+
+        def rename_all() -> int:
+            done = 0
+            for rec, _start, _uncertain, part, final in renames:
+                try:
+                    done += rec.file.rename(part, final)
+                except OSError as exc:
+                    log.error("recording: re-timing %s failed: %s", rec.file.final.name, exc)
+            return done
+
+        def renamed(future: asyncio.Future[Any]) -> None:
+            for rec, start, uncertain, _part, final in renames:
+                if rec.segment is not None and rec.file.final == final:
+                    rec.segment.path, rec.segment.start_us = final, start
+                    rec.segment.uncertain = uncertain
+            self.archive.resort()
+            if not future.cancelled() and future.exception() is None:
+                self.segments_retimed += future.result()
+        if renames:
+            log.warning("recording: re-timing %d segments after the clock step (%s)",
+                        len(renames), "still uncertain" if self._uncertain_run
+                        else "their time is now trusted", extra={"EVENT": "recording_retimed"})
+            future = self._disk_call(rename_all)
+            self._inflight.add(future)
+            future.add_done_callback(self._inflight.discard)
+            future.add_done_callback(renamed)
 
     def _submit(self, cur: _OpenSegment) -> None:
         cur.last_submit = time.monotonic()
@@ -354,11 +478,16 @@ class Recorder:
         self._close_segment(cur)
 
     def _close_segment(self, cur: _OpenSegment) -> None:
+        end = cur.start_us + cur.media_ticks * 1_000_000 // self._timescale
+        self._timeline_end_us = max(self._timeline_end_us, end)
+
         def closed(future: asyncio.Future[Any]) -> None:
             if future.cancelled() or future.exception() is not None:
                 return
             segment = future.result()
             if segment is not None:
+                segment.mono_start_us = cur.mono_start_us
+                cur.segment = segment
                 self.archive.add(segment)
                 self.segments_closed += 1
         future = self._disk_call(cur.file.close)
@@ -415,6 +544,11 @@ class Recorder:
         """One round: flush an old batch, refresh disk free, try to resume, apply retention."""
         loop = asyncio.get_running_loop()
         now = time.monotonic()
+        await asyncio.to_thread(self.clock.refresh)
+        self.clock.check_step()
+        if self.clock.synchronized and self._uncertain_run and not self._shift_us:
+            # Synchronized since (without a step, or just after one): their times were right.
+            self._retime_run()
         cur = self._current
         if cur is not None and cur.pending and now - cur.last_submit >= FLUSH_INTERVAL_S:
             self._submit(cur)
@@ -443,11 +577,19 @@ class Recorder:
         cur = self._current
         expired = self.archive.expired(
             max_bytes=s.max_bytes, max_age_us=int(s.max_age_s * 1_000_000),
-            now_us=time.time_ns() // 1000,
+            age_us=self._age_us,
             open_bytes=(cur.written_bytes + cur.pending_bytes) if cur else 0)
         if expired:
             self._forget_and_delete(expired, "retention")
         return expired
+
+    def _age_us(self, segment: Segment) -> int | None:
+        """How long ago ``segment`` ended, on a clock that can be trusted; None if none can."""
+        if segment.mono_start_us is not None:  # recorded since start-up
+            return monotonic_us() - segment.mono_start_us - segment.duration_us
+        if segment.uncertain or self._shift_us or not self.clock.synchronized:
+            return None
+        return self.clock.now_us() - segment.end_us
 
     async def delete_range(self, start_us: int, end_us: int) -> dict[str, list[Segment]]:
         """Delete what is recorded in ``[start_us, end_us)``, never the open segment.
@@ -499,7 +641,7 @@ class Recorder:
             return None
         return Segment(cur.file.part, cur.start_us,
                        cur.written_ticks * 1_000_000 // self._timescale, cur.written_bytes,
-                       open=True)
+                       open=True, uncertain=cur.uncertain, mono_start_us=cur.mono_start_us)
 
     @property
     def state(self) -> str:
@@ -537,6 +679,8 @@ class Recorder:
                 "stopped", "waiting", "recording", "disk_full", "read_only", "error")},
             "directory": str(self.settings.directory),
             "segments": len(segments),
+            "segments_uncertain": sum(1 for x in segments if x.uncertain),
+            "segments_retimed_total": self.segments_retimed,
             "bytes_on_disk": sum(x.size for x in segments),
             "oldest": rfc3339(segments[0].start_us) if segments else None,
             "newest": rfc3339(segments[-1].end_us) if segments else None,

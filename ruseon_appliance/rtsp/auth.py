@@ -70,7 +70,9 @@ class RtspAuth:
 
     def nonce(self, peer: str = "", now: float | None = None) -> str:
         """A fresh nonce for the client at IP ``peer``: its time and an HMAC of both."""
-        stamp = f"{int(time.time() if now is None else now):x}"
+        # Monotonic: the key lives as long as the process, and a wall-clock step (NTP setting
+        # a Pi's clock) would otherwise make every nonce stale or valid for days.
+        stamp = f"{int(time.monotonic() if now is None else now):x}"
         return f"{stamp}{self._mac(stamp, peer)}"
 
     def _nonce_age(self, nonce: str, peer: str) -> float | None:
@@ -82,7 +84,7 @@ class RtspAuth:
         if not hmac.compare_digest(mac.encode(), expected.encode()):
             return None
         try:
-            return time.time() - int(stamp, 16)
+            return time.monotonic() - int(stamp, 16)
         except ValueError:
             return None
 

@@ -75,7 +75,7 @@ class DeviceApi:
         http_errors: dict[int, int],
         snapshot: KeyframeSnapshot,
         max_viewers: int,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.engine = engine
         self.capture = capture
@@ -133,7 +133,8 @@ class DeviceApi:
                     "count": len(sessions),
                     "sessions": [
                         {"id": s.id, "state": s.state,
-                         "age_s": round(self.clock() - s.created, 3), "stats": s.stats()}
+                         "age_s": round(self.clock() - s.created_monotonic, 3),
+                         "stats": s.stats()}
                         for s in sessions
                     ],
                 },

@@ -79,7 +79,7 @@ def make_app(
 ) -> web.Application:
     """The web application for one engine and one capture pipeline.
 
-    ``started`` is the service's start time (``time.time()``), for the uptime in ``/api/status``;
+    ``started`` is the service's start time (``time.monotonic()``), for ``/api/status``'s uptime;
     ``relays`` get ``/relay/<name>.sdp`` and their part of the status and metrics; ``hls``, when
     given, is served under ``/hls/``.
     ``recorder`` adds the playback API and recording control (web/recordings.py).
@@ -151,12 +151,16 @@ def make_app(
         app[HLS] = hls_resource
 
     if recorder is not None:
-        recordings = RecordingsResource(recorder, recorders=recorders)
+        recordings = RecordingsResource(
+            recorder, recorders=recorders, max_downloads=config.recording.max_downloads,
+            max_downloads_per_address=config.recording.max_downloads_per_address)
+        app.on_cleanup.append(recordings.close)
         if recorders and len(recorders) > 1:
             api.status_sections["recordings"] = lambda: {
                 name: r.stats() for name, r in recorders.items()}
         recordings.add_routes(app)
         api.status_sections["recording"] = recorder.stats
+        api.status_sections["clock"] = recorder.clock.describe
         api.metrics_sections.append(recordings.metrics)
 
     api.status_sections["access"] = credentials.stats

@@ -84,10 +84,11 @@ class WebMetrics:
 
     def observe_handshake(self, session: Any) -> None:
         """Record a session's time to connect, once, as soon as it has connected."""
-        if session.connected_at is None or session.id in self._handshakes_seen:
+        if session.connected_monotonic is None or session.id in self._handshakes_seen:
             return
         self._handshakes_seen.add(session.id)
-        self.handshake_seconds.observe(max(0.0, session.connected_at - session.created))
+        self.handshake_seconds.observe(
+            max(0.0, session.connected_monotonic - session.created_monotonic))
 
 
 def metric_name(*parts: str) -> str:

@@ -13,11 +13,13 @@ Every route needs the token when auth is on (the app's auth middleware).
 from __future__ import annotations
 
 import asyncio
+import collections
+import concurrent.futures
 import datetime as dt
 import math
 import re
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -86,10 +88,43 @@ class RecordingsResource:
     """HTTP handlers over one :class:`Recorder`."""
 
     def __init__(self, recorder: Recorder, *,
-                 recorders: Mapping[str, Recorder] | None = None) -> None:
+                 recorders: Mapping[str, Recorder] | None = None, max_downloads: int = 4,
+                 max_downloads_per_address: int = 2) -> None:
         self.recorder = recorder
+        self.max_downloads = max_downloads
+        self.max_downloads_per_address = max_downloads_per_address
+        self._downloads: collections.Counter[str] = collections.Counter()
+        self.downloads_refused = 0
+        # Planning and file reads of clips: their own threads, not the default executor that
+        # snapshots and picamera2 calls share (an hour's clip must not hold those up).
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_downloads, thread_name_prefix="recordings-get")
         # Every camera's recorder by name when there are several (``recorder`` is the first's).
         self.recorders: Mapping[str, Recorder] = recorders or {}
+
+    async def close(self, _app: web.Application | None = None) -> None:
+        """Stop the download threads (at the app's cleanup)."""
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def _admit(self, request: web.Request) -> str:
+        """Count a download in, or refuse it with 503 + Retry-After beyond the limits."""
+        address = request.remote or ""
+        total = sum(self._downloads.values())
+        if total >= self.max_downloads or (
+                self._downloads[address] >= self.max_downloads_per_address):
+            self.downloads_refused += 1
+            which = ("from this address" if total < self.max_downloads else "in total")
+            raise Problem(503, f"too many clip downloads at once {which} "
+                               f"(at most {self.max_downloads_per_address} per address, "
+                               f"{self.max_downloads} in total); try again shortly",
+                          headers={"Retry-After": "5"})
+        self._downloads[address] += 1
+        return address
+
+    def _release(self, address: str) -> None:
+        self._downloads[address] -= 1
+        if self._downloads[address] <= 0:
+            del self._downloads[address]
 
     def _recorder(self, request: web.Request) -> Recorder:
         """The recorder ``?path=`` names (several cameras), else the first camera's."""
@@ -118,7 +153,7 @@ class RecordingsResource:
         start = parse_time("start", request.query["start"]) if "start" in request.query else None
         end = parse_time("end", request.query["end"]) if "end" in request.query else None
         out: list[dict[str, Any]] = []
-        for lo, hi in recorder.archive.ranges(recorder.current_segment()):
+        for lo, hi, uncertain in recorder.archive.timed_ranges(recorder.current_segment()):
             if start is not None:
                 lo = max(lo, start)
             if end is not None:
@@ -130,7 +165,10 @@ class RecordingsResource:
                                             **({"path": request.query["path"]}
                                                if "path" in request.query else {})})
             out.append({"start": rfc3339(lo), "duration": round(seconds, 6),
-                        "url": f"/recordings/get?{query}"})
+                        "url": f"/recordings/get?{query}",
+                        # Recorded while the clock was not known to be right: in order, but
+                        # its time of day may be wrong.
+                        **({"time_uncertain": True} if uncertain else {})})
         return web.json_response(out, headers={"Cache-Control": "no-store"})
 
     async def get(self, request: web.Request) -> web.StreamResponse:
@@ -146,9 +184,18 @@ class RecordingsResource:
         segments = recorder.archive.overlapping(start, end, recorder.current_segment())
         if not segments:
             raise Problem(404, "nothing is recorded in that range")
+        address = self._admit(request)
+        try:
+            return await self._send_clip(request, segments, start, end, fmt)
+        finally:
+            self._release(address)
+
+    async def _send_clip(self, request: web.Request, segments: Sequence[Any], start: int,
+                         end: int, fmt: str) -> web.StreamResponse:
         loop = asyncio.get_running_loop()
         try:
-            clip = await loop.run_in_executor(None, plan_clip, segments, start, end, fmt)
+            clip = await loop.run_in_executor(self._executor, plan_clip, segments, start, end,
+                                              fmt)
         except ClipError as exc:
             raise Problem(exc.status, exc.reason) from None
         try:
@@ -167,7 +214,7 @@ class RecordingsResource:
                 return response
             chunks = clip.read()
             while True:
-                data = await loop.run_in_executor(None, next, chunks, None)
+                data = await loop.run_in_executor(self._executor, next, chunks, None)
                 if data is None:
                     break
                 await response.write(data)
@@ -205,13 +252,18 @@ class RecordingsResource:
     def metrics(self) -> str:
         """The recorder's numbers as ``ruseon_recording_*`` families for ``/metrics``."""
         out = Exposition()
-        out.stats("ruseon_recording", self.recorder.stats(), "Recording")
+        out.stats("ruseon_recording", {**self.recorder.stats(),
+                                       "downloads": sum(self._downloads.values()),
+                                       "downloads_refused_total": self.downloads_refused},
+                  "Recording")
+        out.stats("ruseon_clock", self.recorder.clock.metrics(), "Wall clock")
         return out.text()
 
     async def status(self, request: web.Request) -> web.Response:
         """``GET /api/recording``."""
         recorder = self._recorder(request)
-        return web.json_response(recorder.stats(), headers={"Cache-Control": "no-store"})
+        return web.json_response({**recorder.stats(), "clock": recorder.clock.describe()},
+                                 headers={"Cache-Control": "no-store"})
 
     async def start(self, request: web.Request) -> web.Response:
         """``POST /api/recording/start[?preroll=seconds]``."""

@@ -32,6 +32,7 @@ SSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDummyKeyForTheImageTestOnly00000
 IMAGE_USER = "pi"
 WIFI_SSID = "Test Net 5"
 WIFI_PSK = "correct horse battery staple"
+NTP_SERVER = "ntp.example.lan"  # written to timesyncd's config, never asked (nspawn skips it)
 
 
 @dataclass
@@ -60,6 +61,9 @@ ssh_authorized_keys = ["{SSH_KEY}"]
 wifi_ssid = "{WIFI_SSID}"
 wifi_psk = "{WIFI_PSK}"
 wifi_country = "GB"
+
+[time]
+ntp = ["{NTP_SERVER}"]
 
 [auth]
 token = "{TOKEN}"
@@ -108,7 +112,8 @@ def booted_image() -> Iterator[BootedImage]:
                 ["systemctl", f"--root={rootfs}", "is-enabled", unit],
                 capture_output=True, text=True, check=False,
             ).stdout.strip()
-            for unit in ("ssh.service", "ruseon.service", "ruseon-growfs.service")
+            for unit in ("ssh.service", "ruseon.service", "ruseon-growfs.service",
+                         "systemd-timesyncd.service")
         }
         http_port, rtc_port = free_port(), free_port(socket.SOCK_DGRAM)
         (rootfs / "boot/firmware/ruseon.toml").write_text(provisioning_file(http_port, rtc_port))
@@ -162,6 +167,10 @@ def test_first_boot_applied_hostname_token_and_key(booted_image: BootedImage) ->
     assert c.systemctl("is-enabled", "avahi-daemon.service", check=False).stdout.strip() == (
         "enabled"
     )
+    # [time] ntp went to systemd-timesyncd, not into the appliance's config.
+    assert c.run("cat", "/etc/systemd/timesyncd.conf.d/ruseon.conf").stdout.splitlines()[1:] == [
+        "[Time]", f"NTP={NTP_SERVER}"]
+    assert NTP_SERVER not in config.stdout and "NTP servers" in log, log
 
 
 async def test_service_serves_video_with_the_provisioned_token(
@@ -430,3 +439,62 @@ def test_rpi_layer_wires_user_wheels_network_and_ssh() -> None:
     assert config["device"]["user1"] == "pi"
     assert config["layer"]["app"] == "ruseon-appliance"
 
+
+
+def test_the_image_keeps_time_without_waiting_for_it() -> None:
+    """systemd-timesyncd is in both targets and enabled with its clock file seeded; the service
+    does not wait for NTP (a board on a LAN without it would never start recording)."""
+    import yaml
+
+    layer_text = (REPO / "image/rpi/layer/ruseon-appliance.yaml").read_text()
+    layer = yaml.safe_load(layer_text.split("\n---\n", 1)[1])
+    assert "systemd-timesyncd" in layer["mmdebstrap"]["packages"]
+    packages = (REPO / "image/debian/packages").read_text().split()
+    assert "systemd-timesyncd" in packages
+    apply = (REPO / "image/layer/apply.sh").read_text()
+    assert "systemctl enable systemd-timesyncd.service" in apply
+    assert 'touch "$rootfs/var/lib/systemd/timesync/clock" "$rootfs/usr/lib/clock-epoch"' in apply
+    unit = (REPO / "systemd/ruseon.service").read_text()
+    assert "time-sync.target" not in unit and "time-set.target" not in unit
+
+
+def test_first_boot_writes_the_ntp_servers_of_the_time_table(tmp_path: Path) -> None:
+    """``[time] ntp = [...]`` goes to a timesyncd drop-in, not into the appliance's config
+    (whose loader would refuse an unknown table); bad values are refused before writing."""
+    import importlib.machinery
+    import importlib.util
+
+    loader = importlib.machinery.SourceFileLoader(
+        "ruseon_firstboot", str(REPO / "image/layer/ruseon-firstboot"))
+    spec = importlib.util.spec_from_loader("ruseon_firstboot", loader)
+    assert spec is not None
+    firstboot = importlib.util.module_from_spec(spec)
+    loader.exec_module(firstboot)
+    text = ('[auth]\ntoken = "t"\n\n[time]\nntp = ["ntp.example.lan", "192.0.2.123"]\n\n'
+            '[camera]\nwidth = 640\n')
+    appliance, _ = firstboot.split_device_table(text)
+    assert "[time]" not in appliance and "ntp" not in appliance and "[camera]" in appliance
+    assert firstboot.check_time({"ntp": ["ntp.example.lan", "192.0.2.123"]}) == [
+        "ntp.example.lan", "192.0.2.123"]
+    for bad in ({"ntp": "one"}, {"ntp": ["a b"]}, {"servers": []}):
+        with pytest.raises(firstboot.ProvisioningError):
+            firstboot.check_time(bad)
+    firstboot.TIMESYNCD_DROPIN = tmp_path / "timesyncd.conf.d/ruseon.conf"
+    notes: list[str] = []
+    firstboot.apply_time(["ntp.example.lan", "192.0.2.123"], notes)
+    assert firstboot.TIMESYNCD_DROPIN.read_text().splitlines()[1:] == [
+        "[Time]", "NTP=ntp.example.lan 192.0.2.123"]
+
+
+def test_the_built_image_has_timesyncd_enabled_and_its_clock_file(
+        booted_image: BootedImage) -> None:
+    """In the built rootfs (before boot): timesyncd enabled, its clock file and
+    /usr/lib/clock-epoch are there (seeded at the build: the first boot starts no earlier)."""
+    assert booted_image.enabled_before_boot["systemd-timesyncd.service"] == "enabled"
+    assert "systemd-timesyncd enabled" in booted_image.build_log
+    rootfs = booted_image.rootfs
+    for seeded in ("var/lib/systemd/timesync/clock", "usr/lib/clock-epoch"):
+        assert (rootfs / seeded).is_file(), seeded
+    owner = booted_image.container.run(
+        "stat", "-c", "%U", "/var/lib/systemd/timesync/clock").stdout.strip()
+    assert owner == "systemd-timesync", owner

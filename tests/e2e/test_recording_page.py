@@ -42,7 +42,11 @@ def test_timeline_plays_a_recording_in_the_page_then_live_again(
     if not in_browser_netns(request):
         return
     record_dir = tmp_path / "recordings"
-    args = ["--record-dir", str(record_dir)]
+    # A clock the system never calls synchronized (its flag file is not there): the ranges
+    # are "time uncertain", and the timeline marks them.
+    config = tmp_path / "ruseon.toml"
+    config.write_text(f'[recording]\nclock_sync_file = "{tmp_path / "no-sync-flag"}"\n')
+    args = ["--record-dir", str(record_dir), "--config", str(config)]
     with running_server(tmp_path / "state", extra_args=args) as server, chromium() as browser:
         page = browser.new_page(viewport={"width": 1280, "height": 720})
         page.goto(server.url)
@@ -57,6 +61,10 @@ def test_timeline_plays_a_recording_in_the_page_then_live_again(
             raise AssertionError(f"no 5 s recording range on the timeline: {exc}; "
                                  f"{page_diagnostics(page)}; status {server.status()}") from exc
         assert page.evaluate("() => window.ruseonRecordings.state") == "recording"
+        marked = page.evaluate("() => [...document.querySelectorAll('#rec-ranges > div')]"
+                               ".map((d) => [d.className, d.title])")
+        assert marked and all(cls == "uncertain" and "time uncertain" in title
+                              for cls, title in marked), marked
         start = page.evaluate("() => window.ruseonRecordings.ranges.at(-1).start")
         wanted = start + 2500
         x, y = page.evaluate(POINT_JS, wanted)

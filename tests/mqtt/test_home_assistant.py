@@ -31,9 +31,10 @@ REQUIRED = {
     "switch": {"command_topic"},
     "select": {"command_topic", "options"},
 }
-# Camera, 4 sensors + recording state, 2 binary sensors, 2 buttons, and the synthetic source's
-# 8 camera controls (5 numbers/switches live, bitrate, framerate, resolution).
-ENTITIES = 10 + 8
+# Camera, 4 sensors + recording state, 3 binary sensors (stalled, recording, clock not
+# synchronized), 2 buttons, and the synthetic source's 8 camera controls (5 numbers/switches
+# live, bitrate, framerate, resolution).
+ENTITIES = 11 + 8
 DISCOVERY_TOPIC = re.compile(
     r"^homeassistant/(?P<component>[a-z_]+)/(?P<node>[A-Za-z0-9_-]+)/"
     r"(?P<object>[A-Za-z0-9_-]+)/config$")
@@ -78,7 +79,9 @@ async def test_discovery_state_last_will_and_reconnect(tmp_path: Path) -> None:
     broker.start()
     state_dir = tmp_path / "state"
     url = f"mqtt://127.0.0.1:{broker.port}"
-    env = {"RUSEON_MQTT_STATE_INTERVAL_S": "1"}
+    # The clock's sync flag names a file that is not there: "clock not synchronized" is on.
+    env = {"RUSEON_MQTT_STATE_INTERVAL_S": "1",
+           "RUSEON_RECORDING_CLOCK_SYNC_FILE": str(tmp_path / "no-sync-flag")}
     appliance = ApplianceProcess(state_dir, "--mqtt", url, env=env)
     topics = ("homeassistant/#", "ruseon/#")
     try:
@@ -108,6 +111,9 @@ async def test_discovery_state_last_will_and_reconnect(tmp_path: Path) -> None:
                                 what="three different state documents")
             state = states()[-1]
             assert state["viewers"] == 0 and state["fps"] > 0 and state["stalled"] is False
+            assert state["clock_unsynchronized"] is True
+            clock = first[f"homeassistant/binary_sensor/{device_id}/clock_unsynchronized/config"]
+            assert clock["device_class"] == "problem", clock
             await seen.wait_for(lambda: seen.last.get(f"{base}/controls"), what="controls")
             check_home_assistant_schema(first, {
                 f"{base}/state": state,

@@ -95,7 +95,7 @@ def test_a_nonce_pushed_out_of_the_table_is_stale_not_open_to_replay(
     monkeypatch.setattr(rtsp_auth, "NONCE_TABLE_SIZE", 2)
     auth = RtspAuth(TOKEN)
     url, peer = "rtsp://127.0.0.1:8554/cam", "127.0.0.1"
-    now = time.time()
+    now = time.monotonic()
     older, old, recent = (auth.nonce(peer, now=now - age) for age in (30, 20, 10))
 
     def check(nonce: str, nc: int) -> str:

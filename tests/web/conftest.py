@@ -94,7 +94,7 @@ async def running_device(
     """Capture, engine and the web app in front of them, all started; stopped on exit."""
     async with (
         running_engine(config, tmp_path) as (capture, engine),
-        serving(make_app(config, engine, capture, started=time.time())) as client,
+        serving(make_app(config, engine, capture, started=time.monotonic())) as client,
     ):
         yield capture, engine, client
 

@@ -45,7 +45,7 @@ async def hls_device(config: Config, tmp_path: Path, *, max_waiting: int = 1000,
                            part_target_s=0.25, window_s=6.0, max_waiting=max_waiting)
         try:
             await stream.start()
-            app = make_app(config, engine, capture, started=time.time(), hls=stream)
+            app = make_app(config, engine, capture, started=time.monotonic(), hls=stream)
             async with serving(app) as client:
                 if not fed_by_hand:
                     assert await stream.wait_for_playlist(0, None, 20)  # one complete segment

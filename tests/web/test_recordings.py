@@ -34,7 +34,7 @@ async def device_with_recorder(
                                              preroll_s=2.0), capture.ring)
         try:
             await recorder.start()
-            app = make_app(config, engine, capture, started=time.time(), recorder=recorder)
+            app = make_app(config, engine, capture, started=time.monotonic(), recorder=recorder)
             async with serving(app) as client:
                 yield recorder, client
         finally:

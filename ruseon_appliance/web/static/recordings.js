@@ -62,7 +62,9 @@ async function refresh() {
     if (list.ok) {
       rec.ranges = (await list.json()).map((r) => {
         const start = Date.parse(r.start);
-        return { start, end: start + r.duration * 1000 };
+        // Recorded while the device's clock was not known to be right: in order, but its
+        // time of day may be wrong.
+        return { start, end: start + r.duration * 1000, uncertain: !!r.time_uncertain };
       });
     }
     if (status.ok) {
@@ -101,6 +103,10 @@ function render() {
     el.style.left = pct(r.start);
     el.style.width = `calc(${pct(r.end)} - ${pct(r.start)})`;
     el.title = `${clock(r.start)} – ${clock(r.end)}`;
+    if (r.uncertain) {
+      el.className = "uncertain";
+      el.title += " (time uncertain: the device's clock was not set)";
+    }
     return el;
   }));
   const sel = $("rec-selection");
