@@ -495,6 +495,8 @@ class Appliance:
             await self.engine.stop()
         for recorder in self.recorders.values():
             await recorder.stop()
+        for controls in self.camera_controls.values():
+            await controls.flush()  # the values file is written off the loop
         await self.cameras.stop()
         log.info("stopped", extra={"EVENT": "stopped"})
 

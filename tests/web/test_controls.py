@@ -5,6 +5,7 @@ survive a restart while the config stays the default."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import json
@@ -280,3 +281,37 @@ async def test_restart_requiring_control_keeps_the_viewer_playing(tmp_path: Path
             assert viewer.pc.connectionState == "connected"
         finally:
             await viewer.close()
+
+
+async def test_a_value_the_camera_refuses_is_422_and_the_old_values_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 24: rpicam-vid (the stand-in) refuses 1280x720. The PATCH answers 422 with
+    rpicam-vid's reason, the camera delivers again with the old values, GET shows them, and
+    the values file is what the last accepted change wrote."""
+    from tests.capture.test_sources import fake_rpicam_camera
+
+    camera = fake_rpicam_camera(tmp_path, monkeypatch, FAKE_RPICAM_REJECT="--width=1280")
+    config = dataclasses.replace(config_for(tmp_path), camera=camera)
+    async with appliance_at(config) as (appliance, http, url):
+        await patch(http, url, {"bitrate": 400_000})
+        await appliance.controls.flush()
+        saved = Path(config.state.dir) / CONTROLS_FILE
+        before = saved.read_bytes()
+        data = await patch(http, url, {"resolution": "1280x720"}, status=422)
+        assert "resolution='1280x720'" in data["detail"], data
+        assert "--width 1280 not supported" in data["detail"], data
+        assert "previous values are back" in data["detail"], data
+        async with http.get(url, headers=AUTH) as resp:
+            controls = (await resp.json())["controls"]
+        assert controls["resolution"]["value"] == "320x240"
+        assert controls["bitrate"]["value"] == 400_000
+        frames = appliance.capture.frames_out
+        reader = appliance.capture.ring.reader("next")
+        try:
+            for _ in range(5):  # the camera runs again
+                await asyncio.wait_for(reader.next(), 20)
+        finally:
+            reader.close()
+        assert appliance.capture.frames_out > frames
+        await appliance.controls.flush()
+        assert saved.read_bytes() == before
