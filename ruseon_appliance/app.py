@@ -40,7 +40,7 @@ from .relay import RtpRelay
 from .rtsp import RtspServer, RtspSource
 from .rtsp.server import METRICS as RTSP_METRICS
 from .shutdown import StopSignals, bounded, until_stopped
-from .systemd_integration import SystemdNotifier, frames_flowing
+from .systemd_integration import SystemdNotifier
 from .web.app import CAMERAS, DEVICE_API, HLS, make_app
 from .web.controls import ControlsResource
 from .web.hls import HlsResource
@@ -72,12 +72,10 @@ class Appliance:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.notifier = SystemdNotifier.from_environment()
-        if len(config.all_cameras) == 1:
-            # One camera: a source that cannot run here stops start-up (exit 1), as it did.
-            self.cameras = CameraSet.from_pipelines([CapturePipeline(config.camera)])
-        else:
-            # Several: a camera whose source cannot be built is reported and retried.
-            self.cameras = CameraSet.from_configs(config.all_cameras)
+        # A camera whose source cannot run (missing, unplugged, a library not installed) is
+        # reported and retried; it never stops start-up, one camera or several: a service that
+        # fails to start is restarted until systemd's start limit gives up on the board.
+        self.cameras = CameraSet.from_configs(config.all_cameras)
         # The first camera: /whep, /hls/, recording, relays, controls and MQTT serve it.
         self.capture = self.cameras.first.pipeline
         self.engine: Engine | None = None
@@ -151,10 +149,7 @@ class Appliance:
         self._follow_stream_controls()
         for camera in list(self.cameras)[1:]:
             follow_stream_controls(camera, self.camera_controls[camera.name])
-        if len(self.cameras) == 1:
-            await self.capture.start()  # fails start-up, as a single camera always did
-        else:
-            await self.cameras.start()  # failures are per camera, reported and retried
+        await self.cameras.start()  # failures are per camera, reported and retried
         self.engine = Engine(
             config.webrtc,
             state_dir,
@@ -220,18 +215,32 @@ class Appliance:
             await bind_every_host(config.http.listen, "http.listen", bind)
         await self._start_integrations()
 
-        if not await self.cameras.wait_first_frame(FIRST_FRAME_TIMEOUT_S):
-            sources = ", ".join(c.pipeline.source_kind for c in self.cameras)
-            raise RuntimeError(
-                f"no frame from the {sources} source within {FIRST_FRAME_TIMEOUT_S:.0f} s"
-            )
+        # READY=1 once the page can show the picture, or say why it cannot: no camera sent a
+        # frame within the timeout, or none could even start (then there is nothing to wait
+        # for). Either way the service stays up, reports the camera and keeps trying.
+        if any(c.error is None for c in self.cameras) and not await \
+                self.cameras.wait_first_frame(FIRST_FRAME_TIMEOUT_S):
+            log.warning("no frame from any camera within %.0f s; serving without one: %s",
+                        FIRST_FRAME_TIMEOUT_S,
+                        "; ".join(f"{name}: {why}" for name, why in self.cameras.down()),
+                        extra={"EVENT": "no_camera"})
+        for name, why in self.cameras.down():
+            log.warning("camera %s is down: %s", name, why,
+                        extra={"EVENT": "camera_down", "CAMERA": name})
         self.notifier.ready()
         # Start-up's temporaries (imports, certificate, sources' set-up) are freed by now; glibc
         # keeps their pages until trimmed (~1 MiB of RSS, issue 19).
         release_free_heap()
-        # The watchdog fires while any camera delivers: restarting the service would not
-        # bring back an unplugged camera, and would cut the others' viewers.
-        healthy = frames_flowing(self.cameras.newest_frame_monotonic)
+        # The watchdog guards the process, not the picture: it is fed while the event loop
+        # turns, and withheld only when a camera's stop or start hangs (a driver thread that
+        # only a new process frees). A missing, unplugged or silent camera is the cameras'
+        # own business (cameras/camera.py: probed and restarted with back-off, reported on
+        # /healthz, the page and MQTT): restarting the service for it would not bring it back,
+        # would cut every viewer, and every ~20 s would soon exhaust StartLimitBurst, after
+        # which the board stays down until someone power-cycles it.
+        def healthy() -> bool:
+            return not self.cameras.stuck()
+
         self._tasks.append(asyncio.create_task(self.notifier.watchdog_loop(healthy)))
         self._tasks.append(asyncio.create_task(self._status_loop()))
         urls = self.urls()

@@ -164,6 +164,9 @@ class RpicamSource:
     """
 
     kind = "rpicam"
+    # It restarts its own child / reconnects with back-off: the camera's supervisor leaves a
+    # stall to it (cameras/camera.py).
+    recovers_by_itself = True
     # Live camera controls (capture/controls.py): rpicam-vid takes everything on its command
     # line, so every change restarts the child (the ring, and so every viewer, carries on; the
     # new child starts with an IDR, timestamps stay increasing).
