@@ -26,7 +26,6 @@ from .capture.sources.base import SourceUnavailable
 from .config import Config
 from .engine.engine import (
     GOP_CATCH_UP_MAX_S,
-    NO_KEYFRAME_ON_DEMAND,
     Engine,
     default_advertise,
 )
@@ -292,8 +291,8 @@ class Appliance:
             fanout = self._consumer_fanout(cam)
             catch_up = max(3, -(-camera.framerate * camera.keyframe_request_interval_ms // 1000))
             # As the engine does for viewers: the GOP so far when no fresh IDR can be had.
-            gop_bytes = (int(camera.bitrate / 8 * GOP_CATCH_UP_MAX_S)
-                         if feed.source_kind in NO_KEYFRAME_ON_DEMAND else 0)
+            gop_bytes = (0 if feed.keyframes_on_demand
+                         else int(camera.bitrate / 8 * GOP_CATCH_UP_MAX_S))
             sources.append(RtspSource(cam.name, feed, fanout, framerate=camera.framerate,
                                       catch_up_max_frames=catch_up,
                                       keyframe_interval_frames=camera.keyframe_interval,

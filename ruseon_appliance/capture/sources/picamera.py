@@ -384,6 +384,12 @@ class PicameraSource:
         """Stop recording and release the camera."""
         await asyncio.to_thread(self._close)
 
+    @property
+    def keyframes_on_demand(self) -> bool:
+        """True unless this picamera2 has no ``force_key_frame`` (before 0.3.32): then keyframe
+        requests are answered from the ring, as for rpicam-vid."""
+        return self._encoder is None or self._can_force
+
     def _log_no_force(self) -> None:
         if self._logged_no_force:
             return

@@ -2,8 +2,10 @@
 
 For boards where picamera2 is not importable but rpicam-apps are installed. stdout carries Annex B
 (SPS/PPS before every IDR); it is split into access units here. If the child dies it is
-restarted with exponential backoff; a keyframe request restarts it (rate-limited), since a
-running ``rpicam-vid`` cannot be asked for an IDR.
+restarted with exponential backoff. A running ``rpicam-vid`` cannot be asked for an IDR, and a
+keyframe request no longer restarts it (that froze every viewer, split the recording and put a
+discontinuity into HLS, for one viewer's PLI): ``keyframes_on_demand`` is False, so the engine
+answers a viewer's PLI/FIR for that viewer alone from the ring (``engine/track.py``).
 
 Two encoder paths, as rpicam-apps chooses them (``encoder/encoder.cpp``, ``h264_codec_select``):
 - VC4 boards (Pi 4, 3, Zero 2 W): the V4L2 hardware encoder; ``--inline`` repeats SPS/PPS before
@@ -159,14 +161,15 @@ def rpicam_command(camera: CameraConfig, *, bcm2712: bool = False,
 class RpicamSource:
     """Supervises ``rpicam-vid``; delivers what it writes as access units.
 
-    ``backoff_s`` is the first and the largest delay between restarts after a crash;
-    ``keyframe_restart_interval_s`` the shortest time between restarts made for keyframes.
+    ``backoff_s`` is the first and the largest delay between restarts after a crash.
     """
 
     kind = "rpicam"
     # It restarts its own child / reconnects with back-off: the camera's supervisor leaves a
     # stall to it (cameras/camera.py).
     recovers_by_itself = True
+    # No IDR on request: keyframe requests are answered from the ring, per viewer.
+    keyframes_on_demand = False
     # Live camera controls (capture/controls.py): rpicam-vid takes everything on its command
     # line, so every change restarts the child (the ring, and so every viewer, carries on; the
     # new child starts with an IDR, timestamps stay increasing).
@@ -181,7 +184,6 @@ class RpicamSource:
         argv: Sequence[str] | None = None,
         compatible_path: Path = DEVICE_TREE_COMPATIBLE,
         backoff_s: tuple[float, float] = (0.5, 10.0),
-        keyframe_restart_interval_s: float = 10.0,
     ) -> None:
         self._camera = camera
         self._configured = camera
@@ -195,19 +197,16 @@ class RpicamSource:
         self.bcm2712: bool | None = None
         self.features: RpicamFeatures | None = None
         self._backoff = backoff_s
-        self._keyframe_restart_interval = keyframe_restart_interval_s
         self._task: asyncio.Task[None] | None = None
         self._proc: asyncio.subprocess.Process | None = None
         self._stopping = False
         self._wake = asyncio.Event()
-        self._restart_for_keyframe = False
-        self._last_keyframe_restart: float | None = None
+        self._planned_restart = False
         self._t0 = 0.0
         self._last_pts = -1
         self._stderr_tail: deque[str] = deque(maxlen=5)
         self.starts = 0
         self.crashes = 0
-        self.keyframe_restarts = 0
         self.keyframe_requests_ignored = 0
         self.controls_rejected = 0
         self.frames = 0
@@ -310,7 +309,7 @@ class RpicamSource:
         self.argv = argv
         before = self.starts
         if self._proc is not None:
-            self._restart_for_keyframe = True  # a planned restart, not a crash
+            self._planned_restart = True  # a planned restart, not a crash
         await self._terminate()
         self._wake.set()  # a child in its crash back-off starts now (the supervisor clears it)
 
@@ -329,25 +328,14 @@ class RpicamSource:
         return await frames_arrived(frames, 0, RESTART_PROOF_S, failed)
 
     def request_keyframe(self) -> None:
-        """Restart the child for an immediate IDR, at most once per the restart interval."""
-        now = time.monotonic()
-        last = self._last_keyframe_restart
-        if self._proc is None or (last is not None and
-                                  now - last < self._keyframe_restart_interval):
-            self.keyframe_requests_ignored += 1
-            return
-        self._last_keyframe_restart = now
-        self._restart_for_keyframe = True
-        self.keyframe_restarts += 1
-        log.info("restarting rpicam-vid for a keyframe")
-        asyncio.get_running_loop().create_task(self._terminate())
+        """Nothing to do: rpicam-vid makes an IDR only every ``--intra`` frames (counted)."""
+        self.keyframe_requests_ignored += 1
 
     def stats(self) -> dict[str, Any]:
         """Supervision counters."""
         return {
             "starts": self.starts,
             "crashes": self.crashes,
-            "keyframe_restarts": self.keyframe_restarts,
             "control_restarts": self.control_restarts,
             "controls_rejected": self.controls_rejected,
             "keyframe_requests_ignored": self.keyframe_requests_ignored,
@@ -369,8 +357,8 @@ class RpicamSource:
                 log.error("cannot run %s: %s", self.argv[0], exc)
             if self._stopping:
                 return
-            if self._restart_for_keyframe:
-                self._restart_for_keyframe = False
+            if self._planned_restart:
+                self._planned_restart = False
                 continue
             self.crashes += 1
             if loop.time() - began > 30:
