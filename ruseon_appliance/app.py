@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from .cameras import Camera, CameraSet
+from .cameras.camera import STUCK_S
 from .capture.controls import CameraControls, camera_with
 from .capture.pipeline import CapturePipeline
 from .capture.sources.base import SourceUnavailable
@@ -238,7 +239,12 @@ class Appliance:
         # would cut every viewer, and every ~20 s would soon exhaust StartLimitBurst, after
         # which the board stays down until someone power-cycles it.
         def healthy() -> bool:
-            return not self.cameras.stuck()
+            stuck = self.cameras.stuck()
+            if stuck:
+                log.error("camera %s: its source's stop or start has hung for over %.0f s; "
+                          "only a restart of the service frees it", ", ".join(stuck), STUCK_S,
+                          extra={"EVENT": "camera_stuck"})
+            return not stuck
 
         self._tasks.append(asyncio.create_task(self.notifier.watchdog_loop(healthy)))
         self._tasks.append(asyncio.create_task(self._status_loop()))

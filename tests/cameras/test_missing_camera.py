@@ -12,6 +12,7 @@ streams once the camera answers.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import signal
 import subprocess
@@ -234,3 +235,68 @@ async def test_serve_stays_up_for_an_ip_camera_that_answers_later(
     text = (tmp_path / "serve.log").read_text()
     assert proc.returncode == 0, text
     assert "ready: open" in text and "start-up failed" not in text, text
+
+
+async def test_a_camera_that_stops_sending_is_restarted_in_process(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The watchdog no longer restarts the service for a silent camera; the camera's own
+    supervisor restarts a source that cannot recover by itself (picamera2): the stand-in's
+    sensor freezes, and the camera is reopened and delivers again, same process."""
+    from ruseon_appliance.cameras import Camera
+    from ruseon_appliance.capture.pipeline import CapturePipeline
+    from ruseon_appliance.capture.sources.picamera import PicameraSource
+
+    monkeypatch.setattr(camera_module, "STALL_RESTART_S", 1.0)
+    monkeypatch.setattr(camera_module, "SUPERVISE_S", 0.1)
+    config = CameraConfig(source="picamera", width=320, height=240, framerate=30)
+    source = PicameraSource(config, api=stand_in.make_api())
+    camera = Camera(config, pipeline=CapturePipeline(config, source=source))
+    assert await camera.start()
+    try:
+        assert await camera.pipeline.wait_first_frame(20)
+        frozen = stand_in.Picamera2.instances[-1]
+        frozen.freeze()
+        await asyncio.sleep(0.2)
+        frames = camera.pipeline.frames_out
+        deadline = time.monotonic() + 30
+        while camera.pipeline.frames_out < frames + 10 or camera.problem() is not None:
+            assert time.monotonic() < deadline, camera.status(0)
+            await asyncio.sleep(0.1)
+        assert camera.stall_restarts == 1
+        assert stand_in.Picamera2.instances[-1] is not frozen and frozen.closed
+        assert not camera.stuck()
+    finally:
+        await camera.stop()
+
+
+async def test_a_camera_whose_start_hangs_is_stuck_and_withholds_the_watchdog(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The one camera trouble a service restart is for: a driver call that never returns
+    (here opening the stand-in blocks). A camera that is merely missing is not stuck."""
+    import threading
+
+    from ruseon_appliance.cameras import Camera, CameraSet
+    from ruseon_appliance.capture.pipeline import CapturePipeline
+    from ruseon_appliance.capture.sources.picamera import PicameraSource
+
+    monkeypatch.setattr(camera_module, "STUCK_S", 0.5)
+    config = CameraConfig(source="picamera", width=320, height=240, framerate=30)
+    stand_in.Picamera2.unplugged = True
+    missing = Camera(config, pipeline=CapturePipeline(
+        config, source=PicameraSource(config, api=stand_in.make_api())))
+    assert not await missing.start()
+    hang = stand_in.Picamera2.hang_open = threading.Event()
+    hung = Camera(dataclasses.replace(config, name="hung"), pipeline=CapturePipeline(
+        config, source=PicameraSource(config, api=stand_in.make_api())))
+    starting = asyncio.create_task(hung.start())
+    cameras = CameraSet([missing, hung])
+    try:
+        await asyncio.sleep(1.0)
+        assert cameras.stuck() == ["hung"]  # the watchdog's check (app.py)
+    finally:
+        stand_in.Picamera2.hang_open = None
+        stand_in.Picamera2.unplugged = False
+        hang.set()
+        await starting
+        await cameras.stop()
+    assert cameras.stuck() == []

@@ -286,8 +286,13 @@ class Picamera2:
     # While True no camera is connected (a loose ribbon cable): none is listed, and opening one
     # fails as picamera2 does with no camera (an IndexError from its camera list).
     unplugged = False
+    # While set, opening a camera blocks until it is cleared (a driver call that hangs).
+    hang_open: threading.Event | None = None
 
     def __init__(self, camera_num: int = 0) -> None:
+        hang = Picamera2.hang_open
+        if hang is not None:
+            hang.wait(60)
         if Picamera2.unplugged:
             raise IndexError("list index out of range")
         self.camera_num = camera_num
@@ -346,6 +351,11 @@ class Picamera2:
         fps = float(self.config["controls"].get("FrameRate", 30.0))
         self._thread = threading.Thread(target=self._run, args=(encoder, fps), daemon=True)
         self._thread.start()
+
+    def freeze(self) -> None:
+        """The sensor stops sending (a ribbon cable pulled while streaming): no more frames,
+        and picamera2 reports nothing."""
+        self._stop.set()
 
     def _run(self, encoder: Encoder, fps: float) -> None:
         width, height = encoder.width, encoder.height
