@@ -111,7 +111,9 @@ async def test_plis_from_one_viewer_are_answered_from_the_ring_for_it_alone(
             await wait_until(lambda d=decoded: len(lossy.frames) > d + 5, timeout=10)
             answered.append(a.refreshes - refreshes)
             await asyncio.sleep(PLI_EVERY_S)
-        await wait_until(lambda: len(other.frames) >= mark_b + 30)
+        mark_a = len(lossy.frames)  # the last replay (at most a GOP) is decoded by now
+        await wait_until(lambda: len(other.frames) >= mark_b + 30
+                         and len(lossy.frames) >= mark_a + GOP + 20)
 
         assert answered == [1] * PLIS
         starts = (tmp_path / "starts.log").read_text().splitlines()
