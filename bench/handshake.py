@@ -216,11 +216,11 @@ async def serve_web(feed: CapturePipeline, port: int) -> None:
     """The appliance's own web application in front of the engine, token required."""
     from ruseon_appliance.web.app import make_app
 
-    # Every offer comes from 127.0.0.1: lift the per-address pending cap (default 2) and the
-    # viewer cap above the burst, as for the engine mode.
+    # Every offer comes from 127.0.0.1: lift the per-address share of places (default half)
+    # and the viewer cap above the burst, as for the engine mode.
     config = Config(camera=CAMERA, auth=AuthConfig(token=TOKEN), webrtc=WebRtcConfig(
         listen=HostPort("127.0.0.1", 0), advertise=("127.0.0.1",), max_viewers=200,
-        pending_per_address=200))
+        max_viewers_per_address=200))
     engine = Engine(config.webrtc, Path(tempfile.mkdtemp()), feed)
     await engine.start()
     app = make_app(config, engine, feed, started=time.time())

@@ -176,7 +176,7 @@ class Board:
         lines = ["[http]", f'listen = "127.0.0.1:{self.http_port}"',
                  "[webrtc]", f'listen = "127.0.0.1:{free_port(socket.SOCK_DGRAM)}"',
                  'advertise = ["127.0.0.1"]', "max_viewers = 200",
-                 "pending_per_address = 200", "connect_timeout_s = 30",
+                 "max_viewers_per_address = 200", "connect_timeout_s = 30",
                  "[state]", f'dir = "{state}"', "[log]", 'level = "info"']
         for i in range(cameras):
             lines += ["[[camera]]", f'name = "cam{i}"', f'source = "file:{recording(i)}"',

@@ -138,6 +138,10 @@ class SimulatedRig:
                 "--http", f"{DEVICE_ADDR}:{HTTP_PORT}", "--rtc", f"{DEVICE_ADDR}:{RTC_PORT}",
                 "--advertise", DEVICE_ADDR, "--state-dir", str(self.work_dir / "state"), *extra]
         if token:
+            # The token is the admin secret; the simulated board also requires it for viewing
+            # (auth.viewing = "credential"), so the battery's WHEP 401 cases have something to
+            # check. A real board's viewing is open by default.
+            argv = ["env", "RUSEON_AUTH_VIEWING=credential", *argv]
             argv += ["--token", token]
         self._device_argv = argv
         self._spawn_device()

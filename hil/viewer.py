@@ -39,7 +39,7 @@ from ruseon_appliance.capture.stamp import GlassStampReader, read_stamp
 FREEZE_DETAIL_MAX = 20
 # How long a viewer waits for each milestone before it gives up.
 CONNECT_TIMEOUT_S = 20.0
-# POSTs of one offer when the device answers 429 (its pending cap for this address).
+# POSTs of one offer when the device answers 429 (this address holds its share of places).
 POST_ATTEMPTS = 4
 FIRST_FRAME_TIMEOUT_S = 20.0
 
@@ -135,7 +135,7 @@ async def watch(
                 result["post_status"] = resp.status
                 location = resp.headers.get("Location")
                 retry_after = resp.headers.get("Retry-After", "")
-            # 429: this client address already has offers pending (the device caps them per
+            # 429: this client address already holds its share of places (the device caps them per
             # address); like the device page, come back when Retry-After says.
             if resp.status == 429 and attempt + 1 < POST_ATTEMPTS:
                 result["post_retries"] = attempt + 1

@@ -181,7 +181,14 @@ async def run_cases(device: Device, *, max_offer_bytes: int = 64 * 1024,
     cases.append(_status_case("DELETE unknown session -> 404", no_session, (404,)))
     cases.append(_problem_case("404 body is problem+json", no_session))
 
+    viewing_open = True
     if device.token:
+        # Admin routes always need the credential, whatever viewing needs.
+        metrics = await device.request("GET", "/metrics", auth=False)
+        cases.append(_status_case("GET /metrics without token -> 401", metrics, (401,)))
+        session = await device.request("GET", "/api/session", auth=False)
+        viewing_open = session.status == 200 and b'"viewing": "open"' in session.body
+    if device.token and not viewing_open:
         anonymous = await device.request("POST", "/whep", body=offer, headers=sdp_headers,
                                          auth=False)
         cases.append(_status_case("POST without token -> 401", anonymous, (401,)))
@@ -238,7 +245,7 @@ async def _capacity_cases(device: Device, offer: str, fill_limit: int) -> list[C
     """Offers that never connect (fresh ICE credentials each) must not lock viewers out.
 
     From this one address the harness opens such offers until the device refuses one or is
-    full. A device that caps pending sessions per client address refuses with 429 and
+    full. A device that caps the places per client address refuses with 429 and
     ``Retry-After``; one whose cap is above its free places fills up, and then one more offer
     must still be answered (201): the oldest pending session gives way, since only connected
     viewers hold a place for sure. Every session opened is DELETEd again at once; the device

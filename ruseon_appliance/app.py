@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from .access.credentials import Credentials
 from .cameras import Camera, CameraSet
 from .cameras.camera import STUCK_S
 from .capture.controls import CameraControls, camera_with
@@ -41,9 +42,11 @@ from .rtsp import RtspServer, RtspSource
 from .rtsp.server import METRICS as RTSP_METRICS
 from .shutdown import StopSignals, bounded, until_stopped
 from .systemd_integration import SystemdNotifier
+from .web import https_certificate
 from .web.app import CAMERAS, DEVICE_API, HLS, make_app
 from .web.controls import ControlsResource
 from .web.hls import HlsResource
+from .web.https_certificate import HttpsCertificate
 from .web.metrics import Exposition
 from .web.snapshot import KeyframeSnapshot
 from .webhooks import WebhookSender
@@ -102,6 +105,8 @@ class Appliance:
                 max_bytes=share, max_age_s=rec.max_age_hours * 3600),
                 camera.pipeline.ring)
         self._runner: web.AppRunner | None = None
+        # The HTTP server's certificate, with http.tls = "self-signed" or tls_cert / tls_key.
+        self.https: HttpsCertificate | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.started = time.time()
         # Events (viewer joined/left, camera stalled/recovered, recording) for MQTT and webhooks.
@@ -141,6 +146,11 @@ class Appliance:
         state_dir = Path(config.state.dir)
         state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         passed = self.notifier.passed_sockets()
+        # Before anything listens: the admin secret exists (generated on a first start).
+        self.credentials = Credentials.from_config(config.auth, state_dir)
+        if config.auth.resolve_token() and self.credentials.viewing_open:
+            log.info("access: viewing is open on the LAN; [auth] token is the admin secret "
+                     "(set auth.viewing = \"credential\" to require a credential for viewing)")
 
         for name, controls in self.camera_controls.items():
             if controls is not self.controls:
@@ -183,8 +193,10 @@ class Appliance:
 
         app = make_app(config, self.engine, self.capture, started=self.started,
                        relays=self.relays, hls=self.hls, recorder=self.recorder,
-                       cameras=self.cameras, recorders=self.recorders)
+                       cameras=self.cameras, recorders=self.recorders,
+                       credentials=self.credentials)
         app[DEVICE_API].status_sections["integrations"] = self._integrations_status
+        app[DEVICE_API].status_sections["https"] = self._https_status
         app[DEVICE_API].metrics_sections.append(self._integrations_metrics)
         if self.rtsp is not None:
             app[DEVICE_API].status_sections["rtsp"] = self.rtsp.stats
@@ -192,7 +204,7 @@ class Appliance:
         ControlsResource(self.controls).add_routes(app)
         for name, controls in self.camera_controls.items():
             ControlsResource(controls, path=f"/api/camera/{name}/controls").add_routes(app)
-        token_required = bool(config.auth.resolve_token())
+        token_required = not self.credentials.viewing_open
         for name, stream in self.hls_cameras.items():
             # Requests to every camera's HLS count in the one hls status/metrics (the board's
             # load); the stream figures there stay the first camera's.
@@ -201,7 +213,7 @@ class Appliance:
         app[CAMERAS].add_fallback_routes(app)  # last: after every camera's own routes
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
         await self._runner.setup()
-        tls = self._tls_context()
+        tls = await self._tls_context()
         if "http" in passed:
             await web.SockSite(self._runner, passed["http"], ssl_context=tls).start()
         else:
@@ -248,6 +260,7 @@ class Appliance:
 
         self._tasks.append(asyncio.create_task(self.notifier.watchdog_loop(healthy)))
         self._tasks.append(asyncio.create_task(self._status_loop()))
+        self._tasks.append(asyncio.create_task(self.credentials.watch()))
         urls = self.urls()
         log.info(
             "ready: open %s",
@@ -303,7 +316,7 @@ class Appliance:
                                       catch_up_max_frames=catch_up,
                                       keyframe_interval_frames=camera.keyframe_interval,
                                       catch_up_max_bytes=gop_bytes))
-        self.rtsp = RtspServer(self.config.rtsp, sources, token=self.config.auth.resolve_token())
+        self.rtsp = RtspServer(self.config.rtsp, sources, credentials=self.credentials)
         await self.rtsp.start()
 
     def _rtsp_metrics(self) -> str:
@@ -445,17 +458,42 @@ class Appliance:
                    [("", self.controls.restarts)])
         return out.text()
 
-    def _tls_context(self) -> ssl.SSLContext | None:
+    async def _tls_context(self) -> ssl.SSLContext | None:
+        """The HTTP server's TLS context: none, ``http.tls_cert``/``tls_key``, or the
+        self-signed certificate kept in the state directory (made on first use); its
+        fingerprint goes to the journal once per start."""
         http = self.config.http
-        if not http.tls_cert:
+        if http.tls == "self-signed":
+            assert self.engine is not None
+            addresses = [*self.engine.advertised_addresses, http.listen.host,
+                         *default_advertise([socket.AF_INET, socket.AF_INET6])]
+            self.https = await asyncio.to_thread(
+                https_certificate.load_or_create, Path(self.config.state.dir),
+                socket.gethostname(), addresses)
+        elif http.tls_cert:
+            try:
+                self.https = https_certificate.from_files(http.tls_cert, http.tls_key)
+            except ValueError as exc:
+                raise OSError(f"http.tls_cert {http.tls_cert}: not a PEM certificate ({exc})"
+                              ) from None
+        else:
             return None
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.load_cert_chain(http.tls_cert, http.tls_key)
-        return context
+        cert = self.https
+        log.info("HTTPS certificate (%s%s) SHA-256 fingerprint %s, for %s; valid until %s",
+                 cert.mode, ", made now" if cert.generated else "", cert.fingerprint,
+                 ", ".join((*cert.names, *cert.addresses)), cert.not_after.date().isoformat(),
+                 extra={"EVENT": "https_certificate", "TLS_FINGERPRINT": cert.fingerprint})
+        return cert.server_context()
+
+    def _https_status(self) -> dict[str, object]:
+        """The ``https`` part of ``/api/status``: whether HTTPS is on, and its certificate."""
+        if self.https is None:
+            return {"mode": "off"}
+        return self.https.status()
 
     def urls(self) -> list[str]:
         """Where a person can open the device page, most useful first."""
-        scheme = "https" if self.config.http.tls_cert else "http"
+        scheme = "https" if self.config.http.https else "http"
         assert self._runner is not None
         bound = self._runner.addresses
         port = bound[0][1] if bound else self.config.http.listen.port

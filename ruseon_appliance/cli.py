@@ -1,4 +1,4 @@
-"""The ``ruseon`` command: ``serve``, ``config`` and ``check``."""
+"""The ``ruseon`` command: ``serve``, ``config``, ``check`` and ``admin-secret``."""
 
 from __future__ import annotations
 
@@ -42,7 +42,8 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--state-dir", metavar="DIR", help="state directory (certificate, ...)")
     parser.add_argument(
-        "--token", metavar="TOKEN", help="Bearer token required on WHEP and the API"
+        "--token", metavar="TOKEN",
+        help="the admin secret (default: the one made on first start in the state dir)"
     )
     parser.add_argument("--max-viewers", metavar="N", help="maximum concurrent viewers")
     parser.add_argument("--log-level", metavar="LEVEL", help="debug, info, warning or error")
@@ -74,7 +75,43 @@ def build_parser() -> argparse.ArgumentParser:
                       help="print the token, passwords and keys instead of hiding them")
     check = commands.add_parser("check", help="diagnose this machine; exit 0 when healthy")
     _add_config_flags(check)
+    secret = commands.add_parser(
+        "admin-secret", help="print this device's admin secret (made on first start)")
+    _add_config_flags(secret)
+    secret.add_argument("--rotate", action="store_true",
+                        help="replace it with a new one: admin logins with the old one end")
     return parser
+
+
+def admin_secret(config: Config, rotate: bool, out: Any = sys.stdout) -> int:
+    """``ruseon admin-secret [--rotate]``: print (or first make, or replace) the admin secret."""
+    from .access import secret as secret_file
+
+    if config.auth.token or config.auth.token_file:
+        where = "auth.token" if config.auth.token else f"auth.token_file ({config.auth.token_file})"
+        if rotate:
+            print(f"ruseon: error: the admin secret is set by {where} in the configuration; "
+                  "change it there", file=sys.stderr)
+            return 2
+        out.write(config.auth.resolve_token() + "\n")
+        return 0
+    path = secret_file.secret_path(config.state.dir)
+    try:
+        if rotate:
+            value = secret_file.new_secret()
+            secret_file.write_secret(path, value)
+            print(f"ruseon: a new admin secret is in {path}; the running service takes it "
+                  "within seconds and ends admin logins made with the old one", file=sys.stderr)
+        else:
+            value, made = secret_file.ensure_secret(path)
+            if made:
+                print(f"ruseon: made this device's admin secret in {path}", file=sys.stderr)
+    except OSError as exc:
+        print(f"ruseon: error: {path}: {exc.strerror} (run it as root: sudo ruseon "
+              "admin-secret)", file=sys.stderr)
+        return 1
+    out.write(value + "\n")
+    return 0
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
@@ -121,6 +158,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "config":
             sys.stdout.write(to_toml(config, hide_secrets=not args.show_secrets))
             return 0
+        if args.command == "admin-secret":
+            return admin_secret(config, args.rotate)
         # Under systemd, stderr is the journal: send structured fields instead of text.
         handler, log_path = journal_handler()
         setup_logging(config.log.level, handler=handler)

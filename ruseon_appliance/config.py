@@ -46,6 +46,9 @@ RING_AUTO_MAX_BYTES = 8 * 1024 * 1024
 SRTP_PROFILE_NAMES = ("SRTP_AEAD_AES_256_GCM", "SRTP_AEAD_AES_128_GCM", "SRTP_AES128_CM_SHA1_80")
 # List keys that also take one string ("auto") from a file.
 STRING_OR_LIST_KEYS = frozenset({"webrtc.srtp_profiles"})
+# A camera grid's tiles (the page, a Home Assistant dashboard, an NVR): the default share of
+# webrtc.max_viewers one client address may hold is at least this, where max_viewers allows.
+GRID_PLACES = 16
 AWB_MODES = ("auto", "incandescent", "tungsten", "fluorescent", "indoor", "daylight", "cloudy",
              "custom")
 
@@ -149,12 +152,30 @@ class HttpConfig:
     """``[http]``: the device page, WHEP and the API."""
 
     listen: HostPort = HostPort("0.0.0.0", 8080)
+    # "self-signed": HTTPS with a certificate made once and kept in state.dir
+    # (web/https_certificate.py); "" (default): plain HTTP, or HTTPS with tls_cert and tls_key.
+    tls: str = ""
     # Optional HTTPS: both paths set means TLS.
     tls_cert: str = ""
     tls_key: str = ""
     # Extra origins allowed by CORS besides the device page's own.
     cors_origins: tuple[str, ...] = ()
+    # Host names the board answers to besides its IP addresses, localhost, its hostname and
+    # <hostname>.local (DNS rebinding defence): a reverse proxy's name, a DNS name of the board.
+    hosts: tuple[str, ...] = ()
     max_offer_bytes: int = 64 * 1024
+    # Reverse proxies (addresses or CIDR networks) whose Forwarded / X-Forwarded-For name the
+    # client; requests from anywhere else count against their own address.
+    trusted_proxies: tuple[str, ...] = ()
+
+    @property
+    def https(self) -> bool:
+        """Whether the device page, WHEP and the API are served over TLS."""
+        return self.tls == "self-signed" or bool(self.tls_cert)
+
+    def trusted_proxy_networks(self) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+        """:attr:`trusted_proxies` as networks (a bare address is a /32 or /128)."""
+        return tuple(ipaddress.ip_network(entry) for entry in self.trusted_proxies)
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,37 +188,73 @@ class WebRtcConfig:
     # STUN/TURN URLs; none by default, so nothing is contacted unless configured.
     ice_servers: tuple[str, ...] = ()
     max_viewers: int = 50
+    # Places one client address (an IPv6 /64) may hold, connected and pending together;
+    # 0: the default rule (places_per_address).
+    max_viewers_per_address: int = 0
     # Seconds a session may stay pending (answered, not connected) before it is reaped; a
     # browser on a LAN connects in well under one.
     connect_timeout_s: float = 10.0
-    # Pending sessions one source address (an IPv6 /64) may hold at once.
-    pending_per_address: int = 2
+    # Deprecated (0: not set): it capped pending sessions per address, refusing a camera grid's
+    # burst. A value above the default share widens the share (a reverse proxy's advice was to
+    # raise it); a smaller one is ignored. The engine warns at start.
+    pending_per_address: int = 0
     # fanout: packetize once, send per viewer; aiortc: stock RTCRtpSender (comparison/fallback).
     send_path: str = "fanout"
     # SRTP profiles offered in the DTLS handshake, most preferred first; "auto": AES-GCM first
     # (aiortc's order) on CPUs with AES instructions, only AES128_CM_SHA1_80 without (Pi 4).
     srtp_profiles: tuple[str, ...] = ("auto",)
 
+    def places_per_address(self) -> int:
+        """How many viewer places one client address may hold, connected and pending together.
+
+        ``max_viewers_per_address`` when set. By default half of ``max_viewers``, raised to a
+        :data:`GRID_PLACES`-tile grid as far as that leaves one place for another address:
+        50 -> 25, 20 -> 16, 16 -> 15, 6 -> 5, 2 -> 1, 1 -> 1 (a single place goes to whoever
+        comes first). A deprecated ``pending_per_address`` above that widens it."""
+        if self.max_viewers_per_address:
+            return self.max_viewers_per_address
+        share = max(1, self.max_viewers // 2, min(GRID_PLACES, self.max_viewers - 1))
+        if self.pending_per_address > share:
+            share = min(self.pending_per_address, self.max_viewers)
+        return share
+
 
 @dataclass(frozen=True, slots=True)
 class AuthConfig:
-    """``[auth]``: Bearer token for WHEP and the API; off when both are empty."""
+    """``[auth]``: who may view and who may administer (ruseon_appliance/access/).
+
+    Admin always needs a credential: ``token`` (or ``token_file``) when set, otherwise the
+    per-device secret generated on first start in ``<state.dir>/admin-secret``. Viewing is open
+    on the LAN unless ``viewing = "credential"``; then it takes ``viewer_token`` (shareable,
+    view only) or the admin secret.
+    """
 
     token: str = ""
     token_file: str = ""
+    # "open": anyone on the LAN may watch; "credential": viewing needs the viewer token or admin.
+    viewing: str = "open"
+    viewer_token: str = ""
+    viewer_token_file: str = ""
 
     def resolve_token(self) -> str:
-        """Return the configured token, reading ``token_file`` if set (stripped)."""
-        if self.token:
-            return self.token
-        if self.token_file:
-            try:
-                return Path(self.token_file).read_text(encoding="utf-8").strip()
-            except OSError as exc:
-                raise ConfigError(
-                    f"auth.token_file = {self.token_file!r} cannot be read: {exc.strerror}"
-                ) from exc
-        return ""
+        """Return the configured admin token, reading ``token_file`` if set (stripped); "" when
+        neither is set (the generated secret is used then: access/credentials.py)."""
+        return _read_secret("auth.token_file", self.token, self.token_file)
+
+    def resolve_viewer_token(self) -> str:
+        """The viewer token, reading ``viewer_token_file`` if set; "" when none."""
+        return _read_secret("auth.viewer_token_file", self.viewer_token, self.viewer_token_file)
+
+
+def _read_secret(key: str, value: str, path: str) -> str:
+    if value:
+        return value
+    if path:
+        try:
+            return Path(path).read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise ConfigError(f"{key} = {path!r} cannot be read: {exc.strerror}") from exc
+    return ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -766,6 +823,23 @@ def validate(config: Config) -> None:
         config.http.tls_cert,
         "set together with http.tls_key (both or neither)",
     )
+    _check(config.http.tls in ("", "self-signed"), "http.tls", config.http.tls,
+           '"self-signed" (a certificate made once and kept in state.dir) or "" (plain HTTP, '
+           "or HTTPS with http.tls_cert and http.tls_key)")
+    _check(not (config.http.tls and config.http.tls_cert), "http.tls", config.http.tls,
+           "not together with http.tls_cert/tls_key: use one or the other")
+    for entry in config.http.trusted_proxies:
+        try:
+            ipaddress.ip_network(entry)
+        except ValueError as exc:
+            raise ConfigError(f"http.trusted_proxies = {entry!r} is not valid: an IPv4 or IPv6 "
+                              f"address or CIDR network, e.g. 192.0.2.10 or 10.0.0.0/8 ({exc})"
+                              ) from None
+    _check(config.auth.viewing in ("open", "credential"), "auth.viewing", config.auth.viewing,
+           '"open" (anyone on the LAN may watch) or "credential" (viewer token or admin)')
+    for name in config.http.hosts:
+        _check(bool(name.strip()) and "/" not in name and " " not in name.strip(),
+               "http.hosts", name, "host names (no scheme, path or spaces)")
     _check(
         config.http.max_offer_bytes >= 1024,
         "http.max_offer_bytes",
@@ -799,10 +873,17 @@ def validate(config: Config) -> None:
         "more than 0 seconds",
     )
     _check(
-        1 <= config.webrtc.pending_per_address <= 10_000,
+        0 <= config.webrtc.max_viewers_per_address <= config.webrtc.max_viewers,
+        "webrtc.max_viewers_per_address",
+        config.webrtc.max_viewers_per_address,
+        f"0 (half of webrtc.max_viewers, at least {GRID_PLACES} while one place stays for "
+        f"others) or 1 to webrtc.max_viewers ({config.webrtc.max_viewers})",
+    )
+    _check(
+        0 <= config.webrtc.pending_per_address <= 10_000,
         "webrtc.pending_per_address",
         config.webrtc.pending_per_address,
-        "1 to 10000",
+        "0 to 10000 (deprecated: set webrtc.max_viewers_per_address instead)",
     )
     _check(
         config.webrtc.send_path in ("fanout", "aiortc"),
@@ -1022,7 +1103,7 @@ def validate_relays(relays: tuple[RelayConfig, ...]) -> None:
 
 # Fields ``ruseon config`` hides unless asked (--show-secrets): the API token, the broker's
 # password, webhook HMAC keys, relay SRTP keys. URLs keep their user but lose any password.
-SECRET_FIELDS = frozenset({"token", "password", "secret", "srtp_key"})
+SECRET_FIELDS = frozenset({"token", "viewer_token", "password", "secret", "srtp_key"})
 HIDDEN = "(hidden: ruseon config --show-secrets)"
 
 

@@ -13,6 +13,7 @@ from ruseon_appliance.config import (
     Config,
     ConfigError,
     HostPort,
+    WebRtcConfig,
     load_config,
     parse_host_port,
     to_toml,
@@ -83,6 +84,18 @@ def test_config_env_var_names_the_file(tmp_path: Path) -> None:
          "no repeats"),
         ("[webrtc]\nsrtp_profiles = 1\n", "expected list of strings"),
         ('[http]\ntls_cert = "/c.pem"\n', "both or neither"),
+        ("[webrtc]\nmax_viewers_per_address = 51\n",
+         r"webrtc.max_viewers_per_address = 51 is not valid: 0 \(half of webrtc.max_viewers, "
+         r"at least 16 while one place stays for others\) or 1 to webrtc.max_viewers \(50\)"),
+        ("[webrtc]\nmax_viewers_per_address = -1\n", "webrtc.max_viewers_per_address = -1"),
+        ("[webrtc]\npending_per_address = -1\n", "deprecated: set webrtc.max_viewers_per"),
+        ('[http]\ntrusted_proxies = ["proxy.lan"]\n',
+         "http.trusted_proxies = 'proxy.lan' is not valid: an IPv4 or IPv6 address or CIDR"),
+        ('[http]\ntrusted_proxies = ["10.0.0.1/8"]\n', "has host bits set"),
+        ('[http]\ntrusted_proxies = "10.0.0.1"\n', "expected list of strings"),
+        ('[http]\ntls = "on"\n', 'http.tls = .on. is not valid: "self-signed"'),
+        ('[http]\ntls = "self-signed"\ntls_cert = "/c"\ntls_key = "/k"\n',
+         "not together with http.tls_cert"),
         ("camera = 3\n", "must be a \\[section\\] table"),
         ("[camera\n", "is not valid TOML"),
     ],
@@ -160,3 +173,33 @@ def test_token_file_is_read_and_stripped(tmp_path: Path) -> None:
     missing = load_config(write(tmp_path, '[auth]\ntoken_file = "/nonexistent/t"\n'), env={})
     with pytest.raises(ConfigError, match=r"auth\.token_file"):
         missing.auth.resolve_token()
+
+
+@pytest.mark.parametrize(
+    ("max_viewers", "places"),
+    # Half, raised to a 16-tile grid as long as one place stays for another address.
+    [(50, 25), (100, 50), (33, 16), (32, 16), (20, 16), (17, 16), (16, 15), (6, 5), (3, 2),
+     (2, 1), (1, 1)],
+)
+def test_places_per_address_by_default(max_viewers: int, places: int) -> None:
+    assert WebRtcConfig(max_viewers=max_viewers).places_per_address() == places
+
+
+def test_places_per_address_when_set_and_from_the_environment(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, "[webrtc]\nmax_viewers = 10\n"
+                               "max_viewers_per_address = 10\n"), env={})
+    assert config.webrtc.places_per_address() == 10
+    env = {"RUSEON_WEBRTC_MAX_VIEWERS_PER_ADDRESS": "3"}
+    assert load_config(tmp_path / "x.toml", env=env).webrtc.places_per_address() == 3
+    # An old config's pending_per_address still loads (the engine warns about it at start).
+    old = load_config(write(tmp_path, "[webrtc]\npending_per_address = 2\n"), env={})
+    assert old.webrtc.places_per_address() == 25
+
+
+def test_trusted_proxies_are_networks(tmp_path: Path) -> None:
+    text = '[http]\ntrusted_proxies = ["192.0.2.10", "10.0.0.0/8", "fd00::/8"]\n'
+    http = load_config(write(tmp_path, text), env={}).http
+    assert [str(n) for n in http.trusted_proxy_networks()] == [
+        "192.0.2.10/32", "10.0.0.0/8", "fd00::/8"]
+    env = {"RUSEON_HTTP_TRUSTED_PROXIES": "127.0.0.2,::1"}
+    assert load_config(tmp_path / "x.toml", env=env).http.trusted_proxies == ("127.0.0.2", "::1")

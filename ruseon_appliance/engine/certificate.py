@@ -61,7 +61,7 @@ def _generate(now: datetime.datetime) -> tuple[ec.EllipticCurvePrivateKey, x509.
     return key, cert
 
 
-def _write_private(path: Path, data: bytes) -> None:
+def write_private(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` with mode 0600 from the first byte, atomically."""
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -115,7 +115,7 @@ def load_or_create_certificate(
         loaded = None
     if loaded is None:
         key, cert = _generate(now)
-        _write_private(
+        write_private(
             state_dir / KEY_FILE,
             key.private_bytes(
                 serialization.Encoding.PEM,
@@ -123,7 +123,7 @@ def load_or_create_certificate(
                 serialization.NoEncryption(),
             ),
         )
-        _write_private(state_dir / CERT_FILE, cert.public_bytes(serialization.Encoding.PEM))
+        write_private(state_dir / CERT_FILE, cert.public_bytes(serialization.Encoding.PEM))
         generated = True
     else:
         key, cert = loaded

@@ -38,7 +38,7 @@ from ruseon_appliance.engine.codec_registry import CodecRegistry
 from ruseon_appliance.engine.errors import (
     MalformedOffer,
     OfferError,
-    TooManyPending,
+    TooManyFromAddress,
     TooManyViewers,
     UnknownSession,
     UnsupportedOffer,
@@ -62,8 +62,10 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_OFFER_BYTES = 64 * 1024
 # How long an offer may wait for the camera's first SPS before being told to retry.
 STREAM_READY_TIMEOUT_S = 3.0
-# Retry-After for an address at its pending cap.
+# Retry-After for an address at its share of places while some of them are pending (they
+# connect within a second or so, or time out), and when every one of them is connected.
 PENDING_RETRY_AFTER_S = 2
+CONNECTED_RETRY_AFTER_S = 10
 # At most one log line per this many seconds for datagrams that raised inside aiortc.
 RECEIVE_ERROR_LOG_INTERVAL_S = 10.0
 # A source that cannot make an IDR on demand (``keyframes_on_demand`` False: a file replay,
@@ -194,6 +196,9 @@ class Engine:
             self._advertise = default_advertise(self._mux.families)
         if not self._advertise:
             logger.warning("no address to advertise in answers: set webrtc.advertise")
+        deprecated = deprecated_settings(self.config)
+        if deprecated:
+            logger.warning("%s", deprecated)
         logger.info("engine ready: UDP port %d, advertising %s, fingerprint %s",
                     self._mux.port, ", ".join(self._advertise) or "nothing",
                     self._certificate.fingerprint)
@@ -278,9 +283,11 @@ class Engine:
         the new session and the answer SDP. Every feed shares the certificate and UDP port.
 
         ``remote`` is the address the offer came from (the HTTP client's), if known: it may
-        hold at most ``pending_per_address`` pending sessions (answered, not yet connected).
-        When every place is taken and some are only pending, the oldest pending session is
-        closed to make room; connected viewers are never displaced.
+        hold at most :meth:`~WebRtcConfig.places_per_address` places, connected and pending
+        (answered, not yet connected) together; offers within that share are all answered,
+        however many arrive at once. When every place is taken and some are only pending, a
+        pending session gives way: the oldest of the address holding the most pending ones
+        (a flood gives way first). Connected viewers are never displaced.
         Raises an :class:`~.errors.OfferError` subclass for every refusal.
         """
         try:
@@ -312,6 +319,7 @@ class Engine:
         """Engine-wide counters: sessions, offers, ends by reason, the mux."""
         states = Counter(s.state for s in self._sessions.values())
         pending = self._pending_sessions()
+        places = self._places_by_address()
         return {
             "sessions": len(self._sessions),
             "sessions_connected": states.get("connected", 0),
@@ -319,7 +327,11 @@ class Engine:
             # Places held without a connection: pending sessions and offers being answered.
             "sessions_pending": len(pending) + self._pending,
             "pending_addresses": len({s.remote_key for s in pending} | set(self._answering)),
-            "pending_per_address": self.config.pending_per_address,
+            # Places (connected and pending) one address may hold; how many addresses hold
+            # places now, and the most one of them holds.
+            "max_viewers_per_address": self.config.places_per_address(),
+            "addresses": len(places),
+            "address_places_max": max(places.values(), default=0),
             "pending_timeout_s": self.config.connect_timeout_s,
             "places_refused": dict(self.places_refused),
             "places_reclaimed": dict(self.places_reclaimed),
@@ -351,19 +363,32 @@ class Engine:
                        if s.state == "connecting" and not s.closing),
                       key=lambda s: s.created_monotonic)
 
+    def _places_by_address(self) -> Counter[str]:
+        """Places held by each known address key: its sessions (connected or pending, not
+        closing) and its offers being answered."""
+        places = Counter(s.remote_key for s in self._sessions.values()
+                         if s.remote_key is not None and not s.closing)
+        places.update(self._answering)
+        return places
+
     def _take_place(self, key: str | None) -> None:
-        """Find the offer a place, closing the oldest pending session if that is the only
-        way, or raise (and count why not)."""
+        """Find the offer a place, closing a pending session if that is the only way, or
+        raise (and count why not)."""
         pending = self._pending_sessions()
-        if key is not None:
-            mine = sum(s.remote_key == key for s in pending) + self._answering[key]
-            if mine >= self.config.pending_per_address:
-                self.places_refused["pending-per-address"] += 1
-                raise TooManyPending(
-                    f"this address already has {mine} viewer sessions that have not connected; "
-                    "connect one of them or wait for them to time out",
-                    # Its pending sessions connect within a second or so, or time out.
-                    retry_after=PENDING_RETRY_AFTER_S)
+        share = self.config.places_per_address()
+        # A share of every place is no limit beyond max_viewers itself (below: 503, or a
+        # pending place given way), as with a single place.
+        if key is not None and share < self.config.max_viewers:
+            mine = self._places_by_address()[key]
+            if mine >= share:
+                waiting = sum(s.remote_key == key for s in pending) + self._answering[key]
+                self.places_refused["address-share"] += 1
+                raise TooManyFromAddress(
+                    f"this address already holds {mine} viewer places ({waiting} of them not "
+                    f"connected yet), the most one address may of the device's "
+                    f"{self.config.max_viewers} (webrtc.max_viewers_per_address); close one, "
+                    "or wait for one to connect or time out",
+                    retry_after=PENDING_RETRY_AFTER_S if waiting else CONNECTED_RETRY_AFTER_S)
         taken = sum(not s.closing for s in self._sessions.values()) + self._pending
         if taken < self.config.max_viewers:
             return
@@ -371,13 +396,17 @@ class Engine:
             self.places_refused["all-connected"] += 1
             raise TooManyViewers(
                 f"all {self.config.max_viewers} viewer places are taken; try again later",
-                retry_after=10)
+                retry_after=CONNECTED_RETRY_AFTER_S)
         # Connected viewers keep their places; a pending one may be a client that never
-        # starts ICE (or an attacker holding places): the oldest gives way to the newcomer.
-        oldest = pending[0]
+        # starts ICE (or an attacker holding places): one gives way to the newcomer. The oldest
+        # of the address with the most pending sessions, so that a flood from one address
+        # costs that address its places and not another's viewers who are still connecting.
+        by_address = Counter(s.remote_key for s in pending)
+        oldest = max(pending, key=lambda s: by_address[s.remote_key])  # first: oldest of them
         self.places_reclaimed["oldest-pending"] += 1
-        logger.info("session %s closed to make room: pending for %.1f s", oldest.id[:8],
-                    time.monotonic() - oldest.created_monotonic)
+        logger.info("session %s closed to make room: pending for %.1f s (%d pending from its "
+                    "address)", oldest.id[:8], time.monotonic() - oldest.created_monotonic,
+                    by_address[oldest.remote_key])
         oldest.close_soon("reclaimed")
 
     async def _offer(self, sdp: str, key: str | None,
@@ -664,8 +693,28 @@ def _ice_gatherers(pc: RTCPeerConnection) -> list[Any]:
     return gatherers
 
 
+def deprecated_settings(webrtc: WebRtcConfig) -> str | None:
+    """The warning for a deprecated ``webrtc.pending_per_address``, saying what it now does
+    (widens the default share, or nothing), or None when it is not set."""
+    old = webrtc.pending_per_address
+    if not old:
+        return None
+    share = webrtc.places_per_address()
+    if webrtc.max_viewers_per_address:
+        return (f"webrtc.pending_per_address = {old} is deprecated and ignored: "
+                f"webrtc.max_viewers_per_address = {share} sets the places one address may hold")
+    if share == min(old, webrtc.max_viewers):
+        return (f"webrtc.pending_per_address = {old} is deprecated: taken as "
+                f"webrtc.max_viewers_per_address = {share} (places one address may hold, "
+                "connected and pending together); set that instead")
+    return (f"webrtc.pending_per_address = {old} is deprecated and ignored (a cap on "
+            "not-yet-connected sessions refused a camera grid's offers); one address may hold "
+            f"{share} of the {webrtc.max_viewers} places (webrtc.max_viewers_per_address); "
+            "remove it")
+
+
 def address_key(remote: str | None) -> str | None:
-    """What the pending cap counts by: the IPv4 address, or the IPv6 /64 (one host commonly
+    """What the share of places counts by: the IPv4 address, or the IPv6 /64 (one host commonly
     has a whole /64 to pick addresses from); None when unknown or not an IP address."""
     if not remote:
         return None

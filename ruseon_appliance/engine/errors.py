@@ -30,9 +30,9 @@ class TooManyViewers(OfferError):
         self.retry_after = retry_after
 
 
-class TooManyPending(TooManyViewers):
-    """The offer's source address already has as many not-yet-connected sessions as it may
-    (web: 429 with ``Retry-After``)."""
+class TooManyFromAddress(TooManyViewers):
+    """The offer's source address already holds its share of the viewer places, connected and
+    pending together (``webrtc.max_viewers_per_address``; web: 429 with ``Retry-After``)."""
 
 
 class OfferTooLarge(OfferError):

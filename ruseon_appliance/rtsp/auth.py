@@ -1,9 +1,10 @@
-"""RTSP authentication with the appliance's token: Basic (RFC 7617) and Digest (RFC 2617, MD5).
+"""RTSP authentication with the appliance's secrets: Basic (RFC 7617) and Digest (RFC 2617, MD5).
 
 NVRs and players take credentials as ``rtsp://USER:PASSWORD@host:8554/cam``; the user name is
-anything and the password is ``auth.token``. Both schemes are offered in the 401 (Digest first:
-FFmpeg, VLC/live555 and GStreamer pick it when offered, so the token never crosses the LAN in
-the clear; Basic is for clients that only know Basic).
+anything and the password is the viewer token or the admin secret (access/credentials.py;
+which methods need which is access/policy.py's ``RTSP_METHODS``). Both schemes are offered in
+the 401 (Digest first: FFmpeg, VLC/live555 and GStreamer pick it when offered, so the secret
+never crosses the LAN in the clear; Basic is for clients that only know Basic).
 
 Digest nonces are stateless: the time they were made and an HMAC of it and of the client's IP
 address with a key made at start-up, valid for :data:`NONCE_LIFETIME_S` (a player re-uses its
@@ -34,6 +35,7 @@ import re
 import secrets
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Literal
 
 REALM = "RUSEON"
@@ -51,10 +53,12 @@ def _md5(text: str) -> str:
 
 
 class RtspAuth:
-    """Checks ``Authorization`` headers against the token (see the module docstring)."""
+    """Checks ``Authorization`` headers against the accepted passwords (see the module
+    docstring). ``passwords`` is asked on every check, so a rotated secret counts at once."""
 
-    def __init__(self, token: str, *, realm: str = REALM) -> None:
-        self.token = token
+    def __init__(self, passwords: str | Callable[[], list[str]], *, realm: str = REALM) -> None:
+        self.passwords: Callable[[], list[str]] = (
+            (lambda: [passwords]) if isinstance(passwords, str) else passwords)
         self.realm = realm
         self._key = secrets.token_bytes(32)
         self._nc: OrderedDict[str, int] = OrderedDict()  # nonce -> highest nc used
@@ -105,9 +109,10 @@ class RtspAuth:
             except (binascii.Error, UnicodeDecodeError):
                 return "wrong"
             _, sep, password = decoded.partition(":")
-            if sep and hmac.compare_digest(password.encode(), self.token.encode()):
-                return "ok"
-            return "wrong"
+            ok = False
+            for expected in self.passwords():
+                ok |= bool(sep) and hmac.compare_digest(password.encode(), expected.encode())
+            return "ok" if ok else "wrong"
         if scheme == "digest":
             return self._check_digest(method, url, rest, peer)
         return "wrong"
@@ -126,17 +131,20 @@ class RtspAuth:
         # The digest covers the URI the client names; it must be this request's.
         if uri != url and uri != _path_of(url):
             return "wrong"
-        ha1 = _md5(f"{username}:{self.realm}:{self.token}")
         ha2 = _md5(f"{method}:{uri}")
         qop = params.get("qop", "")
-        if qop:
-            if qop.lower() != "auth":
-                return "wrong"
-            nc, cnonce = params.get("nc", ""), params.get("cnonce", "")
-            expected = _md5(f"{ha1}:{nonce}:{nc}:{cnonce}:{qop}:{ha2}")
-        else:
-            expected = _md5(f"{ha1}:{nonce}:{ha2}")
-        if not hmac.compare_digest(response.lower().encode(), expected.encode()):
+        if qop and qop.lower() != "auth":
+            return "wrong"
+        matched = False
+        for password in self.passwords():
+            ha1 = _md5(f"{username}:{self.realm}:{password}")
+            if qop:
+                nc, cnonce = params.get("nc", ""), params.get("cnonce", "")
+                expected = _md5(f"{ha1}:{nonce}:{nc}:{cnonce}:{qop}:{ha2}")
+            else:
+                expected = _md5(f"{ha1}:{nonce}:{ha2}")
+            matched |= hmac.compare_digest(response.lower().encode(), expected.encode())
+        if not matched:
             return "wrong"
         age = self._nonce_age(nonce, peer)
         if age is None:

@@ -29,9 +29,11 @@ import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
+from ruseon_appliance.access.policy import Access, rtsp_access
+from ruseon_appliance.access.throttle import FailureThrottle
 from ruseon_appliance.config import RtspConfig
 from ruseon_appliance.engine.fanout import Fanout
 from ruseon_appliance.listening import bind_every_host
@@ -50,6 +52,9 @@ from ruseon_appliance.rtsp.message import (
 from ruseon_appliance.rtsp.sdp import TRACK_CONTROL, describe_sdp
 from ruseon_appliance.rtsp.session import TCP_BUFFER_LIMIT, RtspFeed, RtspSession
 from ruseon_appliance.tasks import cancel_and_wait
+
+if TYPE_CHECKING:
+    from ruseon_appliance.access.credentials import Credentials
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +92,8 @@ METRICS = (
     ("sessions_reaped", "counter", "UDP sessions closed for showing no sign of life."),
     ("auth_failures", "counter", "RTSP requests with wrong credentials."),
     ("auth_challenges", "counter", "RTSP requests without credentials (answered 401)."),
+    ("auth_throttled", "counter",
+     "RTSP requests refused (429) while their address waits after wrong credentials."),
     ("auth_replays", "counter",
      "RTSP Digest requests refused for re-using a request count (nc) of their nonce."),
     ("bad_requests", "counter", "RTSP requests that could not be parsed (400, closed)."),
@@ -158,6 +165,7 @@ class RtspServer:
         sources: Sequence[RtspSource],
         *,
         token: str = "",
+        credentials: Credentials | None = None,
         buffer_limit: int = TCP_BUFFER_LIMIT,
         socket_send_buffer: int = SOCKET_SEND_BUFFER,
         session_timeout_s: float = SESSION_TIMEOUT_S,
@@ -167,7 +175,19 @@ class RtspServer:
         self.config = config
         self.sources = {source.name: source for source in sources}
         self.first = sources[0]
-        self.auth = RtspAuth(token) if token else None
+        # Credentials: the appliance's (viewing open or not, the shared throttle), or a bare
+        # token that every request but OPTIONS needs (tests, embedding).
+        self.auth: RtspAuth | None = None
+        self.auth_required = False
+        self.throttle = credentials.throttle if credentials is not None else FailureThrottle()
+        if credentials is not None:
+            creds = credentials
+            self.auth = RtspAuth(lambda: [password for password, _ in creds.passwords()])
+            self.auth_required = not creds.viewing_open
+        elif token:
+            self.auth = RtspAuth(token)
+            self.auth_required = True
+        self.auth_throttled = 0
         self.buffer_limit = buffer_limit
         # Bytes a connection may have waiting to be sent: its RTP stays under buffer_limit
         # plus one frame or a join burst; answers beyond that are a client that sends requests
@@ -379,9 +399,8 @@ class RtspServer:
             # Needs no credentials (clients ask before authenticating), so it keeps a session
             # alive (some clients' keep-alive instead of GET_PARAMETER) only when it has them:
             # a stranger who learnt a session id must not hold a session open.
-            if self.auth is None or self.auth.check(method, request.url,
-                                                    request.header("authorization"),
-                                                    conn.peer[0]) == "ok":
+            if self.auth is None or not self.auth_required or self.auth.check(
+                    method, request.url, request.header("authorization"), conn.peer[0]) == "ok":
                 try:
                     session = self._session_of(
                         conn, request.header("session").split(";", 1)[0].strip())
@@ -396,21 +415,30 @@ class RtspServer:
         if method not in _KNOWN:
             return RtspResponse(501, [("Public", PUBLIC)],
                                 reason=f"{method} is not supported"), None
-        if self.auth is not None:
+        # Every method served past this point is VIEW (access/policy.py RTSP_METHODS; the
+        # ADMIN ones are refused above: this server only plays).
+        if self.auth is not None and self.auth_required and rtsp_access(method) > Access.OPEN:
             authorization = request.header("authorization")
+            wait = self.throttle.retry_after(conn.peer[0], "rtsp") if authorization else None
+            if wait is not None:
+                self.auth_throttled += 1
+                return RtspResponse(429, [("Retry-After", str(wait))],
+                                    reason="too many wrong credentials from this address"), None
             verdict = self.auth.check(method, request.url, authorization, conn.peer[0])
             if verdict == "ok":
+                self.throttle.succeeded(conn.peer[0])
                 scheme = authorization.split(" ", 1)[0].lower()
                 self.auth_accepted[scheme] = self.auth_accepted.get(scheme, 0) + 1
             else:
                 if verdict == "missing":
                     self.auth_challenges += 1
-                else:
+                elif verdict == "wrong":
                     self.auth_failures += 1
+                    self.throttle.failed(conn.peer[0], "rtsp")
                 return RtspResponse(401, self.auth.challenges(conn.peer[0],
                                                               stale=verdict == "stale"),
-                                    reason="credentials required: any user name, the "
-                                           "appliance's token as password"), None
+                                    reason="credentials required: any user name, the viewer "
+                                           "token or the admin secret as password"), None
         if method == "DESCRIBE":
             return self._describe(conn, request), None
         if method == "SETUP":
@@ -649,6 +677,7 @@ class RtspServer:
             "sessions_total": self.sessions_total,
             "sessions_reaped": self.sessions_reaped,
             "auth_failures": self.auth_failures,
+            "auth_throttled": self.auth_throttled,
             "auth_challenges": self.auth_challenges,
             "auth_replays": self.auth.replays if self.auth is not None else 0,
             "auth_accepted": dict(self.auth_accepted),

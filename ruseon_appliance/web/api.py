@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from ruseon_appliance import __version__
+from ruseon_appliance.access.policy import Role
 from ruseon_appliance.web import metrics
+from ruseon_appliance.web.access import request_role
 from ruseon_appliance.web.problem import Problem
 from ruseon_appliance.web.snapshot import KeyframeSnapshot, SnapshotError
 
@@ -38,6 +40,25 @@ def _jsonable(value: Any) -> Any:
     if value is None or isinstance(value, bool | int | float | str):
         return value
     return str(value)
+
+
+# The parts of /api/status a viewer gets (each filtered further by viewer_status); every other
+# section, including any added later, is admin-only by default.
+VIEWER_SECTIONS = frozenset({"device", "uptime_s", "source", "webrtc", "viewers", "cameras",
+                             "hls", "recording", "recordings", "clock", "access"})
+
+
+def viewer_status(document: Mapping[str, Any]) -> dict[str, Any]:
+    """``document`` as a viewer may see it (see :meth:`DeviceApi.status`)."""
+    out = {key: value for key, value in document.items() if key in VIEWER_SECTIONS}
+    if "viewers" in out:
+        out["viewers"] = {"count": out["viewers"].get("count", 0)}
+    if "webrtc" in out:
+        out["webrtc"] = {key: out["webrtc"].get(key)
+                         for key in ("fingerprint", "udp_port", "max_viewers")}
+    if "access" in out:
+        out["access"] = {"viewing": out["access"].get("viewing")}
+    return out
 
 
 class DeviceApi:
@@ -127,8 +148,15 @@ class DeviceApi:
         return document
 
     async def status(self, request: web.Request) -> web.Response:
-        """``GET /api/status``."""
-        return web.json_response(self.status_document(), headers={"Cache-Control": "no-store"})
+        """``GET /api/status``: everything for admin; for anyone else only what the page shows
+        a viewer (counts, the camera, the recording state), never session ids, addresses,
+        relay targets or integration settings."""
+        document = self.status_document()
+        role = request_role(request)
+        if role < Role.ADMIN:
+            document = viewer_status(document)
+        document.setdefault("access", {})["role"] = role.name.lower()
+        return web.json_response(document, headers={"Cache-Control": "no-store"})
 
     def health_problem(self) -> str | None:
         """Why the device is unhealthy, or None when frames flow and the engine is up."""

@@ -1,8 +1,10 @@
 """Builds the aiohttp application: the device page, WHEP, the REST API and metrics.
 
-Middleware order, outermost first: CORS (answers preflights before anything else and adds its
-headers to every answer, errors included), problem details (turns every error into
-``application/problem+json``), then Bearer authentication.
+Middleware order, outermost first: the Host allow-list (DNS rebinding: a foreign name is
+refused before anything else), CORS (answers preflights and adds its headers to every answer,
+errors included), problem details (turns every error into ``application/problem+json``), then
+access control (web/access.py: every route's level is in access/policy.py, and the app does
+not start with a route that is not there).
 """
 
 from __future__ import annotations
@@ -14,13 +16,16 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from ruseon_appliance.access.credentials import Credentials
+from ruseon_appliance.access.hosts import HostAllowList
+from ruseon_appliance.access.policy import unclassified_routes
 from ruseon_appliance.cameras import Camera, CameraSet
+from ruseon_appliance.web.access import SessionResource, access_middleware, host_middleware
 from ruseon_appliance.web.api import DeviceApi
-from ruseon_appliance.web.auth import auth_middleware
 from ruseon_appliance.web.cameras import CamerasResource
 from ruseon_appliance.web.cors import cors_middleware
 from ruseon_appliance.web.hls import HlsResource
-from ruseon_appliance.web.metrics import WebMetrics
+from ruseon_appliance.web.metrics import Exposition, WebMetrics
 from ruseon_appliance.web.problem import ERROR_COUNTS, MAX_BODY_BYTES, problem_middleware
 from ruseon_appliance.web.recordings import RecordingsResource
 from ruseon_appliance.web.relay import RelayResource
@@ -39,26 +44,22 @@ log = logging.getLogger(__name__)
 
 STATIC_DIR = Path(__file__).parent / "static"
 
-# Everything but the page itself, its static files and the health probe needs the token.
-_OPEN_PATHS = frozenset({"/", "/healthz", "/favicon.ico"})
-
 WEB_METRICS: web.AppKey[WebMetrics] = web.AppKey("web_metrics", WebMetrics)
 WHEP: web.AppKey[WhepResource] = web.AppKey("whep", WhepResource)
 DEVICE_API: web.AppKey[DeviceApi] = web.AppKey("device_api", DeviceApi)
 HLS: web.AppKey[HlsResource] = web.AppKey("hls", HlsResource)
 CAMERAS: web.AppKey[CamerasResource] = web.AppKey("cameras", CamerasResource)
+CREDENTIALS: web.AppKey[Credentials] = web.AppKey("credentials", Credentials)
 
 
-def needs_token(request: web.Request) -> bool:
-    """True for WHEP, the API, the snapshot and metrics; False for the page and ``/healthz``."""
-    path = request.path
-    return path not in _OPEN_PATHS and not path.startswith("/static/")
-
-
-def token_in_query(request: web.Request) -> bool:
-    """Only HLS takes ``?token=``: native players (Safari) cannot add a header to the requests
-    they make for the playlist's parts."""
-    return request.path.startswith("/hls/")
+async def _refuse_unclassified_routes(app: web.Application) -> None:
+    """Start-up check: every route has its access level in access/policy.py."""
+    missing = unclassified_routes(
+        (route.method, route.resource.canonical)
+        for route in app.router.routes() if route.resource is not None)
+    if missing:
+        raise RuntimeError("routes without an access level in access/policy.py: "
+                           + ", ".join(sorted(set(missing))))
 
 
 async def _device_page(request: web.Request) -> web.FileResponse:
@@ -74,6 +75,7 @@ def make_app(
     recorder: Recorder | None = None,
     cameras: CameraSet | None = None,
     recorders: Mapping[str, Recorder] | None = None,
+    credentials: Credentials | None = None,
 ) -> web.Application:
     """The web application for one engine and one capture pipeline.
 
@@ -84,17 +86,24 @@ def make_app(
     ``recorders`` (by camera name, with several cameras) are chosen with ``?path=<camera>``.
     ``cameras`` (default: ``capture`` alone) get ``/whep/<camera>``, ``/snapshot/<camera>.jpg``
     and their part of status, metrics and health; ``capture`` is the first of them.
+    ``credentials`` (default: built from ``config.auth`` and ``config.state.dir``, generating the
+    admin secret there on a first start) decide who may view and administer.
     """
-    token = config.auth.resolve_token()
+    if credentials is None:
+        credentials = Credentials.from_config(config.auth, config.state.dir)
     max_body = config.http.max_offer_bytes
     app = web.Application(
         client_max_size=max_body,
         middlewares=[
+            host_middleware(HostAllowList(config.http.hosts)),
             cors_middleware(config.http.cors_origins),
             problem_middleware,
-            auth_middleware(token, needs_token, token_in_query),
+            access_middleware(credentials, config.http.trusted_proxy_networks()),
         ],
     )
+    app[CREDENTIALS] = credentials
+    app.on_startup.append(_refuse_unclassified_routes)
+    SessionResource(credentials).add_routes(app)
     app[ERROR_COUNTS] = {}
     app[MAX_BODY_BYTES] = max_body
     web_metrics = WebMetrics()
@@ -135,7 +144,7 @@ def make_app(
         api.metrics_sections.append(relay_resource.metrics)
 
     if hls is not None:
-        hls_resource = HlsResource(hls, token_required=bool(token))
+        hls_resource = HlsResource(hls, token_required=not credentials.viewing_open)
         hls_resource.add_routes(app)
         api.status_sections["hls"] = hls_resource.status
         api.metrics_sections.append(hls_resource.metrics_text)
@@ -150,6 +159,31 @@ def make_app(
         api.status_sections["recording"] = recorder.stats
         api.metrics_sections.append(recordings.metrics)
 
+    api.status_sections["access"] = credentials.stats
+    api.metrics_sections.append(lambda: access_metrics(credentials))
     app.router.add_get("/", _device_page)
     app.router.add_static("/static/", STATIC_DIR, append_version=False)
     return app
+
+
+def access_metrics(credentials: Credentials) -> str:
+    """``ruseon_auth_*``: failed and throttled authentications by protocol, login sessions."""
+    out = Exposition()
+    throttle = credentials.throttle
+    failures, throttled = throttle.failures, throttle.throttled
+    out.family("ruseon_auth_failures_total", "counter",
+               "Wrong credentials presented (HTTP Bearer/login, RTSP).",
+               [(f'protocol="{p}"', failures.get(p, 0)) for p in ("http", "rtsp")])
+    out.family("ruseon_auth_throttled_total", "counter",
+               "Requests refused (429) while their address waits after wrong credentials.",
+               [(f'protocol="{p}"', throttled.get(p, 0)) for p in ("http", "rtsp")])
+    out.family("ruseon_auth_addresses_waiting", "gauge",
+               "Client addresses that must wait before their next credential.",
+               [("", throttle.addresses_waiting())])
+    sessions = credentials.sessions.count()
+    out.family("ruseon_auth_sessions", "gauge", "Page login sessions by role.",
+               [(f'role="{r}"', sessions.get(r, 0)) for r in ("viewer", "admin")])
+    out.family("ruseon_auth_secret_rotations_total", "counter",
+               "Secret files that changed while running (their sessions ended).",
+               [("", credentials.rotations)])
+    return out.text()

@@ -26,7 +26,7 @@ from aiohttp import web
 
 from ruseon_appliance.hls import HlsStream, TooManyWaiting, render
 from ruseon_appliance.hls.window import Part
-from ruseon_appliance.web.auth import bearer_token
+from ruseon_appliance.web.access import bearer_token, request_address
 from ruseon_appliance.web.metrics import Exposition
 from ruseon_appliance.web.problem import Problem
 
@@ -98,7 +98,7 @@ class HlsMetrics:
         cache many viewers are one requester, which is what the board's load depends on)."""
         self.requests[kind] += 1
         self.rates.add(kind)
-        key = (request.remote or "", request.headers.get("User-Agent", "")[:120])
+        key = (request_address(request), request.headers.get("User-Agent", "")[:120])
         self._clients[key] = self.clock()
         self._clients.move_to_end(key)
         while len(self._clients) > MAX_TRACKED_CLIENTS:

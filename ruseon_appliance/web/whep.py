@@ -26,11 +26,12 @@ from ruseon_appliance.engine.errors import (
     MalformedOffer,
     OfferError,
     OfferTooLarge,
-    TooManyPending,
+    TooManyFromAddress,
     TooManyViewers,
     UnknownSession,
     UnsupportedOffer,
 )
+from ruseon_appliance.web.access import request_address
 from ruseon_appliance.web.metrics import WebMetrics
 from ruseon_appliance.web.problem import Problem
 
@@ -146,8 +147,11 @@ class WhepResource:
         sdp = await self._read_text(request, "offer")
         self._forget_ended_sessions()
         began = time.perf_counter()
+        # The client's address as the access rules saw it: behind a trusted proxy the one it
+        # forwards (access/client.py), so a proxy's clients each have their own share.
+        remote = request_address(request)
         try:
-            session, answer = await self.engine.offer(sdp, feed=feed, remote=request.remote)
+            session, answer = await self.engine.offer(sdp, feed=feed, remote=remote)
         except OfferError as exc:
             self.metrics.offers_refused[type(exc).__name__] += 1
             problem = self._offer_problem(exc)
@@ -165,11 +169,10 @@ class WhepResource:
         response = web.Response(status=201, text=answer, content_type=SDP, headers=headers)
         for url in self.ice_servers:
             response.headers.add("Link", ice_server_link(url))
-        log.info(
-            "viewer session created",
-            extra={"EVENT": "whep_session", "SESSION_ID": session.id,
-                   "REMOTE_ADDR": request.remote},
-        )
+        fields = {"EVENT": "whep_session", "SESSION_ID": session.id, "REMOTE_ADDR": remote}
+        if remote != request.remote:
+            fields["PROXY_ADDR"] = request.remote or ""  # the trusted proxy it came through
+        log.info("viewer session created", extra=fields)
         return response
 
     @staticmethod
@@ -179,7 +182,7 @@ class WhepResource:
         if isinstance(exc, UnsupportedOffer):
             # 422: the offer is well-formed SDP, but nothing in it is something we can send.
             return Problem(422, exc.reason)
-        if isinstance(exc, TooManyPending):
+        if isinstance(exc, TooManyFromAddress):
             return Problem(
                 429, exc.reason, headers={"Retry-After": retry_after_seconds(exc.retry_after)}
             )

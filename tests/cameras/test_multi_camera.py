@@ -46,6 +46,7 @@ from ruseon_appliance.systemd_integration import frames_flowing
 from tests.capture.conftest import CAM_STREAM
 from tests.capture.test_sources import FAKE_RPICAM
 from tests.tooling import free_port
+from tests.web.conftest import admin_of
 
 # name -> (width, height); "back" is the rpicam stand-in replaying CAM_STREAM (320x240).
 SIZES = {"front": (256, 144), "side": (160, 96), "back": (320, 240)}
@@ -188,8 +189,7 @@ async def appliance(tmp_path: Path) -> AsyncIterator[tuple[Appliance, str, Path]
     config = Config(
         cameras=cameras,
         http=HttpConfig(listen=HostPort("127.0.0.1", port)),
-        webrtc=WebRtcConfig(listen=HostPort("127.0.0.1", 0), advertise=("127.0.0.1",),
-                            pending_per_address=10),
+        webrtc=WebRtcConfig(listen=HostPort("127.0.0.1", 0), advertise=("127.0.0.1",)),
         state=StateConfig(dir=str(tmp_path / "state")),
         hls=HlsConfig(part_duration_s=0.5, window_s=6.0),
         # A relay of the second camera (relays default to the first).
@@ -211,7 +211,7 @@ async def test_each_camera_streams_its_own_picture_on_one_port_and_one_certifica
     app, base, _ = appliance
     assert app.engine is not None
     viewers = [Viewer(name) for name in SIZES]
-    async with aiohttp.ClientSession() as http:
+    async with aiohttp.ClientSession(headers=admin_of(app)) as http:
         try:
             for viewer in viewers:
                 await viewer.connect(http, base)
@@ -329,7 +329,7 @@ async def test_a_camera_that_dies_fails_alone_and_comes_back(
     source = back.pipeline.source
     viewers = [Viewer("front"), Viewer("back")]
     front_viewer, back_viewer = viewers
-    async with aiohttp.ClientSession() as http:
+    async with aiohttp.ClientSession(headers=admin_of(app)) as http:
         try:
             for viewer in viewers:
                 await viewer.connect(http, base)

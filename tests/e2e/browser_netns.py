@@ -173,6 +173,9 @@ class Server:
         env = {k: v for k, v in os.environ.items() if not k.startswith("RUSEON_")}
         env["RUSEON_CAMERA_WIDTH"] = str(SOURCE_WIDTH)
         env["RUSEON_CAMERA_HEIGHT"] = str(SOURCE_HEIGHT)
+        if self.token:
+            # A test that gives a token means a board whose viewing needs it too.
+            env["RUSEON_AUTH_VIEWING"] = "credential"
         self._ready.clear()
         self.proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True)
@@ -192,6 +195,10 @@ class Server:
                 self._ready.set()
         self._ready.set()  # it exited: stop waiting, start() reports the output
 
+    def admin_secret(self) -> str:
+        """``--token`` when given, else the secret the service made in its state dir."""
+        return self.token or (self.state_dir / "admin-secret").read_text().strip()
+
     def stop(self) -> None:
         """SIGTERM and wait (the service closes every session on the way out)."""
         if self.proc is None:
@@ -206,10 +213,9 @@ class Server:
         self.proc = None
 
     def status(self) -> dict[str, Any]:
-        """``/api/status`` as JSON."""
+        """``/api/status`` as JSON, as the admin sees it (with the sessions)."""
         request = urllib.request.Request(self.url + "api/status")
-        if self.token:
-            request.add_header("Authorization", f"Bearer {self.token}")
+        request.add_header("Authorization", f"Bearer {self.admin_secret()}")
         with urllib.request.urlopen(request, timeout=10) as response:
             document: dict[str, Any] = json.load(response)
             return document

@@ -63,6 +63,7 @@ wifi_country = "GB"
 
 [auth]
 token = "{TOKEN}"
+viewing = "credential"
 
 [camera]
 source = "synthetic"

@@ -84,8 +84,14 @@ class Serve:
         self.proc = None
 
     def get(self, path: str) -> tuple[int, bytes]:
+        """GET with the admin secret the service made in its state dir (/metrics and the
+        status details are admin)."""
+        secret = (Path(self.command[self.command.index("--state-dir") + 1])
+                  / "admin-secret").read_text().strip()
+        request = urllib.request.Request(self.url + path,
+                                         headers={"Authorization": f"Bearer {secret}"})
         try:
-            with urllib.request.urlopen(self.url + path, timeout=30) as response:
+            with urllib.request.urlopen(request, timeout=30) as response:
                 return response.status, response.read()
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read()

@@ -1,9 +1,11 @@
 """Offers that never connect cannot lock viewers out (issue 12).
 
 A pending session (answered, not yet connected) is cheap and cannot crowd out real viewers:
-each source address may hold only ``pending_per_address`` of them, they time out after
+each source address may hold only its share of the places (``max_viewers_per_address``,
+connected and pending together; tests/engine/test_places.py), they time out after
 ``connect_timeout_s``, and when every place is taken and some are only pending, a new offer
-replaces the oldest pending one. Connected viewers are never displaced. The lock-out test is
+replaces the oldest pending one of the address holding the most. Connected viewers are never
+displaced. The lock-out test is
 the attack as found: offers POSTed over real HTTP from other loopback addresses (127.0.0.2...,
 aiohttp's ``local_addr``) by clients that never start ICE, while a real aiortc viewer from yet
 another address gets in, connects and decodes.
@@ -23,9 +25,9 @@ from aiortc import RTCSessionDescription
 from ruseon_appliance.capture.pipeline import CapturePipeline
 from ruseon_appliance.engine import Engine
 from ruseon_appliance.engine.engine import address_key
-from ruseon_appliance.engine.errors import TooManyPending, TooManyViewers
+from ruseon_appliance.engine.errors import TooManyFromAddress, TooManyViewers
 from tests.engine.conftest import Viewer, connect_viewer, make_offer, wait_for, webrtc_config
-from tests.web.conftest import running_device, web_config
+from tests.web.conftest import ADMIN, running_device, web_config
 
 
 def parse_metrics(text: str) -> dict[str, float]:
@@ -56,15 +58,16 @@ def test_address_key_groups_an_ipv6_slash_64_and_unwraps_mapped_ipv4() -> None:
 
 async def test_per_address_cap_and_the_oldest_pending_gives_way(
         feed: CapturePipeline, tmp_path: Path) -> None:
-    engine = Engine(webrtc_config(max_viewers=3, pending_per_address=2), tmp_path / "s", feed)
+    engine = Engine(webrtc_config(max_viewers=3, max_viewers_per_address=2), tmp_path / "s",
+                    feed)
     await engine.start()
     try:
         _, offer = await make_offer()
         first, _ = await engine.offer(offer, remote="127.0.0.2")
         await engine.offer(offer, remote="127.0.0.2")
-        with pytest.raises(TooManyPending):
+        with pytest.raises(TooManyFromAddress):
             await engine.offer(offer, remote="127.0.0.2")
-        assert engine.stats()["places_refused"] == {"pending-per-address": 1}
+        assert engine.stats()["places_refused"] == {"address-share": 1}
         third, _ = await engine.offer(offer, remote="127.0.0.3")
         assert engine.stats()["sessions_pending"] == 3
         # Full, all pending: the newcomer takes the oldest pending place.
@@ -163,23 +166,23 @@ async def test_never_connecting_offers_cannot_lock_a_real_viewer_out(tmp_path: P
             await wait_for(lambda: viewer.frames >= frames + 10, timeout=40)
             session = engine.sessions[location.rsplit("/", 1)[1]]
             assert session.state == "connected"
-            assert 429 in statuses  # the flooding address hit its pending cap
+            assert 429 in statuses  # the flooding address hit its share of places
 
-            status_doc = await (await client.get("/api/status")).json()
+            status_doc = await (await client.get("/api/status", headers=ADMIN)).json()
             stats = status_doc["webrtc"]["stats"]
             assert stats["sessions_pending"] >= 1
-            assert stats["places_refused"]["pending-per-address"] >= 1
+            assert stats["places_refused"]["address-share"] >= 1
             assert stats["places_reclaimed"]["oldest-pending"] >= 1
-            samples = parse_metrics(await (await client.get("/metrics")).text())
+            samples = parse_metrics(await (await client.get("/metrics", headers=ADMIN)).text())
             assert samples["ruseon_engine_sessions_pending"] >= 1
-            assert samples['ruseon_engine_places_refused{key="pending-per-address"}'] >= 1
+            assert samples['ruseon_engine_places_refused{key="address-share"}'] >= 1
             assert samples['ruseon_engine_places_reclaimed{key="oldest-pending"}'] >= 1
             # The mux's drop reasons are there as well (one of them: a zero-length datagram,
             # which a plain socket, unlike asyncio, does send).
             with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
                 udp.sendto(b"", ("127.0.0.1", engine.udp_port))
             await wait_for(lambda: engine.mux.dropped["empty"] >= 1)
-            samples = parse_metrics(await (await client.get("/metrics")).text())
+            samples = parse_metrics(await (await client.get("/metrics", headers=ADMIN)).text())
             assert samples['ruseon_udp_packets_dropped_total{reason="empty"}'] >= 1
         finally:
             stop.set()

@@ -149,7 +149,11 @@ async def test_discovery_state_last_will_and_reconnect(tmp_path: Path) -> None:
                 await seen.wait_for(lambda: controls().get("brightness") == 0.4
                                     and controls().get("hflip") is True, what="controls set")
                 http = f"http://127.0.0.1:{appliance.http}/api/camera/controls"
-                with urllib.request.urlopen(http, timeout=10) as response:
+                # The admin secret the appliance made on its first start (controls are admin).
+                secret = (state_dir / "admin-secret").read_text().strip()
+                request = urllib.request.Request(http, headers={
+                    "Authorization": f"Bearer {secret}"})
+                with urllib.request.urlopen(request, timeout=10) as response:
                     over_http = json.load(response)["controls"]
                 assert over_http["brightness"]["value"] == 0.4
                 assert over_http["hflip"]["value"] is True

@@ -36,6 +36,7 @@ from ruseon_appliance.engine.fanout import Fanout
 from ruseon_appliance.relay import RtpRelay
 from tests.relay.conftest import RtpReceiver, wait_for
 from tests.tooling import free_port, require_tool
+from tests.web.conftest import admin_of
 
 DATA = Path(__file__).resolve().parents[1] / "capture" / "data"
 FPS = 30
@@ -245,7 +246,7 @@ async def test_appliance_serves_the_relay_sdp_status_and_metrics(tmp_path: Path,
     assert (appliance.engine.fanout is None) == (send_path == "aiortc")
     base = f"http://127.0.0.1:{http_port}"
     try:
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession(headers=admin_of(appliance)) as http:
             async with http.get(f"{base}/relay/lan.sdp") as response:
                 assert response.status == 200
                 assert response.content_type == "application/sdp"
@@ -338,7 +339,7 @@ async def test_the_sdp_of_a_relay_whose_name_does_not_resolve_yet_is_503_not_500
     await appliance.start()
     try:
         assert appliance.relays[0].state == "unresolved"
-        async with (aiohttp.ClientSession() as http,
+        async with (aiohttp.ClientSession(headers=admin_of(appliance)) as http,
                     http.get(f"http://127.0.0.1:{http_port}/relay/far.sdp") as response):
             body = await response.json(content_type=None)
             assert response.status == 503, body

@@ -24,6 +24,7 @@ from ruseon_appliance.config import (
 from tests.rtsp.conftest import RawClient, camera, wait_for
 from tests.rtsp.test_rtsp_clients import assert_live_and_whole, decode_rtsp, frames_late
 from tests.tooling import free_port
+from tests.web.conftest import admin_of
 
 
 def test_rtsp_config_is_off_by_default_and_read_from_toml(tmp_path: Path) -> None:
@@ -69,7 +70,7 @@ async def test_appliance_serves_each_camera_over_rtsp(tmp_path: Path, send_path:
             await wait_for(lambda: client.frames >= 5, what="frames of the front camera")
             cams = {s.camera for s in appliance.rtsp.sessions.values()}
             assert cams == {"front"}
-            async with aiohttp.ClientSession() as http:
+            async with aiohttp.ClientSession(headers=admin_of(appliance)) as http:
                 base = f"http://127.0.0.1:{http_port}"
                 async with http.get(f"{base}/api/status") as response:
                     status = await response.json()

@@ -111,3 +111,49 @@ def test_a_nonce_pushed_out_of_the_table_is_stale_not_open_to_replay(
     fresh = auth.nonce(peer)
     assert check(fresh, 1) == "ok"
     assert auth.replays == 3
+
+
+async def test_wrong_passwords_are_throttled_per_address_and_viewing_can_be_open(
+        rig: Rig) -> None:
+    from ruseon_appliance.access.credentials import AdminSecret, Credentials
+
+    viewer_token = "viewer-token-for-rtsp-0123"
+    closed = Credentials(AdminSecret(TOKEN, "auth.token"), viewer_token=viewer_token,
+                         viewing_open=False)
+    server = await rig.server(credentials=closed)
+    guesser = await RawClient.connect(server.port)
+    try:
+        nonce = nonce_of((await guesser.request("DESCRIBE")).headers["www-authenticate"][0])
+        for n in range(10):
+            wrong = {"Authorization": digest(nonce, "DESCRIBE", guesser.url, nc=n + 1,
+                                             password=f"guess-{n}")}
+            assert (await guesser.request("DESCRIBE", headers=wrong)).status == 401
+        # The 11th try waits, even with the right password, and says how long.
+        right = {"Authorization": digest(nonce, "DESCRIBE", guesser.url, nc=20)}
+        waiting = await guesser.request("DESCRIBE", headers=right)
+        assert waiting.status == 429 and int(waiting.header("retry-after")) >= 1
+        assert server.stats()["auth_failures"] == 10 and server.stats()["auth_throttled"] == 1
+        assert closed.throttle.failures == {"rtsp": 10}
+    finally:
+        await guesser.close()
+    # Another address is served at once, with the viewer token as well as the admin secret.
+    for count, password in enumerate((viewer_token, TOKEN), start=1):
+        other = await RawClient.connect(server.port, source="127.0.0.2")
+        try:
+            nonce = nonce_of((await other.request("DESCRIBE")).headers["www-authenticate"][0])
+            answer = await other.request("DESCRIBE", headers={
+                # Both connections may get the same nonce (same second, same address): count on.
+                "Authorization": digest(nonce, "DESCRIBE", other.url, nc=count,
+                                        password=password)})
+            assert answer.status == 200
+        finally:
+            await other.close()
+    # With viewing open (the default), playing needs no credential at all.
+    open_server = await rig.server(credentials=Credentials(AdminSecret(TOKEN, "auth.token")))
+    anyone = await RawClient.connect(open_server.port)
+    try:
+        assert (await anyone.request("DESCRIBE")).status == 200
+        # The methods that would change what the server holds are still refused.
+        assert (await anyone.request("ANNOUNCE")).status == 405
+    finally:
+        await anyone.close()

@@ -24,17 +24,22 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.rtcrtpreceiver import RTCRtpReceiver
 
 from ruseon_appliance.capture.pipeline import CapturePipeline
-from ruseon_appliance.config import CameraConfig, Config, HostPort, WebRtcConfig
+from ruseon_appliance.config import AuthConfig, CameraConfig, Config, HostPort, WebRtcConfig
 from ruseon_appliance.engine.engine import Engine
 from ruseon_appliance.web.app import make_app
 
 # Small and quick: the web tests are about HTTP, not picture quality.
 SOURCE_WIDTH, SOURCE_HEIGHT, SOURCE_FPS = 320, 240, 30
+# The admin secret of every test device (auth.token), and the header that presents it.
+ADMIN_SECRET = "test-admin-secret-0123456789"
+ADMIN = {"Authorization": f"Bearer {ADMIN_SECRET}"}
 
 
 def web_config(**sections: dict[str, Any]) -> Config:
-    """A Config bound to loopback with a small synthetic source; ``sections`` override fields."""
+    """A Config bound to loopback with a small synthetic source and :data:`ADMIN_SECRET` as the
+    admin secret; ``sections`` override fields."""
     config = Config(
+        auth=AuthConfig(token=ADMIN_SECRET),
         camera=CameraConfig(
             source="synthetic", width=SOURCE_WIDTH, height=SOURCE_HEIGHT, framerate=SOURCE_FPS,
             keyframe_interval=30,
@@ -152,3 +157,9 @@ async def new_offer(
     viewer = Viewer(codecs=codecs)
     viewers.append(viewer)
     return viewer, await viewer.offer()
+
+
+def admin_of(appliance: Any) -> dict[str, str]:
+    """The header that presents a running :class:`~ruseon_appliance.app.Appliance`'s admin
+    secret (its ``[auth] token``, or the one it generated in its state dir)."""
+    return {"Authorization": f"Bearer {appliance.credentials.admin.value}"}

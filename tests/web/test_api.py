@@ -23,7 +23,7 @@ from cryptography.x509.oid import NameOID
 from ruseon_appliance import __version__
 from ruseon_appliance.engine.engine import Engine
 from ruseon_appliance.web.app import DEVICE_API
-from tests.web.conftest import SOURCE_HEIGHT, SOURCE_WIDTH, Viewer, new_offer
+from tests.web.conftest import ADMIN, SOURCE_HEIGHT, SOURCE_WIDTH, Viewer, new_offer
 from tests.web.test_whep import SDP, assert_problem
 
 Device = tuple[Any, Engine, TestClient[Any, Any]]
@@ -45,7 +45,7 @@ async def test_status_reports_device_source_viewers_and_webrtc(
 ) -> None:
     _, engine, client = device
     location = await connected_viewer(client, viewers)
-    response = await client.get("/api/status")
+    response = await client.get("/api/status", headers=ADMIN)
     assert response.status == 200
     status = await response.json()
     assert status["device"]["version"] == __version__
@@ -69,7 +69,7 @@ async def test_status_reports_device_source_viewers_and_webrtc(
 async def test_status_counts_errors(device: Device) -> None:
     _, _, client = device
     await client.post("/whep", data="x", headers={"Content-Type": "text/plain"})
-    status = await (await client.get("/api/status")).json()
+    status = await (await client.get("/api/status", headers=ADMIN)).json()
     assert status["errors"]["http"]["415"] == 1
 
 
@@ -122,7 +122,7 @@ def parse_metrics(text: str) -> dict[str, float]:
 async def test_metrics_in_prometheus_text_format(device: Device, viewers: list[Viewer]) -> None:
     _, _, client = device
     location = await connected_viewer(client, viewers)
-    response = await client.get("/metrics")
+    response = await client.get("/metrics", headers=ADMIN)
     assert response.status == 200
     assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
     text = await response.text()
@@ -148,7 +148,7 @@ async def test_metrics_in_prometheus_text_format(device: Device, viewers: list[V
     )
 
     assert (await client.delete(location)).status == 200
-    samples = parse_metrics(await (await client.get("/metrics")).text())
+    samples = parse_metrics(await (await client.get("/metrics", headers=ADMIN)).text())
     assert samples["ruseon_viewers"] == 0
     assert samples['ruseon_sessions_ended_total{reason="delete"}'] == 1
     # Sent totals do not go backwards when the session ends.

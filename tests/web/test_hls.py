@@ -26,7 +26,7 @@ from ruseon_appliance.web import hls as hls_web
 from ruseon_appliance.web.app import make_app
 from tests.hls.m3u8 import MediaPlaylist, parse
 from tests.hls.test_playlist_conformance import FakeCamera
-from tests.web.conftest import running_engine, serving, web_config
+from tests.web.conftest import ADMIN, running_engine, serving, web_config
 
 TOKEN = "s3cret-hls"
 
@@ -63,7 +63,7 @@ async def hls(tmp_path: Path) -> AsyncIterator[tuple[HlsStream, TestClient[Any, 
 async def raw_get(client: TestClient[Any, Any], target: str) -> tuple[int, bytes]:
     """GET ``target`` exactly as written (no client-side normalization); (status, body)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", client.port)
-    writer.write(f"GET {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+    writer.write(f"GET {target} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
     await writer.drain()
     answer = await reader.read()
     writer.close()
@@ -225,7 +225,7 @@ async def test_waiting_requests_are_bounded_counted_and_time_out(
                 break
             await asyncio.sleep(0.01)
         assert stream.waiting == 3
-        metrics = await (await client.get("/metrics")).text()
+        metrics = await (await client.get("/metrics", headers=ADMIN)).text()
         assert "ruseon_hls_blocking_outstanding 3" in metrics
         refused = await client.get(query)
         assert refused.status == 503 and refused.headers["Retry-After"] == "1"
@@ -234,13 +234,13 @@ async def test_waiting_requests_are_bounded_counted_and_time_out(
         assert [a.status for a in answers] == [503, 503, 503]
         assert stream.waiting == 0
         assert stream.waits_refused == 1 and stream.waits_timed_out == 3
-        metrics = await (await client.get("/metrics")).text()
+        metrics = await (await client.get("/metrics", headers=ADMIN)).text()
         assert "ruseon_hls_blocking_refused_total 1" in metrics
         assert "ruseon_hls_blocking_timed_out_total 3" in metrics
 
 
 async def test_token_header_or_query_for_hls_only(tmp_path: Path) -> None:
-    config = web_config(auth={"token": TOKEN})
+    config = web_config(auth={"token": TOKEN, "viewing": "credential"})
     async with hls_device(config, tmp_path) as (stream, client):
         assert (await client.get("/hls/index.m3u8")).status == 401
         assert (await client.get("/hls/index.m3u8?token=wrong")).status == 401
@@ -280,14 +280,14 @@ async def test_status_and_metrics_report_clients_and_rates(
     stream, client = hls
     for agent in ("player-a", "player-b"):
         await get_playlist(stream, client, **{"User-Agent": agent})
-    status = await (await client.get("/api/status")).json()
+    status = await (await client.get("/api/status", headers=ADMIN)).json()
     section = status["hls"]
     assert section["clients"] >= 2
     assert section["requests"]["playlist"] >= 2
     assert set(section["request_rates"]) >= {"playlist", "blocking_playlist", "part"}
     assert section["stream"]["blocking_waiting"] == 0
     assert section["stream"]["codec"].startswith("avc1.")
-    metrics = await (await client.get("/metrics")).text()
+    metrics = await (await client.get("/metrics", headers=ADMIN)).text()
     for family in ("ruseon_hls_clients", 'ruseon_hls_requests_total{kind="playlist"}',
                    'ruseon_hls_request_rate{kind="part"}', "ruseon_hls_blocking_outstanding",
                    "ruseon_hls_stream_parts_added"):
@@ -327,7 +327,7 @@ async def test_thousands_of_blocking_reloads_are_bounded_and_the_board_keeps_ans
             # The board is not exhausted: other requests are answered meanwhile.
             assert (await client.get("/hls/index.m3u8")).status == 200
             assert (await client.get("/healthz")).status == 200
-            metrics = await (await client.get("/metrics")).text()
+            metrics = await (await client.get("/metrics", headers=ADMIN)).text()
             assert "ruseon_hls_blocking_outstanding 1000" in metrics
             # The open segment completes: every held request is answered.
             stream.add_fragments(list(camera.fragments(9)), b"init")

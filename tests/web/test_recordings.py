@@ -28,7 +28,7 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 @contextlib.asynccontextmanager
 async def device_with_recorder(
         tmp_path: Path) -> AsyncIterator[tuple[Recorder, TestClient[Any, Any]]]:
-    config = web_config(auth={"token": TOKEN})
+    config = web_config(auth={"token": TOKEN, "viewing": "credential"})
     async with running_engine(config, tmp_path) as (capture, engine):
         recorder = Recorder(RecorderSettings(directory=tmp_path / "rec", segment_s=2.0,
                                              preroll_s=2.0), capture.ring)

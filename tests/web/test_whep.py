@@ -65,7 +65,6 @@ async def test_offer_is_answered_and_the_viewer_receives_the_source_video(
     assert viewer.pc.connectionState == "connected"
 
 
-@pytest.mark.parametrize("device", [{"webrtc": {"pending_per_address": 3}}], indirect=True)
 async def test_session_ids_are_unguessable_and_distinct(
     device: Device, viewers: list[Viewer]
 ) -> None:
@@ -175,8 +174,8 @@ async def test_a_pending_place_goes_to_the_newcomer(
     assert engine.stats()["places_reclaimed"] == {"oldest-pending": 1}
 
 
-@pytest.mark.parametrize("device", [{"webrtc": {"pending_per_address": 1}}], indirect=True)
-async def test_pending_cap_per_address_is_429_with_retry_after(
+@pytest.mark.parametrize("device", [{"webrtc": {"max_viewers_per_address": 1}}], indirect=True)
+async def test_an_address_beyond_its_share_is_429_with_retry_after_and_a_reason(
     device: Device, viewers: list[Viewer]
 ) -> None:
     _, engine, client = device
@@ -184,9 +183,10 @@ async def test_pending_cap_per_address_is_429_with_retry_after(
     await create_session(client, first)
     _, second = await new_offer(viewers)
     response = await client.post("/whep", data=second, headers=SDP)
-    await assert_problem(response, 429)
+    problem = await assert_problem(response, 429)
+    assert "already holds 1 viewer places (1 of them not connected yet)" in problem["detail"]
     assert int(response.headers["Retry-After"]) >= 1
-    assert engine.stats()["places_refused"] == {"pending-per-address": 1}
+    assert engine.stats()["places_refused"] == {"address-share": 1}
 
 
 @pytest.mark.parametrize(

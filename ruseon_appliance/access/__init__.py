@@ -1,0 +1,1 @@
+"""Who may do what: access levels, credentials, client addresses."""
