@@ -300,3 +300,36 @@ async def test_a_camera_whose_start_hangs_is_stuck_and_withholds_the_watchdog(
         await starting
         await cameras.stop()
     assert cameras.stuck() == []
+
+
+async def test_an_explicit_rpicam_without_a_camera_says_why(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``source = "rpicam"`` with the camera unplugged: the start does not fail (rpicam-vid is
+    restarted with back-off by its supervisor), and the problem line carries rpicam-vid's own
+    words; plugged in, it delivers."""
+    from ruseon_appliance.cameras import Camera
+    from ruseon_appliance.capture.pipeline import CapturePipeline
+    from ruseon_appliance.capture.sources.rpicam import RpicamSource
+    from tests.capture.test_sources import fake_rpicam_camera
+
+    unplugged = tmp_path / "unplugged"
+    unplugged.write_text("")
+    config = fake_rpicam_camera(tmp_path, monkeypatch, FAKE_RPICAM_UNPLUGGED=str(unplugged))
+    source = RpicamSource(config, backoff_s=(0.1, 0.3))
+    camera = Camera(config, pipeline=CapturePipeline(config, source=source))
+    assert await camera.start()
+    try:
+        deadline = time.monotonic() + 30
+        while "no cameras available" not in (camera.problem() or ""):
+            assert time.monotonic() < deadline, camera.problem()
+            await asyncio.sleep(0.05)
+        assert "rpicam-vid exited with status 255" in (camera.problem() or "")
+        unplugged.unlink()
+        assert await camera.pipeline.wait_first_frame(30)
+        deadline = time.monotonic() + 30
+        while camera.problem() is not None:
+            assert time.monotonic() < deadline, camera.problem()
+            await asyncio.sleep(0.05)
+        assert source.stats()["last_error"] == ""
+    finally:
+        await camera.stop()

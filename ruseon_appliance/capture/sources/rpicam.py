@@ -343,7 +343,16 @@ class RpicamSource:
             "discarded_bytes": self.discarded_bytes,
             "bcm2712": self.bcm2712,
             "low_latency": "--low-latency" in self.argv,
+            # Why the camera is not delivering (its problem line names it): the newest child's
+            # exit, while no child since has sent a frame ("" while frames flow).
+            "last_error": self._last_error(),
         }
+
+    def _last_error(self) -> str:
+        exit_ = self._last_exit
+        if exit_ is None or self._frames_this_start or self._stopping:
+            return ""
+        return f"rpicam-vid exited with status {exit_[1]}" + (f": {exit_[2]}" if exit_[2] else "")
 
     async def _supervise(self, deliver: Deliver) -> None:
         loop = asyncio.get_running_loop()
