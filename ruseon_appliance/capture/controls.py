@@ -240,12 +240,13 @@ class CameraControls:
     """The current values of one source's controls: validated, applied, persisted (0600)."""
 
     def __init__(self, source: object, camera: CameraConfig, state_dir: Path | None) -> None:
-        self.kind = str(getattr(source, "kind", "unknown"))
+        self._any_source = source
         self._source = source if isinstance(source, ControllableSource) else None
         self._catalog = catalog(camera)
-        self._live: Mapping[str, bool] = self._source.controls if self._source else {}
-        self.specs = {n: s for n, s in self._catalog.items() if n in self._live}
-        self.values: dict[str, Any] = {n: s.default for n, s in self.specs.items()}
+        # Every control's value (the config's until changed); only the source's are shown,
+        # validated, applied and saved. A source may learn its controls at start (``auto``
+        # once it has found the camera), so they are read from it each time.
+        self.values: dict[str, Any] = {n: s.default for n, s in self._catalog.items()}
         self._path = state_dir / CONTROLS_FILE if state_dir is not None else None
         self.file = ControlsFile(self._path) if self._path is not None else None
         self.on_change: Callable[[dict[str, Any], bool], object] | None = None
@@ -254,6 +255,27 @@ class CameraControls:
         self.rejected = 0
         # One change at a time (the API and MQTT both change controls; a restart takes a while).
         self._lock = asyncio.Lock()
+
+    @property
+    def kind(self) -> str:
+        """The source's kind (``auto`` says the chosen source's once it has chosen)."""
+        return str(getattr(self._any_source, "kind", "unknown"))
+
+    @property
+    def _live(self) -> Mapping[str, bool]:
+        return self._source.controls if self._source is not None else {}
+
+    @property
+    def specs(self) -> dict[str, ControlSpec]:
+        """The controls this source has, by name."""
+        live = self._live
+        return {n: s for n, s in self._catalog.items() if n in live}
+
+    def _for_source(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """``values`` limited to the source's controls (all of them while it does not know its
+        own yet: ``auto`` keeps them for the source it chooses)."""
+        live = self._live
+        return {k: v for k, v in values.items() if k in live} if live else dict(values)
 
     def describe(self) -> dict[str, Any]:
         """``GET /api/camera/controls``: each control's value, range and whether it applies
@@ -294,7 +316,7 @@ class CameraControls:
         restarted = False
         if self._source is not None:
             try:
-                restarted = await self._source.apply_controls(values)
+                restarted = await self._source.apply_controls(self._for_source(values))
             except ControlRejected as exc:
                 # The source has the previous values back (and running): nothing is kept.
                 self.rejected += 1
@@ -318,15 +340,21 @@ class CameraControls:
         (a control the source lacks, a value out of today's range) with a warning."""
         saved = self._load()
         kept: dict[str, Any] = {}
+        # A source that learns its controls at start (``auto``): check against every control
+        # now; the one it chooses gets what it has.
+        pending = self._source is not None and not self._live
         for name, value in saved.items():
             try:
-                kept.update(self.validate({name: value}))
+                if pending and name in self._catalog:
+                    kept[name] = self._catalog[name].coerce(value)
+                else:
+                    kept.update(self.validate({name: value}))
             except ControlError as exc:
                 log.warning("ignoring the saved camera control: %s", exc)
         if kept:
             self.values = {**self.values, **kept}
             if self._source is not None:
-                await self._source.apply_controls(self.values)
+                await self._source.apply_controls(self._for_source(self.values))
             log.info("camera controls restored from %s: %s", self._path,
                      ", ".join(f"{k}={v}" for k, v in kept.items()))
 
@@ -349,7 +377,9 @@ class CameraControls:
         every control nobody touched at run time. Written off the loop (:class:`ControlsFile`)."""
         if self.file is None:
             return
-        self.file.save({n: v for n, v in self.values.items() if v != self.specs[n].default})
+        specs = self.specs
+        self.file.save({n: v for n, v in self.values.items()
+                        if n in specs and v != specs[n].default})
 
     async def flush(self) -> None:
         """Wait for the values file to be written (shutdown)."""

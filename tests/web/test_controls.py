@@ -383,3 +383,27 @@ async def test_a_slow_fsync_does_not_stall_the_video(
             assert saved["values"] == {"brightness": 0.6}
         finally:
             await viewer.close()
+
+
+async def test_auto_has_the_chosen_sources_controls_and_keeps_them(tmp_path: Path) -> None:
+    """``source = "auto"`` (the image's and ``make run``'s default) had no camera controls at
+    all: they were read from the source before it had found a camera. Now they are the chosen
+    source's (here the synthetic camera: this is not a Pi), PATCH works, and the saved values
+    are applied to the source auto chooses after a restart."""
+    config = dataclasses.replace(config_for(tmp_path), camera=CameraConfig(
+        source="auto", rpicam_command="no-such-rpicam-vid", width=320, height=240,
+        keyframe_interval=30))
+    async with appliance_at(config) as (appliance, http, url):
+        async with http.get(url, headers=AUTH) as resp:
+            described = await resp.json()
+        assert described["source"] == "synthetic"
+        assert described["controls"]["brightness"]["value"] == 0.0
+        await patch(http, url, {"brightness": 0.5, "hflip": True})
+        assert {o for o, _ in await pictures_after(appliance, now_us())} == {"hflip"}
+    saved = json.loads((Path(config.state.dir) / CONTROLS_FILE).read_text())
+    assert saved["values"] == {"brightness": 0.5, "hflip": True}
+    async with appliance_at(config) as (appliance, http, url):
+        async with http.get(url, headers=AUTH) as resp:
+            controls = (await resp.json())["controls"]
+        assert controls["brightness"]["value"] == 0.5 and controls["hflip"]["value"] is True
+        assert {o for o, _ in await pictures_after(appliance, now_us())} == {"hflip"}

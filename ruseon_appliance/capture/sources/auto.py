@@ -12,10 +12,12 @@ import asyncio
 import logging
 import shlex
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from ...config import CameraConfig
+from ..controls import ControllableSource
 from .base import Deliver, Source, SourceUnavailable
 from .board import camera_expected
 from .file import FileSource
@@ -92,6 +94,8 @@ class AutoSource:
         self.expected = camera_expected() if expected is None else expected
         self.chosen: Source | None = None
         self._stopped = False
+        # Camera controls set before a source was chosen (the saved ones at start-up).
+        self._control_values: dict[str, Any] = {}
 
     @property
     def kind(self) -> str:
@@ -103,6 +107,9 @@ class AutoSource:
         self._stopped = False
         if self.chosen is None:
             chosen = await choose_source(self._camera, expected=self.expected)
+            if isinstance(chosen, ControllableSource) and self._control_values:
+                await chosen.apply_controls({k: v for k, v in self._control_values.items()
+                                             if k in chosen.controls})
             self.chosen = chosen
             if self._stopped:  # stop() came while the camera was being looked for
                 return
@@ -113,6 +120,22 @@ class AutoSource:
         self._stopped = True
         if self.chosen is not None:
             await self.chosen.stop()
+
+    @property
+    def controls(self) -> Mapping[str, bool]:
+        """The chosen source's camera controls (none before one is chosen)."""
+        chosen = self.chosen
+        return chosen.controls if isinstance(chosen, ControllableSource) else {}
+
+    async def apply_controls(self, values: Mapping[str, Any]) -> bool:
+        """The chosen source's; before one is chosen, kept for it (applied before it starts)."""
+        chosen = self.chosen
+        restarted = False
+        if isinstance(chosen, ControllableSource):
+            restarted = await chosen.apply_controls({k: v for k, v in values.items()
+                                                     if k in chosen.controls})
+        self._control_values = dict(values)  # not when refused (raised above)
+        return restarted
 
     @property
     def recovers_by_itself(self) -> bool:
