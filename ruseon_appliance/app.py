@@ -21,6 +21,7 @@ from aiohttp import web
 
 from .access.credentials import Credentials
 from .cameras import Camera, CameraSet
+from .cameras.camera import STUCK_S
 from .capture.controls import CameraControls, camera_with
 from .capture.pipeline import CapturePipeline
 from .capture.sources.base import SourceUnavailable
@@ -28,7 +29,6 @@ from .clock import WallClock
 from .config import Config
 from .engine.engine import (
     GOP_CATCH_UP_MAX_S,
-    NO_KEYFRAME_ON_DEMAND,
     Engine,
     default_advertise,
 )
@@ -42,7 +42,7 @@ from .relay import RtpRelay
 from .rtsp import RtspServer, RtspSource
 from .rtsp.server import METRICS as RTSP_METRICS
 from .shutdown import StopSignals, bounded, until_stopped
-from .systemd_integration import SystemdNotifier, frames_flowing
+from .systemd_integration import SystemdNotifier
 from .web import https_certificate
 from .web.app import CAMERAS, DEVICE_API, HLS, make_app
 from .web.controls import ControlsResource
@@ -76,12 +76,10 @@ class Appliance:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.notifier = SystemdNotifier.from_environment()
-        if len(config.all_cameras) == 1:
-            # One camera: a source that cannot run here stops start-up (exit 1), as it did.
-            self.cameras = CameraSet.from_pipelines([CapturePipeline(config.camera)])
-        else:
-            # Several: a camera whose source cannot be built is reported and retried.
-            self.cameras = CameraSet.from_configs(config.all_cameras)
+        # A camera whose source cannot run (missing, unplugged, a library not installed) is
+        # reported and retried; it never stops start-up, one camera or several: a service that
+        # fails to start is restarted until systemd's start limit gives up on the board.
+        self.cameras = CameraSet.from_configs(config.all_cameras)
         # The first camera: /whep, /hls/, recording, relays, controls and MQTT serve it.
         self.capture = self.cameras.first.pipeline
         self.engine: Engine | None = None
@@ -164,10 +162,7 @@ class Appliance:
         self._follow_stream_controls()
         for camera in list(self.cameras)[1:]:
             follow_stream_controls(camera, self.camera_controls[camera.name])
-        if len(self.cameras) == 1:
-            await self.capture.start()  # fails start-up, as a single camera always did
-        else:
-            await self.cameras.start()  # failures are per camera, reported and retried
+        await self.cameras.start()  # failures are per camera, reported and retried
         self.engine = Engine(
             config.webrtc,
             state_dir,
@@ -235,18 +230,37 @@ class Appliance:
             await bind_every_host(config.http.listen, "http.listen", bind)
         await self._start_integrations()
 
-        if not await self.cameras.wait_first_frame(FIRST_FRAME_TIMEOUT_S):
-            sources = ", ".join(c.pipeline.source_kind for c in self.cameras)
-            raise RuntimeError(
-                f"no frame from the {sources} source within {FIRST_FRAME_TIMEOUT_S:.0f} s"
-            )
+        # READY=1 once the page can show the picture, or say why it cannot: no camera sent a
+        # frame within the timeout, or none could even start (then there is nothing to wait
+        # for). Either way the service stays up, reports the camera and keeps trying.
+        if any(c.error is None for c in self.cameras) and not await \
+                self.cameras.wait_first_frame(FIRST_FRAME_TIMEOUT_S):
+            log.warning("no frame from any camera within %.0f s; serving without one: %s",
+                        FIRST_FRAME_TIMEOUT_S,
+                        "; ".join(f"{name}: {why}" for name, why in self.cameras.down()),
+                        extra={"EVENT": "no_camera"})
+        for name, why in self.cameras.down():
+            log.warning("camera %s is down: %s", name, why,
+                        extra={"EVENT": "camera_down", "CAMERA": name})
         self.notifier.ready()
         # Start-up's temporaries (imports, certificate, sources' set-up) are freed by now; glibc
         # keeps their pages until trimmed (~1 MiB of RSS, issue 19).
         release_free_heap()
-        # The watchdog fires while any camera delivers: restarting the service would not
-        # bring back an unplugged camera, and would cut the others' viewers.
-        healthy = frames_flowing(self.cameras.newest_frame_monotonic)
+        # The watchdog guards the process, not the picture: it is fed while the event loop
+        # turns, and withheld only when a camera's stop or start hangs (a driver thread that
+        # only a new process frees). A missing, unplugged or silent camera is the cameras'
+        # own business (cameras/camera.py: probed and restarted with back-off, reported on
+        # /healthz, the page and MQTT): restarting the service for it would not bring it back,
+        # would cut every viewer, and every ~20 s would soon exhaust StartLimitBurst, after
+        # which the board stays down until someone power-cycles it.
+        def healthy() -> bool:
+            stuck = self.cameras.stuck()
+            if stuck:
+                log.error("camera %s: its source's stop or start has hung for over %.0f s; "
+                          "only a restart of the service frees it", ", ".join(stuck), STUCK_S,
+                          extra={"EVENT": "camera_stuck"})
+            return not stuck
+
         self._tasks.append(asyncio.create_task(self.notifier.watchdog_loop(healthy)))
         self._tasks.append(asyncio.create_task(self._status_loop()))
         self._tasks.append(asyncio.create_task(self.credentials.watch()))
@@ -299,8 +313,8 @@ class Appliance:
             fanout = self._consumer_fanout(cam)
             catch_up = max(3, -(-camera.framerate * camera.keyframe_request_interval_ms // 1000))
             # As the engine does for viewers: the GOP so far when no fresh IDR can be had.
-            gop_bytes = (int(camera.bitrate / 8 * GOP_CATCH_UP_MAX_S)
-                         if feed.source_kind in NO_KEYFRAME_ON_DEMAND else 0)
+            gop_bytes = (0 if feed.keyframes_on_demand
+                         else int(camera.bitrate / 8 * GOP_CATCH_UP_MAX_S))
             sources.append(RtspSource(cam.name, feed, fanout, framerate=camera.framerate,
                                       catch_up_max_frames=catch_up,
                                       keyframe_interval_frames=camera.keyframe_interval,
@@ -537,6 +551,8 @@ class Appliance:
             await self.engine.stop()
         for recorder in self.recorders.values():
             await recorder.stop()
+        for controls in self.camera_controls.values():
+            await controls.flush()  # the values file is written off the loop
         await self.cameras.stop()
         log.info("stopped", extra={"EVENT": "stopped"})
 

@@ -23,12 +23,16 @@ pings every half of that (7.5 s). A ping is withheld when
 
 * the event loop woke up late by more than a quarter of the interval (3.75 s): something blocked
   the loop, and a loop that is blocked for good sends nothing at all, or
-* ``healthy()`` says no. :func:`frames_flowing` is the intended check: the newest access unit is
-  younger than :data:`FRAME_STALL_SECONDS` (5 s, a third of the interval, which is 150 frames at
-  30 fps and still several frames at 1 fps).
+* ``healthy()`` says no. The appliance's check (``app.py``) is that no camera's stop or start
+  has hung for ``cameras.camera.STUCK_S`` (a driver thread that only a new process frees).
 
-So a hung camera or a blocked loop stops the pings, and systemd kills and restarts the service at
-most ``WatchdogSec`` after the last good ping, instead of it serving a frozen picture.
+So a blocked loop or a hung camera driver stops the pings, and systemd kills and restarts the
+service at most ``WatchdogSec`` after the last good ping. A camera that is missing, unplugged or
+silent does not (issue 24): each camera is probed and restarted in-process with back-off and
+reported (``/healthz``, the page, MQTT), since a service restart would not bring it back, would
+cut every viewer, and every ~20 s would exhaust ``StartLimitBurst`` and leave the board down
+until power-cycled. :func:`frames_flowing` (the newest access unit younger than
+:data:`FRAME_STALL_SECONDS`) was the check before that and stays for callers that want it.
 """
 
 from __future__ import annotations
@@ -148,7 +152,7 @@ class SystemdNotifier:
                 notifier.notify_socket,
             )
         if notifier.watchdog_usec:
-            log.info("systemd watchdog: %.1f s, pinging every %.1f s while frames flow",
+            log.info("systemd watchdog: %.1f s, pinging every %.1f s while the service is healthy",
                      notifier.watchdog_usec / 1e6, notifier.watchdog_usec / 2e6)
         return notifier
 
@@ -217,12 +221,13 @@ class SystemdNotifier:
             if not healthy():
                 self.pings_withheld += 1
                 if not stalled:
-                    log.error("systemd watchdog: no recent frames, withholding pings so systemd "
-                              "restarts the service", extra={"EVENT": "watchdog_withheld"})
+                    log.error("systemd watchdog: unhealthy (see the lines before), withholding "
+                              "pings so systemd restarts the service",
+                              extra={"EVENT": "watchdog_withheld"})
                 stalled = True
                 continue
             if stalled:
-                log.info("systemd watchdog: frames flow again, pinging",
+                log.info("systemd watchdog: healthy again, pinging",
                          extra={"EVENT": "watchdog_resumed"})
                 stalled = False
             if self.watchdog_ping():

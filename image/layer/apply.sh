@@ -67,6 +67,9 @@ install -m 0755 "$here/ruseon-firstboot" "$rootfs/usr/lib/ruseon/ruseon-firstboo
 install -m 0644 "$here/ruseon-firstboot.service" "$rootfs/etc/systemd/system/"
 install -m 0755 "$here/ruseon-growfs" "$rootfs/usr/lib/ruseon/ruseon-growfs"
 install -m 0644 "$here/ruseon-growfs.service" "$rootfs/etc/systemd/system/"
+# The image's marker (ruseon_appliance/capture/sources/board.py): on the image, camera.source =
+# "auto" never stands a synthetic test picture in for a camera it cannot find.
+echo "ruseon image, built from $(basename "$wheel")" > "$rootfs/usr/lib/ruseon/image-release"
 if [ -n "$admin_user" ]; then
     # ruseon-firstboot's default for device.admin_user: whose authorized_keys get the keys.
     echo "$admin_user" > "$rootfs/usr/lib/ruseon/admin-user"

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ..capture.pipeline import CapturePipeline
+from ..capture.sources.auto import NoCameraDetected
 from ..capture.sources.base import Deliver, SourceUnavailable
 from ..capture.sources.rtsp import redact
 from ..config import CameraConfig
@@ -24,6 +25,15 @@ STALL_MIN_S = 2.0
 # Start-up retries of a camera whose source failed: doubling from the first, up to the last.
 RETRY_FIRST_S = 2.0
 RETRY_MAX_S = 30.0
+# A source that does not recover by itself (picamera2, the synthetic camera; rpicam restarts
+# its child and RTSP reconnects on their own) and has sent no frame for this long after it had
+# sent some is stopped and started again here, then retried like a failed start.
+STALL_RESTART_S = 15.0
+# How often a started camera is looked at for that.
+SUPERVISE_S = 1.0
+# A camera whose stop or start has not returned for this long is stuck (a driver hung in a
+# worker thread): only a new process frees it, so the watchdog is withheld (app.py).
+STUCK_S = 30.0
 
 
 def stale_after_s(framerate: int) -> float:
@@ -74,57 +84,117 @@ class Camera:
                 pipeline = CapturePipeline(config, source=UnavailableSource(str(exc)))
         self.pipeline = pipeline
         self.error: str | None = None
+        # The failure is "no camera detected" (auto on a Pi or the image): worded for people.
+        self.missing = False
         self.start_failures = 0
+        self.stall_restarts = 0
+        # time.monotonic() of the next start attempt while the source is down.
+        self.next_attempt: float | None = None
         self._clock = clock
-        self._retry: asyncio.Task[None] | None = None
+        self._supervisor: asyncio.Task[None] | None = None
         self._stopped = False
+        self._started_at: float | None = None
+        self._busy_since: float | None = None  # a stop or start of the source is under way
 
     async def start(self) -> bool:
-        """Start the source; on failure report it, retry in the background, return False."""
+        """Start the source; on failure report it and return False. Either way it is then
+        supervised in the background: retried with back-off while it fails, and restarted if
+        it stops sending frames and cannot recover by itself, until :meth:`stop`."""
         self._stopped = False
-        if await self._try_start():
-            return True
-        self._retry = asyncio.create_task(self._retry_loop(), name=f"camera-{self.name}-retry")
-        return False
+        started = await self._try_start()
+        self._supervisor = asyncio.create_task(self._supervise(),
+                                               name=f"camera-{self.name}-supervisor")
+        return started
 
     async def _try_start(self) -> bool:
+        self._busy_since = self._clock()
         try:
             await self.pipeline.start()
         except Exception as exc:  # any source failure: this camera only
             self.start_failures += 1
+            first = self.error is None
             self.error = str(exc) or type(exc).__name__
-            log.error("camera %s: source %s failed to start: %s", self.name,
-                      redact(self.config.source), self.error,
-                      extra={"EVENT": "camera_start_failed", "CAMERA": self.name})
+            self.missing = isinstance(exc, NoCameraDetected)
+            # Once per outage at error level; the retries every RETRY_MAX_S at info.
+            log.log(logging.ERROR if first else logging.INFO,
+                    "camera %s: source %s failed to start: %s", self.name,
+                    redact(self.config.source), self.error,
+                    extra={"EVENT": "camera_start_failed", "CAMERA": self.name})
             with contextlib.suppress(Exception):
                 await self.pipeline.stop()  # so the next start() starts it again
             return False
+        finally:
+            self._busy_since = None
         if self.error is not None:
             log.info("camera %s: source started after %d failed attempts", self.name,
                      self.start_failures, extra={"EVENT": "camera_started", "CAMERA": self.name})
         self.error = None
+        self.missing = False
+        self.next_attempt = None
+        self._started_at = self._clock()
         return True
 
-    async def _retry_loop(self) -> None:
+    async def _supervise(self) -> None:
         delay = RETRY_FIRST_S
         while not self._stopped:
-            await asyncio.sleep(delay)
-            if self._stopped or await self._try_start():
-                return
-            delay = min(delay * 2, RETRY_MAX_S)
+            if self.error is not None:  # down: try again after the back-off
+                self.next_attempt = self._clock() + delay
+                await asyncio.sleep(delay)
+                if self._stopped:
+                    return
+                started = await self._try_start()
+                delay = RETRY_FIRST_S if started else min(delay * 2, RETRY_MAX_S)
+                continue
+            await asyncio.sleep(SUPERVISE_S)
+            if not self._stopped and self._stalled():
+                await self._restart_stalled()
+
+    def _stalled(self) -> bool:
+        """Frames stopped after this start had sent some, and the source does not recover
+        by itself (see :data:`STALL_RESTART_S`)."""
+        if getattr(self.pipeline.source, "recovers_by_itself", False):
+            return False
+        last, started = self.pipeline.last_frame_monotonic, self._started_at
+        return (last is not None and started is not None and last >= started
+                and self._clock() - last > STALL_RESTART_S)
+
+    async def _restart_stalled(self) -> None:
+        self.stall_restarts += 1
+        log.warning("camera %s: no frame from the %s source for %.0f s; restarting it",
+                    self.name, self.pipeline.source_kind, STALL_RESTART_S,
+                    extra={"EVENT": "camera_restart", "CAMERA": self.name})
+        self._busy_since = self._clock()
+        try:
+            with contextlib.suppress(Exception):
+                await self.pipeline.stop()
+        finally:
+            self._busy_since = None
+        self._started_at = None
+        await self._try_start()  # a failure is retried by _supervise with back-off
+
+    def stuck(self) -> bool:
+        """A stop or start of the source has not returned for :data:`STUCK_S` (a hung
+        driver thread): a service restart is the only way out."""
+        busy = self._busy_since
+        return busy is not None and self._clock() - busy > STUCK_S
 
     async def stop(self) -> None:
-        """Stop retrying and stop the source."""
+        """Stop supervising and stop the source."""
         self._stopped = True
-        task, self._retry = self._retry, None
+        task, self._supervisor = self._supervisor, None
         await cancel_and_wait(task)
         await self.pipeline.stop()
 
     def problem(self) -> str | None:
         """Why this camera is down (start failure, no frame yet, no frame lately), else None."""
         if self.error is not None:
+            retry = ""
+            if self.next_attempt is not None:
+                retry = f" in {max(0.0, self.next_attempt - self._clock()):.0f} s"
+            if self.missing:
+                return f"{self.error}; probing again{retry}"
             return (f"source {redact(self.config.source)} failed to start ({self.error}); "
-                    "retrying")
+                    f"retrying{retry}")
         last = self.pipeline.last_frame_monotonic
         kind = self.pipeline.source_kind
         if last is None:
@@ -155,6 +225,8 @@ class Camera:
             "up": problem is None,
             "problem": problem,
             "start_failures": self.start_failures,
+            "missing": self.missing,
+            "stall_restarts": self.stall_restarts,
             "width": info.width if info else None,
             "height": info.height if info else None,
             "profile_level_id": info.profile_level_id if info else None,
@@ -234,6 +306,10 @@ class CameraSet:
         finally:
             for wait in waits:
                 wait.cancel()
+
+    def stuck(self) -> list[str]:
+        """Names of the cameras whose stop or start hangs (:meth:`Camera.stuck`)."""
+        return [camera.name for camera in self._cameras if camera.stuck()]
 
     def newest_frame_monotonic(self) -> float | None:
         """``time.monotonic()`` of the newest frame of any camera (the watchdog's clock: it

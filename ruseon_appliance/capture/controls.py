@@ -29,6 +29,80 @@ CONTROLS_FILE = "camera-controls.json"
 RESOLUTIONS = ("640x480", "1280x720", "1920x1080")
 
 
+class ControlRejected(RuntimeError):
+    """The camera did not run with the new values (it refused them, or no frame came): the
+    previous values are back and running; ``str()`` says what happened, in one line."""
+
+
+# How long a source restarted for new values may take to deliver its first frame with them
+# before they count as refused (a Pi camera reconfigures in about a second).
+RESTART_PROOF_S = 10.0
+
+
+async def frames_arrived(count: Callable[[], int], before: int, timeout: float,
+                         failed: Callable[[], str | None] = lambda: None) -> str | None:
+    """Wait until ``count()`` exceeds ``before`` (a frame with the new values arrived): None,
+    or why not (``failed()``'s reason, or the timeout). Checked every 20 ms: a control change
+    is rare, and this keeps the sources' frame paths free of hooks."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while count() <= before:
+        why = failed()
+        if why is not None:
+            return why
+        if asyncio.get_running_loop().time() >= deadline:
+            return f"no frame within {timeout:.0f} s"
+        await asyncio.sleep(0.02)
+    return None
+
+
+class ControlsFile:
+    """The persisted values (``camera-controls.json``, 0600), written in a worker thread.
+
+    Every change hands over the newest values; one write runs at a time and a write that was
+    overtaken by a newer change is never made (the last write wins), so a burst of PATCHes or
+    MQTT sets costs at most two writes and the event loop never waits for ``fsync``.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._pending: dict[str, Any] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.writes = 0
+
+    def save(self, values: Mapping[str, Any]) -> None:
+        """Write ``values`` soon (replacing whatever was waiting to be written)."""
+        self._pending = dict(values)
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(
+                self._drain(), name="camera-controls-save")
+
+    async def flush(self) -> None:
+        """Wait until everything handed over is on disk (shutdown, tests)."""
+        while self._task is not None and not self._task.done():
+            await asyncio.shield(self._task)
+
+    async def _drain(self) -> None:
+        while self._pending is not None:
+            values, self._pending = self._pending, None
+            await asyncio.to_thread(self.write, values)
+            self.writes += 1
+
+    def write(self, values: Mapping[str, Any]) -> None:
+        """Write atomically (temporary file, fsync, rename); a failure is a warning."""
+        tmp = self.path.with_suffix(".tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            # O_CREAT's mode only applies to a new file: a .tmp left by a crash keeps its own.
+            os.fchmod(fd, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump({"values": dict(values)}, fh, indent=1, sort_keys=True)
+                fh.flush()
+                os.fsync(fh.fileno())  # else a power cut after the rename can leave it empty
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            log.warning("cannot save camera controls to %s: %s", self.path, exc)
+
+
 class ControlError(ValueError):
     """A control change is refused; ``control`` names it and ``str()`` says why, in one line."""
 
@@ -155,25 +229,53 @@ class ControllableSource(Protocol):
 
     async def apply_controls(self, values: Mapping[str, Any]) -> bool:
         """Apply ``values`` (every control the source has); True if the source restarted.
-        Called before ``start`` too (the persisted values), which must not start anything."""
+        Called before ``start`` too (the persisted values), which must not start anything.
+
+        A restart is proven: it returns only once the source delivered a frame with the new
+        values; otherwise it puts the previous values back, restarts with them and raises
+        :class:`ControlRejected` saying why."""
 
 
 class CameraControls:
     """The current values of one source's controls: validated, applied, persisted (0600)."""
 
     def __init__(self, source: object, camera: CameraConfig, state_dir: Path | None) -> None:
-        self.kind = str(getattr(source, "kind", "unknown"))
+        self._any_source = source
         self._source = source if isinstance(source, ControllableSource) else None
         self._catalog = catalog(camera)
-        self._live: Mapping[str, bool] = self._source.controls if self._source else {}
-        self.specs = {n: s for n, s in self._catalog.items() if n in self._live}
-        self.values: dict[str, Any] = {n: s.default for n, s in self.specs.items()}
+        # Every control's value (the config's until changed); only the source's are shown,
+        # validated, applied and saved. A source may learn its controls at start (``auto``
+        # once it has found the camera), so they are read from it each time.
+        self.values: dict[str, Any] = {n: s.default for n, s in self._catalog.items()}
         self._path = state_dir / CONTROLS_FILE if state_dir is not None else None
+        self.file = ControlsFile(self._path) if self._path is not None else None
         self.on_change: Callable[[dict[str, Any], bool], object] | None = None
         self.restarts = 0
         self.changes = 0
+        self.rejected = 0
         # One change at a time (the API and MQTT both change controls; a restart takes a while).
         self._lock = asyncio.Lock()
+
+    @property
+    def kind(self) -> str:
+        """The source's kind (``auto`` says the chosen source's once it has chosen)."""
+        return str(getattr(self._any_source, "kind", "unknown"))
+
+    @property
+    def _live(self) -> Mapping[str, bool]:
+        return self._source.controls if self._source is not None else {}
+
+    @property
+    def specs(self) -> dict[str, ControlSpec]:
+        """The controls this source has, by name."""
+        live = self._live
+        return {n: s for n, s in self._catalog.items() if n in live}
+
+    def _for_source(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """``values`` limited to the source's controls (all of them while it does not know its
+        own yet: ``auto`` keeps them for the source it chooses)."""
+        live = self._live
+        return {k: v for k, v in values.items() if k in live} if live else dict(values)
 
     def describe(self) -> dict[str, Any]:
         """``GET /api/camera/controls``: each control's value, range and whether it applies
@@ -213,7 +315,15 @@ class CameraControls:
         values = {**self.values, **checked}
         restarted = False
         if self._source is not None:
-            restarted = await self._source.apply_controls(values)
+            try:
+                restarted = await self._source.apply_controls(self._for_source(values))
+            except ControlRejected as exc:
+                # The source has the previous values back (and running): nothing is kept.
+                self.rejected += 1
+                log.warning("camera controls %s refused: %s",
+                            ", ".join(f"{k}={v}" for k, v in checked.items()), exc,
+                            extra={"EVENT": "camera_controls_rejected"})
+                raise
         self.values = values
         self.changes += 1
         self.restarts += restarted
@@ -230,15 +340,21 @@ class CameraControls:
         (a control the source lacks, a value out of today's range) with a warning."""
         saved = self._load()
         kept: dict[str, Any] = {}
+        # A source that learns its controls at start (``auto``): check against every control
+        # now; the one it chooses gets what it has.
+        pending = self._source is not None and not self._live
         for name, value in saved.items():
             try:
-                kept.update(self.validate({name: value}))
+                if pending and name in self._catalog:
+                    kept[name] = self._catalog[name].coerce(value)
+                else:
+                    kept.update(self.validate({name: value}))
             except ControlError as exc:
                 log.warning("ignoring the saved camera control: %s", exc)
         if kept:
             self.values = {**self.values, **kept}
             if self._source is not None:
-                await self._source.apply_controls(self.values)
+                await self._source.apply_controls(self._for_source(self.values))
             log.info("camera controls restored from %s: %s", self._path,
                      ", ".join(f"{k}={v}" for k, v in kept.items()))
 
@@ -258,19 +374,14 @@ class CameraControls:
 
     def _save(self) -> None:
         """Only what differs from the config is kept, so a config edit still takes effect for
-        every control nobody touched at run time."""
-        if self._path is None:
+        every control nobody touched at run time. Written off the loop (:class:`ControlsFile`)."""
+        if self.file is None:
             return
-        changed = {n: v for n, v in self.values.items() if v != self.specs[n].default}
-        tmp = self._path.with_suffix(".tmp")
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            # O_CREAT's mode only applies to a new file: a .tmp left by a crash keeps its own.
-            os.fchmod(fd, 0o600)
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump({"values": changed}, fh, indent=1, sort_keys=True)
-                fh.flush()
-                os.fsync(fh.fileno())  # else a power cut after the rename can leave it empty
-            os.replace(tmp, self._path)
-        except OSError as exc:
-            log.warning("cannot save camera controls to %s: %s", self._path, exc)
+        specs = self.specs
+        self.file.save({n: v for n, v in self.values.items()
+                        if n in specs and v != specs[n].default})
+
+    async def flush(self) -> None:
+        """Wait for the values file to be written (shutdown)."""
+        if self.file is not None:
+            await self.file.flush()

@@ -68,15 +68,21 @@ PENDING_RETRY_AFTER_S = 2
 CONNECTED_RETRY_AFTER_S = 10
 # At most one log line per this many seconds for datagrams that raised inside aiortc.
 RECEIVE_ERROR_LOG_INTERVAL_S = 10.0
-# Sources that cannot make an IDR on demand (a file replay; rpicam-vid only makes one when it
-# restarts): a viewer joining mid-GOP is sent the GOP so far, up to this many seconds of stream.
-NO_KEYFRAME_ON_DEMAND = frozenset({"file", "rpicam"})
+# A source that cannot make an IDR on demand (``keyframes_on_demand`` False: a file replay,
+# rpicam-vid, an IP camera): a viewer joining mid-GOP is sent the GOP so far, and a viewer's
+# PLI/FIR is answered the same way, up to this many seconds of stream.
 GOP_CATCH_UP_MAX_S = 2.5
 # Peer connections built ahead for fan-out viewers (engine/prebuilt.py): enough for a burst of
 # this many offers at once (about 35 KB each), at most max_viewers.
 PREBUILT_PEER_CONNECTIONS = 32
 
 SessionListener = Callable[[str, WhepSession], None]
+
+
+def keyframes_on_demand(feed: object) -> bool:
+    """Whether ``feed`` (a camera's pipeline) can make an IDR when asked; a feed that does not
+    say (a test's) is taken to."""
+    return bool(getattr(feed, "keyframes_on_demand", True))
 
 
 class StreamNotReady(TooManyViewers):
@@ -139,6 +145,8 @@ class Engine:
         self.offers_rejected: Counter[str] = Counter()
         self.sessions_ended: Counter[str] = Counter()
         self.keyframe_requests: Counter[str] = Counter()
+        # Viewers' keyframe requests answered from the ring (a source without IDR on demand).
+        self.keyframe_refreshes = 0
         # Why offers found no place, and why pending sessions were closed to make one.
         self.places_refused: Counter[str] = Counter()
         self.places_reclaimed: Counter[str] = Counter()
@@ -336,6 +344,7 @@ class Engine:
             "offers_rejected": dict(self.offers_rejected),
             "sessions_ended": dict(self.sessions_ended),
             "keyframe_requests": dict(self.keyframe_requests),
+            "keyframe_refreshes": self.keyframe_refreshes,
             "receive_errors": dict(self.receive_errors),
             "mux": self._mux.stats(),
             "srtp": self._srtp_stats(),
@@ -456,7 +465,7 @@ class Engine:
         """How much of a GOP a joining viewer may be sent to see motion at once: up to
         :data:`GOP_CATCH_UP_MAX_S` of the stream for a source that cannot make a keyframe on
         demand; none for one that can (a fresh IDR comes instead, see ``track.py``)."""
-        if feed.source_kind not in NO_KEYFRAME_ON_DEMAND:
+        if keyframes_on_demand(feed):
             return 0
         return int(feed.camera.bitrate / 8 * GOP_CATCH_UP_MAX_S)
 
@@ -573,14 +582,16 @@ class Engine:
         if viewer is not None:
             session = WhepSession(pc, transceiver.sender, viewer, ufrag, self._release)
             viewer.cursor.request = lambda reason: self._request_keyframe(session, reason)
-            viewer.on_keyframe_request = lambda reason: self._request_keyframe(session, reason)
+            viewer.on_keyframe_request = (
+                lambda reason: self._viewer_keyframe_request(session, viewer.refresh, reason))
             viewer.on_nack = session.on_nack
         else:
             assert isinstance(track, ViewerTrack)
             session = WhepSession(pc, transceiver.sender, track, ufrag, self._release)
             track._request = lambda reason: self._request_keyframe(session, reason)
             aiortc_internals.forward_keyframe_requests(
-                transceiver.sender, lambda: self._request_keyframe(session, "pli/fir"))
+                transceiver.sender,
+                lambda: self._viewer_keyframe_request(session, track.refresh, "pli/fir"))
             aiortc_internals.count_retransmissions(transceiver.sender, session.on_nack)
         session.feed = feed
         self._sessions[session.id] = session
@@ -633,6 +644,20 @@ class Engine:
             ufrag = _ice_string(8)
             if not self._mux.is_live(ufrag):
                 return ufrag
+
+    def _viewer_keyframe_request(self, session: WhepSession, refresh: Callable[[], bool],
+                                 reason: str) -> None:
+        """A viewer's PLI/FIR. A source that makes IDRs on demand is asked (coalesced, one IDR
+        for everyone); for one that cannot (rpicam-vid, a file, an IP camera) ``refresh``
+        answers this viewer alone from the ring: the encoder keeps running and the other
+        viewers, the recording and HLS see nothing."""
+        if keyframes_on_demand(session.feed):
+            self._request_keyframe(session, reason)
+            return
+        session.keyframes_requested += 1
+        self.keyframe_requests[reason.split(":")[0]] += 1
+        if refresh():
+            self.keyframe_refreshes += 1
 
     def _request_keyframe(self, session: WhepSession, reason: str) -> None:
         session.keyframes_requested += 1

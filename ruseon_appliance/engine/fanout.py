@@ -304,6 +304,7 @@ class FanoutViewer:
         self.nack_unavailable = 0
         self.nack_over_budget = 0
         self.keyframe_skips = 0
+        self.refreshes = 0  # keyframe requests answered from the ring (refresh)
         self.send_dropped_full = 0
         self.send_errors = 0
         self.srs_sent = 0
@@ -463,6 +464,22 @@ class FanoutViewer:
                     and not self.closed):
                 self._pace_handle = asyncio.get_running_loop().call_later(
                     JOIN_PACE_S, self._paced)
+
+    def refresh(self) -> bool:
+        """Answer this viewer's PLI/FIR from the ring (:meth:`ViewerCursor.refresh`), sent
+        paced like a join burst. A request while such a burst is still going out is served
+        by it (False); so is one before the viewer has joined."""
+        if self.closed or not self.active or self.frames_sent < self._burst_frames:
+            return False
+        if not self.cursor.refresh():
+            return False
+        # The frame half sent is superseded: its tail is lost like any packet, and the
+        # keyframe behind it starts the picture afresh.
+        self._current = None
+        self._burst_frames = self.frames_sent + len(self.cursor.queue)
+        self.refreshes += 1
+        self.service(time.monotonic())
+        return True
 
     def _paced(self) -> None:
         """The next slice of the join burst."""

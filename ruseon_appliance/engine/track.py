@@ -94,6 +94,7 @@ class ViewerCursor(Generic[T]):
         self._last_pts: int | None = None
         self.join_mode = ""
         self.frames_skipped = 0
+        self.refreshes = 0  # keyframe requests answered from the ring (refresh)
 
     def pull(self) -> None:
         """Join on first use, then move every frame written since into :attr:`queue`."""
@@ -177,6 +178,44 @@ class ViewerCursor(Generic[T]):
             self.request("viewer join: cached keyframe older than the GOP")
         else:
             self.request("viewer join mid-GOP")
+
+    def refresh(self) -> bool:
+        """Answer this viewer's keyframe request (PLI/FIR) from the ring, for a source that
+        cannot make an IDR on demand: the newest cached keyframe and every frame since are
+        queued again (what was queued is superseded), stamped in the ticks right after what
+        this viewer already has, then the viewer carries on live, as a join burst does. The
+        encoder, other viewers, the recording and HLS see nothing. A GOP larger than
+        ``catch_up_max_bytes`` sends the keyframe alone and skips to the next one (a still,
+        clean picture until then). False when there is nothing to send (no keyframe in the
+        ring, or not joined yet: the join itself starts on a keyframe)."""
+        ring = self._feed.ring
+        keyframe_seq = ring.newest_keyframe_seq
+        if keyframe_seq is None or self.reader is None:
+            return False
+        newest = ring.newest_seq
+        whole = (self._catch_up_max_bytes <= 0 or self._gop_bytes(
+            ring, keyframe_seq, newest) <= self._catch_up_max_bytes)
+        self.reader.close()
+        self.reader = ring.reader("keyframe")
+        self.queue.clear()
+        base = self._last_pts if self._last_pts is not None else 0
+        tick = 0
+        while self.reader.position <= newest:
+            view = self.reader.poll()
+            if view is None:
+                break
+            if tick and not whole:
+                self.frames_skipped += 1
+                continue
+            tick += 1
+            # Squeezed just after what was sent: the next live frame (rebased) comes after.
+            self._emit(self._take(view), base + tick, view.keyframe, view.capture_time_us,
+                       rebase=False)
+        if not whole:
+            self._skip_until_keyframe = True
+            self._skipped_since_request = 0
+        self.refreshes += 1
+        return tick > 0
 
     @staticmethod
     def burst_stamps(now_pts: int, sizes: list[int], ticks_per_byte: float) -> list[int]:
@@ -310,6 +349,10 @@ class ViewerTrack(MediaStreamTrack):  # type: ignore[misc]
         self.bytes_sent += len(data)
         self.last_capture_time_us = capture_us
         return packet
+
+    def refresh(self) -> bool:
+        """A keyframe request answered from the ring (:meth:`ViewerCursor.refresh`)."""
+        return self.cursor.refresh()
 
     def stop(self) -> None:
         """End the track and release its ring cursor."""

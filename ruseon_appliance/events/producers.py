@@ -20,6 +20,8 @@ STALL_FRAME_INTERVALS = 10
 STALL_MIN_S = 2.0
 # How often the watcher looks at the pipeline's newest frame time.
 STALL_POLL_S = 0.5
+# A camera that has sent no frame at all this long after the watcher first looked is stalled.
+FIRST_FRAME_GRACE_S = 10.0
 
 
 def session_listener(bus: EventBus, viewers: Callable[[], int]) -> Callable[[str, Any], None]:
@@ -134,13 +136,21 @@ class StallWatcher(_Poller):
         self._clock = clock
         self.stalled = False
         self._stalled_since = 0.0
+        self._first_look: float | None = None
         self.stalls = 0
 
     def check(self) -> None:
         """Look once; publish on a change of state (called by the loop, and by tests)."""
         last = self._last_frame()
         if last is None:
-            return  # not started yet: start-up has its own timeout
+            # No frame yet: a camera missing from the start (a loose ribbon cable) is stalled
+            # too, once a camera that is there would have sent its first frame.
+            now = self._clock()
+            if self._first_look is None:
+                self._first_look = now
+            if now - self._first_look <= max(self.limit_s, FIRST_FRAME_GRACE_S):
+                return
+            last = self._first_look
         age = self._clock() - last
         if not self.stalled and age > self.limit_s:
             self.stalled = True

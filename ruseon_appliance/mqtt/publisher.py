@@ -15,6 +15,7 @@ import contextlib
 import json
 import logging
 import random
+import ssl
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
@@ -142,6 +143,10 @@ class HomeAssistantMqtt:
         self.snapshots = 0
         self.commands = 0
         self.last_error = ""
+        # The password and TLS context, read once (off the loop) and kept for every reconnect;
+        # not kept while they fail (a password file that appears later is picked up).
+        self._credentials: tuple[str, ssl.SSLContext | None] | None = None
+        self.credential_loads = 0
 
     # -- wiring ------------------------------------------------------------------------------
 
@@ -191,9 +196,21 @@ class HomeAssistantMqtt:
 
     # -- the connection ----------------------------------------------------------------------
 
-    def _client(self) -> aiomqtt.Client:
+    async def _load_credentials(self) -> tuple[str, ssl.SSLContext | None]:
+        """The password and TLS context: read from files and built (certificate chains
+        parsed) in a worker thread the first time, then the same objects on every reconnect."""
+        if self._credentials is None:
+            config = self.config
+
+            def load() -> tuple[str, ssl.SSLContext | None]:
+                return config.resolve_password(), config.tls_context()
+
+            self._credentials = await asyncio.to_thread(load)
+            self.credential_loads += 1
+        return self._credentials
+
+    def _client(self, password: str, tls_context: ssl.SSLContext | None) -> aiomqtt.Client:
         host, port, _ = self.config.endpoint()
-        password = self.config.resolve_password()
         return aiomqtt.Client(
             host, port,
             username=self.config.username or None,
@@ -204,7 +221,7 @@ class HomeAssistantMqtt:
             timeout=CONNECT_TIMEOUT_S,
             max_queued_outgoing_messages=MAX_OUTGOING,
             max_queued_incoming_messages=MAX_INCOMING,
-            tls_context=self.config.tls_context(),
+            tls_context=tls_context,
             logger=_client_log,
         )
 
@@ -213,7 +230,7 @@ class HomeAssistantMqtt:
         while not self._stopping:
             connected_at: float | None = None
             try:
-                async with self._client() as client:
+                async with self._client(*await self._load_credentials()) as client:
                     self.connected = True
                     self.connects += 1
                     connected_at = time.monotonic()

@@ -505,6 +505,9 @@ class RtpRelay:
             self.fraction_lost = feedback.fraction_lost
 
     def _request_keyframe(self, reason: str) -> None:
+        # As for RTSP clients: a source with IDRs on demand makes one; one without ignores it
+        # and the next periodic IDR serves. A GOP re-sent from the ring would reach every
+        # viewer behind the relay (Janus fans it out), replaying seconds for all of them.
         if self._feed.request_keyframe(f"relay {self.name}: {reason}"):
             self.keyframes_forced += 1
 

@@ -562,6 +562,11 @@ class RtspSession:
             self.fraction_lost = feedback.fraction_lost
 
     def _request_keyframe(self, reason: str) -> None:
+        # A source with IDRs on demand makes one (coalesced, shared with every viewer). One
+        # without (rpicam-vid, a file, an IP camera) ignores it and the client waits for the
+        # next periodic IDR: unlike a WebRTC viewer, an RTSP client is usually a recorder
+        # (an NVR, Frigate, ffmpeg), which would store a GOP re-sent from the ring as the same
+        # seconds twice, and the RTSP timeline keeps the frames' own timestamps.
         if self._feed.request_keyframe(f"rtsp {self.camera}: {reason}"):
             self.keyframes_forced += 1
 

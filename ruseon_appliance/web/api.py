@@ -90,8 +90,8 @@ class DeviceApi:
         # make_app: a section name -> its JSON data, and callables returning exposition text.
         self.status_sections: dict[str, Callable[[], Any]] = {}
         self.metrics_sections: list[Callable[[], str]] = []
-        # With several cameras: ``() -> (how many, [(name, why down), ...])`` (web/cameras.py);
-        # /healthz then reports which are down, 503 only when every one is.
+        # ``() -> (how many, [(name, why down), ...])`` (web/cameras.py): /healthz then
+        # reports which are down, 503 only when every one is (200 "degraded" otherwise).
         self.cameras_down: Callable[[], tuple[int, list[tuple[str, str]]]] | None = None
 
     def add_routes(self, app: web.Application) -> None:
@@ -178,7 +178,9 @@ class DeviceApi:
             total, down = self.cameras_down()
             listed = "; ".join(f"{name}: {why}" for name, why in down)
             if down and len(down) == total:
-                raise Problem(503, f"every camera is down: {listed}", headers={"Retry-After": "1"})
+                # One camera: its own words ("no camera detected (probed: ...)").
+                detail = down[0][1] if total == 1 else f"every camera is down: {listed}"
+                raise Problem(503, detail, headers={"Retry-After": "1"})
             text = f"degraded: {len(down)} of {total} cameras down: {listed}\n" if down else "ok\n"
             return web.Response(text=text, headers={"Cache-Control": "no-store"})
         reason = self.health_problem()

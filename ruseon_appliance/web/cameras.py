@@ -35,6 +35,11 @@ class CamerasResource:
         self.whep = whep
         # The first camera's snapshot is the one /snapshot.jpg already caches.
         self._snapshots = {cameras.first.name: default_snapshot}
+        whep.camera_problem = self._problem_of
+
+    def _problem_of(self, feed: object) -> str | None:
+        camera = self.cameras.first if feed is None else self.cameras.of_feed(feed)
+        return camera.problem() if camera is not None else None
 
     def add_routes(self, app: web.Application, api: DeviceApi) -> None:
         """Register the routes and this resource's parts of status, metrics and health."""
@@ -45,8 +50,7 @@ class CamerasResource:
         app.router.add_get("/api/cameras", self.list_cameras)
         api.status_sections["cameras"] = self.status
         api.metrics_sections.append(self.metrics)
-        if len(self.cameras) > 1:
-            api.cameras_down = lambda: (len(self.cameras), self.cameras.down())
+        api.cameras_down = lambda: (len(self.cameras), self.cameras.down())
 
     def add_fallback_routes(self, app: web.Application) -> None:
         """After every camera's own HLS and controls routes: an unknown camera there is the

@@ -4,8 +4,11 @@
 restarts the source; ``PATCH`` takes a JSON object of ``{control: value}`` (``null`` = back to
 the config's value) and answers the new state. Every change is checked before any is applied:
 an unknown control, one the source lacks or a value out of range is a 422 naming the control and
-what is allowed, and nothing changes. Both need the Bearer token when auth is on (like all of
-``/api``).
+what is allowed, and nothing changes. A change that restarts the camera is kept only once the
+camera delivered a frame with it: one the camera refuses (rpicam-vid exiting, libcamera
+refusing the configuration, no frame in 10 s) is a 422 with the camera's reason, the previous
+values run again and the values file is not touched. Both need the Bearer token when auth is
+on (like all of ``/api``).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
-from ruseon_appliance.capture.controls import CameraControls, ControlError
+from ruseon_appliance.capture.controls import CameraControls, ControlError, ControlRejected
 from ruseon_appliance.web.problem import Problem
 
 log = logging.getLogger(__name__)
@@ -57,6 +60,10 @@ class ControlsResource:
             restarted = await self.controls.update(changes)  # one change at a time
         except ControlError as exc:
             raise Problem(422, str(exc)) from None
+        except ControlRejected as exc:  # the camera refused them; it runs with the old ones
+            raise Problem(422, f"the camera could not run with "
+                               f"{', '.join(f'{k}={v!r}' for k, v in changes.items())}: "
+                               f"{exc}") from None
         except Exception as exc:  # the camera failed (a sensor that will not reconfigure)
             log.exception("camera controls: %s could not be applied", ", ".join(map(str, changes)))
             raise Problem(503, f"the camera could not apply {', '.join(map(str, changes))}: "

@@ -231,6 +231,11 @@ def render(
         _labelled("reason", engine_stats.get("keyframe_requests") or {}),
     )
     out.family(
+        "ruseon_keyframe_refreshes_total", "counter",
+        "Viewers' keyframe requests answered from the ring (source without IDR on demand).",
+        [("", engine_stats.get("keyframe_refreshes") or 0)],
+    )
+    out.family(
         "ruseon_frames_captured_total", "counter", "Access units from the camera.",
         [("", capture_stats.get("frames_in") or 0)],
     )

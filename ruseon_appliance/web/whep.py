@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from ruseon_appliance.engine.engine import StreamNotReady
 from ruseon_appliance.engine.errors import (
     MalformedOffer,
     OfferError,
@@ -89,6 +90,9 @@ class WhepResource:
         self.ice_servers = ice_servers
         self.max_body_bytes = max_body_bytes
         self.metrics = metrics
+        # Why a camera (by its pipeline; None: the default) has no video, for a 503's detail
+        # (web/cameras.py sets it); "" or None when it does not say.
+        self.camera_problem: Callable[[Any], str | None] = lambda feed: None
         self._records: dict[str, _SessionRecord] = {}
         # An engine that implements ICE restarts exposes
         # ``async restart_ice(session_id, sdpfrag) -> str`` returning the answer fragment.
@@ -150,7 +154,11 @@ class WhepResource:
             session, answer = await self.engine.offer(sdp, feed=feed, remote=remote)
         except OfferError as exc:
             self.metrics.offers_refused[type(exc).__name__] += 1
-            raise self._offer_problem(exc) from None
+            problem = self._offer_problem(exc)
+            why = self.camera_problem(feed) if isinstance(exc, StreamNotReady) else None
+            if why:  # the page shows this line: "no camera detected (probed: ...)"
+                problem = Problem(503, f"{exc.reason}: {why}", headers=problem.headers)
+            raise problem from None
         self.metrics.answer_seconds.observe(time.perf_counter() - began)
         self.metrics.offers_answered += 1
         self._records[session.id] = _SessionRecord(sdp_ice_ufrag(sdp))

@@ -17,7 +17,8 @@ emulates a Pi 5 / CM5; default a VC4 board), ``FAKE_RPICAM_VERSION`` (default 1.
 ``FAKE_RPICAM_LIBAV`` (``0``: built without libav), ``FAKE_RPICAM_LIST_WAIT_FOR`` (a path:
 ``--list-cameras`` answers only once it exists, giving up after 20 s as if no camera),
 ``FAKE_RPICAM_UNPLUGGED`` (a path: while it exists the camera is gone, and a start fails as
-upstream's does without a camera).
+upstream's does without a camera), ``FAKE_RPICAM_REJECT`` (``--width=1920,--framerate=7``:
+a start with one of these values fails as a camera refusing a configuration does).
 """
 
 from __future__ import annotations
@@ -126,6 +127,10 @@ def main() -> int:
             fh.write(" ".join(args) + "\n")
     if given.get("--awb", "auto") not in AWB_MODES:
         return fail(f"Invalid AWB mode: {given['--awb']}")
+    for rule in filter(None, os.environ.get("FAKE_RPICAM_REJECT", "").split(",")):
+        option, _, value = rule.partition("=")
+        if given.get(option) == value:  # as libcamera refuses a mode the sensor lacks
+            return fail(f"failed to configure streams ({option} {value} not supported)")
     unplugged = os.environ.get("FAKE_RPICAM_UNPLUGGED")
     if unplugged and os.path.exists(unplugged):
         return fail("no cameras available")

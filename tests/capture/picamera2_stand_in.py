@@ -281,8 +281,20 @@ class Picamera2:
     """``picamera2.Picamera2`` with a camera that produces a moving picture at ``FrameRate``."""
 
     instances: list[Picamera2] = []
+    # Sizes the sensor has no mode for: configure() refuses them, as libcamera does.
+    refused_sizes: set[tuple[int, int]] = set()
+    # While True no camera is connected (a loose ribbon cable): none is listed, and opening one
+    # fails as picamera2 does with no camera (an IndexError from its camera list).
+    unplugged = False
+    # While set, opening a camera blocks until it is cleared (a driver call that hangs).
+    hang_open: threading.Event | None = None
 
     def __init__(self, camera_num: int = 0) -> None:
+        hang = Picamera2.hang_open
+        if hang is not None:
+            hang.wait(60)
+        if Picamera2.unplugged:
+            raise IndexError("list index out of range")
         self.camera_num = camera_num
         self.config: dict[str, Any] = {}
         self.closed = False
@@ -294,7 +306,7 @@ class Picamera2:
 
     @staticmethod
     def global_camera_info() -> list[dict[str, Any]]:
-        return [{"Model": "imx708", "Num": 0}]
+        return [] if Picamera2.unplugged else [{"Model": "imx708", "Num": 0}]
 
     def create_video_configuration(self, main: dict[str, Any] | None = None,
                                    controls: dict[str, Any] | None = None,
@@ -310,6 +322,9 @@ class Picamera2:
         self.set_controls_calls.append(dict(controls))
 
     def configure(self, config: dict[str, Any]) -> None:
+        size = tuple(config["main"].get("size", ()))
+        if size in Picamera2.refused_sizes:
+            raise RuntimeError(f"Failed to configure camera: no sensor mode for {size}")
         for name in config["controls"]:
             if name not in ADVERTISED_CONTROLS:
                 raise RuntimeError(f"Control {name} is not advertised by libcamera")
@@ -336,6 +351,11 @@ class Picamera2:
         fps = float(self.config["controls"].get("FrameRate", 30.0))
         self._thread = threading.Thread(target=self._run, args=(encoder, fps), daemon=True)
         self._thread.start()
+
+    def freeze(self) -> None:
+        """The sensor stops sending (a ribbon cable pulled while streaming): no more frames,
+        and picamera2 reports nothing."""
+        self._stop.set()
 
     def _run(self, encoder: Encoder, fps: float) -> None:
         width, height = encoder.width, encoder.height

@@ -239,27 +239,26 @@ async def test_rpicam_source_delivers_and_survives_child_death(
     assert source.stats()["starts"] == source.starts
 
 
-async def test_rpicam_keyframe_request_restarts_child_rate_limited(
+async def test_rpicam_keyframe_request_never_restarts_the_child(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Issue 24: a keyframe request restarted rpicam-vid for everyone (every viewer froze, the
+    recording split, HLS got a discontinuity). rpicam-vid cannot make an IDR on request, so the
+    source says so (keyframes_on_demand) and the engine answers from the ring; the child runs
+    on."""
     camera = fake_rpicam_camera(tmp_path, monkeypatch)
-    source = RpicamSource(camera, keyframe_restart_interval_s=60)
+    source = RpicamSource(camera)
     pipeline = CapturePipeline(dataclasses.replace(camera, keyframe_request_interval_ms=0),
                                source=source)
+    assert pipeline.keyframes_on_demand is False
     await pipeline.start()
     try:
-        await read_frames(pipeline, 35)  # past the first IDR and into the next GOP
-        reader = pipeline.ring.reader("next")
-        assert pipeline.request_keyframe("viewer") is True
-        assert pipeline.request_keyframe("viewer") is True  # coalescer window 0 ...
-        view = await asyncio.wait_for(reader.next(), 10)
-        while not view.keyframe:
-            view = await asyncio.wait_for(reader.next(), 10)
-        assert len(decode_alone(bytes(view.data))) == 1
-        assert source.keyframe_restarts == 1  # ... but the source limits restarts itself
-        # (the coalescer's retry, if the restarted child was slow, is refused the same way)
-        assert source.keyframe_requests_ignored >= 1
-        assert source.crashes == 0 and source.starts == 2
+        await read_frames(pipeline, 5)
+        for _ in range(5):
+            pipeline.request_keyframe("viewer")
+        await read_frames(pipeline, 35)
+        assert source.keyframe_requests_ignored >= 5
+        assert source.crashes == 0 and source.starts == 1
     finally:
         await pipeline.stop()
 

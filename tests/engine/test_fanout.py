@@ -314,6 +314,7 @@ class GopReplay:
     :attr:`go` is set."""
 
     kind = "file"
+    keyframes_on_demand = False  # as a file replay: joins get the GOP so far
 
     def __init__(self, preload: int) -> None:
         from ruseon_appliance.capture.h264 import AccessUnitSplitter

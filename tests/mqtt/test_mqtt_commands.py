@@ -224,6 +224,49 @@ async def test_unreadable_password_file_is_one_line_not_a_traceback_per_attempt(
     assert records[0].exc_info is None
 
 
+async def test_reconnects_reuse_the_password_and_tls_context(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 24: a broker that refuses every connection made the publisher read the password
+    file and build a TLS context (a CA bundle parsed) on the event loop for every attempt. They
+    are read once, in a worker thread; while the password file is missing they are not kept, so
+    the file is picked up when it appears."""
+    import threading
+
+    from ruseon_appliance import config as config_module
+
+    monkeypatch.setattr(publisher, "BACKOFF_FIRST_S", 0.01)
+    monkeypatch.setattr(publisher, "BACKOFF_MAX_S", 0.02)
+    built: list[str] = []
+    real_tls = config_module._tls_context
+
+    def counting_tls(*args: object) -> object:
+        built.append(threading.current_thread().name)
+        return real_tls(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(config_module, "_tls_context", counting_tls)
+    secret = tmp_path / "password"
+    config = MqttConfig(url="mqtts://127.0.0.1:1", username="cam", password_file=str(secret))
+    mqtt = HomeAssistantMqtt(config, device_id=DEVICE, name="test", state=lambda: {},
+                             snapshot=no_snapshot)
+    await mqtt.start()
+    try:
+        deadline = asyncio.get_running_loop().time() + 60
+        while mqtt.disconnects < 3:  # the file is missing: nothing kept, retried
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.01)
+        assert "password_file" in mqtt.last_error and not built
+        secret.write_text("s3cret\n")
+        seen = mqtt.disconnects
+        while mqtt.disconnects < seen + 6:  # now the broker refuses: 6 reconnects
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.01)
+    finally:
+        await mqtt.stop()
+    assert len(built) == 1, built
+    assert built[0] != threading.main_thread().name
+    assert "password_file" not in mqtt.last_error
+
+
 async def test_a_flood_of_home_assistant_online_does_not_republish_everything(
         tmp_path: Path) -> None:
     topics = Topics("ruseon", DEVICE)

@@ -112,7 +112,7 @@ async def test_a_late_acknowledgement_is_a_warning_not_a_traceback(
 
     publisher = HomeAssistantMqtt(MqttConfig(url="mqtt://127.0.0.1:1"), device_id="d", name="n",
                                   state=dict, snapshot=no_snapshot)
-    client = publisher._client()
+    client = publisher._client(*await publisher._load_credentials())
     with caplog.at_level(logging.DEBUG):
         client._on_subscribe(client._client, None, 23, [])
         client._on_unsubscribe(client._client, None, 24, [])

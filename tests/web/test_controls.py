@@ -5,8 +5,10 @@ survive a restart while the config stays the default."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
+import itertools
 import json
 import time
 from collections.abc import AsyncIterator
@@ -280,3 +282,128 @@ async def test_restart_requiring_control_keeps_the_viewer_playing(tmp_path: Path
             assert viewer.pc.connectionState == "connected"
         finally:
             await viewer.close()
+
+
+async def test_a_value_the_camera_refuses_is_422_and_the_old_values_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 24: rpicam-vid (the stand-in) refuses 1280x720. The PATCH answers 422 with
+    rpicam-vid's reason, the camera delivers again with the old values, GET shows them, and
+    the values file is what the last accepted change wrote."""
+    from tests.capture.test_sources import fake_rpicam_camera
+
+    camera = fake_rpicam_camera(tmp_path, monkeypatch, FAKE_RPICAM_REJECT="--width=1280")
+    config = dataclasses.replace(config_for(tmp_path), camera=camera)
+    async with appliance_at(config) as (appliance, http, url):
+        await patch(http, url, {"bitrate": 400_000})
+        await appliance.controls.flush()
+        saved = Path(config.state.dir) / CONTROLS_FILE
+        before = saved.read_bytes()
+        data = await patch(http, url, {"resolution": "1280x720"}, status=422)
+        assert "resolution='1280x720'" in data["detail"], data
+        assert "--width 1280 not supported" in data["detail"], data
+        assert "previous values are back" in data["detail"], data
+        async with http.get(url, headers=AUTH) as resp:
+            controls = (await resp.json())["controls"]
+        assert controls["resolution"]["value"] == "320x240"
+        assert controls["bitrate"]["value"] == 400_000
+        frames = appliance.capture.frames_out
+        reader = appliance.capture.ring.reader("next")
+        try:
+            for _ in range(5):  # the camera runs again
+                await asyncio.wait_for(reader.next(), 20)
+        finally:
+            reader.close()
+        assert appliance.capture.frames_out > frames
+        await appliance.controls.flush()
+        assert saved.read_bytes() == before
+
+
+async def test_a_slow_fsync_does_not_stall_the_video(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 24: the controls file was written (open, write, fsync, rename) on the event loop
+    that sends all video, on every PATCH and MQTT set. With fsync taking 300 ms (a slow SD
+    card), 12 PATCHes in a row must not open gaps in a real viewer's pictures: gaps over 8 frame
+    intervals (267 ms at 30 fps; each blocked fsync made one of at least 9) stay as rare as
+    without PATCHes, and the file ends with the last values (the newest write wins)."""
+    import os as os_module
+
+    from ruseon_appliance.capture import controls as controls_module
+
+    real_fsync = os_module.fsync
+    fsyncs: list[float] = []
+
+    def slow_fsync(fd: int) -> None:
+        time.sleep(0.3)
+        fsyncs.append(time.monotonic())
+        real_fsync(fd)
+
+    monkeypatch.setattr(controls_module.os, "fsync", slow_fsync)
+    interval = 1 / 30
+    async with appliance_at(config_for(tmp_path)) as (appliance, http, url):
+        viewer = Viewer()
+        try:
+            whep = url.replace("/api/camera/controls", "/whep")
+            async with http.post(whep, data=await viewer.offer(), headers={
+                    **AUTH, "Content-Type": "application/sdp"}) as resp:
+                assert resp.status == 201
+                await viewer.accept(await resp.text())
+            track = await viewer.track
+            arrivals: list[float] = []
+
+            async def watch() -> None:
+                while True:
+                    await track.recv()
+                    arrivals.append(time.monotonic())
+
+            watcher = asyncio.create_task(watch())
+            try:
+                while len(arrivals) < 30:  # joined and playing
+                    await asyncio.sleep(0.05)
+                quiet_from = len(arrivals)
+                await asyncio.sleep(2.0)
+                busy_from = len(arrivals)
+                for n in range(12):
+                    await patch(http, url, {"brightness": round(0.05 * (n + 1), 2)})
+                    await asyncio.sleep(0.1)
+                await appliance.controls.flush()
+                busy_to = len(arrivals)
+            finally:
+                watcher.cancel()
+
+            def big_gaps(times: list[float]) -> int:
+                return sum(1 for a, b in itertools.pairwise(times)
+                           if b - a > 8 * interval)
+
+            quiet = big_gaps(arrivals[quiet_from:busy_from])
+            busy = big_gaps(arrivals[busy_from:busy_to])
+            assert busy <= quiet + 2, (quiet, busy)
+            assert busy_to - busy_from > 30  # pictures kept coming
+            assert 1 <= len(fsyncs) < 12  # written off the loop, overtaken writes never made
+            saved = json.loads((Path(appliance.config.state.dir) / CONTROLS_FILE).read_text())
+            assert saved["values"] == {"brightness": 0.6}
+        finally:
+            await viewer.close()
+
+
+async def test_auto_has_the_chosen_sources_controls_and_keeps_them(tmp_path: Path) -> None:
+    """``source = "auto"`` (the image's and ``make run``'s default) had no camera controls at
+    all: they were read from the source before it had found a camera. Now they are the chosen
+    source's (here the synthetic camera: this is not a Pi), PATCH works, and the saved values
+    are applied to the source auto chooses after a restart."""
+    config = dataclasses.replace(config_for(tmp_path), camera=CameraConfig(
+        source="auto", rpicam_command="no-such-rpicam-vid", width=320, height=240,
+        keyframe_interval=30))
+    async with appliance_at(config) as (appliance, http, url):
+        async with http.get(url, headers=AUTH) as resp:
+            described = await resp.json()
+        assert described["source"] == "synthetic"
+        assert described["controls"]["brightness"]["value"] == 0.0
+        await patch(http, url, {"brightness": 0.5, "hflip": True})
+        assert {o for o, _ in await pictures_after(appliance, now_us())} == {"hflip"}
+    saved = json.loads((Path(config.state.dir) / CONTROLS_FILE).read_text())
+    assert saved["values"] == {"brightness": 0.5, "hflip": True}
+    async with appliance_at(config) as (appliance, http, url):
+        async with http.get(url, headers=AUTH) as resp:
+            controls = (await resp.json())["controls"]
+        assert controls["brightness"]["value"] == 0.5 and controls["hflip"]["value"] is True
+        assert {o for o, _ in await pictures_after(appliance, now_us())} == {"hflip"}

@@ -12,11 +12,14 @@ import asyncio
 import logging
 import shlex
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from ...config import CameraConfig
+from ..controls import ControllableSource
 from .base import Deliver, Source, SourceUnavailable
+from .board import camera_expected
 from .file import FileSource
 from .picamera import PicameraSource, camera_present, load_picamera2
 from .rpicam import RpicamSource, command_output
@@ -37,8 +40,17 @@ async def rpicam_camera_present(camera: CameraConfig, timeout: float = 5.0) -> b
     return "Available cameras" in text and "No cameras available" not in text
 
 
-async def choose_source(camera: CameraConfig) -> Source:
-    """``auto``: picamera2 with a camera, else rpicam-vid with a camera, else synthetic."""
+class NoCameraDetected(SourceUnavailable):
+    """``auto`` found no camera where one is expected (a Raspberry Pi, the image); ``str``
+    says what was probed. The camera is probed again with back-off (cameras/camera.py)."""
+
+
+async def choose_source(camera: CameraConfig, *, expected: str = "") -> Source:
+    """``auto``: picamera2 with a camera, else rpicam-vid with a camera, else synthetic.
+
+    ``expected`` (:func:`board.camera_expected`): why a real camera belongs here; then no
+    camera is :class:`NoCameraDetected`, never the test picture.
+    """
     try:
         api = await asyncio.to_thread(load_picamera2)
     except SourceUnavailable:
@@ -50,9 +62,13 @@ async def choose_source(camera: CameraConfig) -> Source:
         log.info("camera.source = auto: picamera2 unavailable, using %s", camera.rpicam_command)
         return RpicamSource(camera)
     argv = shlex.split(camera.rpicam_command)
-    log.info("camera.source = auto: no camera found (picamera2 %s, %s %s); using the synthetic "
-             "test camera", "importable" if api else "not importable", camera.rpicam_command,
-             "present" if argv and shutil.which(argv[0]) else "absent")
+    probed = (f"picamera2 {'lists no camera' if api else 'not importable'}, "
+              f"{camera.rpicam_command} "
+              f"{'lists no camera' if argv and shutil.which(argv[0]) else 'not installed'}")
+    if expected:
+        raise NoCameraDetected(f"no camera detected (probed: {probed}) on {expected}")
+    log.info("camera.source = auto: no camera found (%s); using the synthetic test camera",
+             probed)
     return synthetic_source(camera)
 
 
@@ -66,12 +82,20 @@ def synthetic_source(camera: CameraConfig) -> Source:
 
 
 class AutoSource:
-    """``camera.source = auto``: finds the camera in :meth:`start`, then is that source."""
+    """``camera.source = auto``: finds the camera in :meth:`start`, then is that source.
 
-    def __init__(self, camera: CameraConfig) -> None:
+    Where a camera is expected (``expected``, :func:`board.camera_expected` by default) and
+    none answers, :meth:`start` raises :class:`NoCameraDetected` and the next start probes
+    again, so a camera plugged in later is found without a restart.
+    """
+
+    def __init__(self, camera: CameraConfig, *, expected: str | None = None) -> None:
         self._camera = camera
+        self.expected = camera_expected() if expected is None else expected
         self.chosen: Source | None = None
         self._stopped = False
+        # Camera controls set before a source was chosen (the saved ones at start-up).
+        self._control_values: dict[str, Any] = {}
 
     @property
     def kind(self) -> str:
@@ -82,7 +106,10 @@ class AutoSource:
         """Probe (off the loop) on the first start, then start the chosen source."""
         self._stopped = False
         if self.chosen is None:
-            chosen = await choose_source(self._camera)
+            chosen = await choose_source(self._camera, expected=self.expected)
+            if isinstance(chosen, ControllableSource) and self._control_values:
+                await chosen.apply_controls({k: v for k, v in self._control_values.items()
+                                             if k in chosen.controls})
             self.chosen = chosen
             if self._stopped:  # stop() came while the camera was being looked for
                 return
@@ -93,6 +120,32 @@ class AutoSource:
         self._stopped = True
         if self.chosen is not None:
             await self.chosen.stop()
+
+    @property
+    def controls(self) -> Mapping[str, bool]:
+        """The chosen source's camera controls (none before one is chosen)."""
+        chosen = self.chosen
+        return chosen.controls if isinstance(chosen, ControllableSource) else {}
+
+    async def apply_controls(self, values: Mapping[str, Any]) -> bool:
+        """The chosen source's; before one is chosen, kept for it (applied before it starts)."""
+        chosen = self.chosen
+        restarted = False
+        if isinstance(chosen, ControllableSource):
+            restarted = await chosen.apply_controls({k: v for k, v in values.items()
+                                                     if k in chosen.controls})
+        self._control_values = dict(values)  # not when refused (raised above)
+        return restarted
+
+    @property
+    def recovers_by_itself(self) -> bool:
+        """The chosen source's (see cameras/camera.py); False before one is chosen."""
+        return bool(getattr(self.chosen, "recovers_by_itself", False))
+
+    @property
+    def keyframes_on_demand(self) -> bool:
+        """Whether the chosen source can make an IDR when asked (True before one is)."""
+        return bool(getattr(self.chosen, "keyframes_on_demand", True))
 
     def request_keyframe(self) -> None:
         """Forward to the chosen source (nothing to do before one is chosen)."""

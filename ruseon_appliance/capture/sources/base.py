@@ -22,6 +22,12 @@ class Source(Protocol):
     thread); ``stop`` ends it and releases the camera; ``request_keyframe`` asks for an IDR as
     soon as the source can make one (already coalesced by the pipeline); ``stats`` is a flat
     dict of counters for status pages.
+
+    Optional attributes (read with ``getattr``, these defaults when absent):
+    ``keyframes_on_demand = True``: ``request_keyframe`` really makes an IDR soon and cheaply;
+    False (rpicam-vid, a file, an IP camera) and the engine answers a viewer's PLI/FIR from the
+    ring for that viewer alone. ``recovers_by_itself = False``: True when the source restarts
+    or reconnects by itself after a failure, so its camera's supervisor leaves stalls to it.
     """
 
     @property

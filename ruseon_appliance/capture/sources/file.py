@@ -159,6 +159,8 @@ class FileSource:
     """Replays a recorded H.264 file as if it were a camera, forever."""
 
     kind = "file"
+    # A recording has its IDRs where it has them: keyframe requests are answered from the ring.
+    keyframes_on_demand = False
 
     def __init__(self, camera: CameraConfig, path: Path) -> None:
         self._camera = camera

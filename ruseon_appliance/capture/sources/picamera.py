@@ -27,7 +27,7 @@ from typing import Any
 
 from ...config import CameraConfig
 from ..access_unit import VIDEO_CLOCK_RATE, AccessUnit
-from ..controls import camera_with
+from ..controls import RESTART_PROOF_S, ControlRejected, camera_with, frames_arrived
 from .base import Deliver, SourceUnavailable
 
 log = logging.getLogger(__name__)
@@ -279,15 +279,23 @@ class PicameraSource:
                        camera.height) != (self._camera.hflip, self._camera.vflip,
                                           self._camera.bitrate, self._camera.width,
                                           self._camera.height)
-        previous_tone = self._tone
+        previous_camera, previous_tone = self._camera, self._tone
         self._camera, self._tone = camera, tone
         picam2, deliver = self._picam2, self._deliver
         if picam2 is None or deliver is None:
             return False  # before start(): _open() configures it all
         if reconfigure:
-            await self.stop()
-            await self.start(deliver)
-            return True
+            failure = await self._restart_proven(deliver)
+            if failure is None:
+                return True
+            self._camera, self._tone = previous_camera, previous_tone
+            log.warning("the camera did not run with the new controls (%s); reopening it with "
+                        "the previous ones", failure)
+            again = await self._restart_proven(deliver)
+            raise ControlRejected(
+                f"the camera did not run with them: {failure}; "
+                + ("the previous values are back" if again is None else
+                   f"and the previous values did not run either ({again})"))
         api = self._api if self._api is not None else load_picamera2()
         live = self._controls(api)
         # Back to automatic: picamera2 makes a control manual when it is given, so an automatic
@@ -313,10 +321,33 @@ class PicameraSource:
         await asyncio.to_thread(picam2.set_controls, live)
         return False
 
+    async def _restart_proven(self, deliver: Deliver) -> str | None:
+        """Reopen the camera with the current settings: None once a frame came, else why not."""
+        with contextlib.suppress(Exception):
+            await self.stop()
+        before = self.frames
+        try:
+            await self.start(deliver)
+        except Exception as exc:  # libcamera refusing the configuration, the encoder failing
+            with contextlib.suppress(Exception):
+                await self.stop()
+            return str(exc) or type(exc).__name__
+        return await frames_arrived(lambda: self.frames, before, RESTART_PROOF_S)
+
     def _open(self, loop: asyncio.AbstractEventLoop, deliver: Deliver) -> None:
         api = self._api if self._api is not None else load_picamera2()
         cam = self._camera
         picam2 = api.Picamera2(cam.sensor_index)  # picamera:N: the Nth CSI camera
+        try:
+            self._configure_and_record(api, picam2, loop, deliver)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                picam2.close()  # else the camera stays held and the next open fails "busy"
+            raise
+
+    def _configure_and_record(self, api: Picamera2Api, picam2: Any,
+                              loop: asyncio.AbstractEventLoop, deliver: Deliver) -> None:
+        cam = self._camera
         kwargs: dict[str, Any] = {
             "main": {"size": (cam.width, cam.height), "format": "YUV420"},
             "controls": self._controls(api),
@@ -352,6 +383,12 @@ class PicameraSource:
     async def stop(self) -> None:
         """Stop recording and release the camera."""
         await asyncio.to_thread(self._close)
+
+    @property
+    def keyframes_on_demand(self) -> bool:
+        """True unless this picamera2 has no ``force_key_frame`` (before 0.3.32): then keyframe
+        requests are answered from the ring, as for rpicam-vid."""
+        return self._encoder is None or self._can_force
 
     def _log_no_force(self) -> None:
         if self._logged_no_force:

@@ -2,8 +2,10 @@
 
 For boards where picamera2 is not importable but rpicam-apps are installed. stdout carries Annex B
 (SPS/PPS before every IDR); it is split into access units here. If the child dies it is
-restarted with exponential backoff; a keyframe request restarts it (rate-limited), since a
-running ``rpicam-vid`` cannot be asked for an IDR.
+restarted with exponential backoff. A running ``rpicam-vid`` cannot be asked for an IDR, and a
+keyframe request no longer restarts it (that froze every viewer, split the recording and put a
+discontinuity into HLS, for one viewer's PLI): ``keyframes_on_demand`` is False, so the engine
+answers a viewer's PLI/FIR for that viewer alone from the ring (``engine/track.py``).
 
 Two encoder paths, as rpicam-apps chooses them (``encoder/encoder.cpp``, ``h264_codec_select``):
 - VC4 boards (Pi 4, 3, Zero 2 W): the V4L2 hardware encoder; ``--inline`` repeats SPS/PPS before
@@ -34,7 +36,7 @@ from typing import Any
 
 from ...config import CameraConfig
 from ..access_unit import VIDEO_CLOCK_RATE, AccessUnit
-from ..controls import camera_with
+from ..controls import RESTART_PROOF_S, ControlRejected, camera_with, frames_arrived
 from ..h264 import AccessUnitSplitter
 from .base import Deliver
 from .soc import DEVICE_TREE_COMPATIBLE, is_bcm2712
@@ -159,11 +161,15 @@ def rpicam_command(camera: CameraConfig, *, bcm2712: bool = False,
 class RpicamSource:
     """Supervises ``rpicam-vid``; delivers what it writes as access units.
 
-    ``backoff_s`` is the first and the largest delay between restarts after a crash;
-    ``keyframe_restart_interval_s`` the shortest time between restarts made for keyframes.
+    ``backoff_s`` is the first and the largest delay between restarts after a crash.
     """
 
     kind = "rpicam"
+    # It restarts its own child / reconnects with back-off: the camera's supervisor leaves a
+    # stall to it (cameras/camera.py).
+    recovers_by_itself = True
+    # No IDR on request: keyframe requests are answered from the ring, per viewer.
+    keyframes_on_demand = False
     # Live camera controls (capture/controls.py): rpicam-vid takes everything on its command
     # line, so every change restarts the child (the ring, and so every viewer, carries on; the
     # new child starts with an IDR, timestamps stay increasing).
@@ -178,7 +184,6 @@ class RpicamSource:
         argv: Sequence[str] | None = None,
         compatible_path: Path = DEVICE_TREE_COMPATIBLE,
         backoff_s: tuple[float, float] = (0.5, 10.0),
-        keyframe_restart_interval_s: float = 10.0,
     ) -> None:
         self._camera = camera
         self._configured = camera
@@ -192,21 +197,23 @@ class RpicamSource:
         self.bcm2712: bool | None = None
         self.features: RpicamFeatures | None = None
         self._backoff = backoff_s
-        self._keyframe_restart_interval = keyframe_restart_interval_s
         self._task: asyncio.Task[None] | None = None
         self._proc: asyncio.subprocess.Process | None = None
         self._stopping = False
         self._wake = asyncio.Event()
-        self._restart_for_keyframe = False
-        self._last_keyframe_restart: float | None = None
+        self._planned_restart = False
         self._t0 = 0.0
         self._last_pts = -1
         self._stderr_tail: deque[str] = deque(maxlen=5)
         self.starts = 0
         self.crashes = 0
-        self.keyframe_restarts = 0
         self.keyframe_requests_ignored = 0
+        self.controls_rejected = 0
         self.frames = 0
+        self._frames_this_start = 0
+        # (start number, exit status, stderr's last lines, argv) of the newest child that ended.
+        self._last_exit: tuple[int, int | None, str, list[str]] | None = None
+        self._child_argv: list[str] = []  # the running (or last) child's arguments
         self.discarded_bytes = 0
 
     async def start(self, deliver: Deliver) -> None:
@@ -260,7 +267,13 @@ class RpicamSource:
         return [*argv[:-2], *self._tone, *argv[-2:]] if self._tone else argv
 
     async def apply_controls(self, values: Mapping[str, Any]) -> bool:
-        """New arguments for rpicam-vid; restart the running child if they changed (True)."""
+        """New arguments for rpicam-vid; restart the running child if they changed (True).
+
+        Proven: True only once a child started with the new arguments delivered a frame. A
+        child that exits first (rpicam-vid refusing a value) or sends nothing within
+        :data:`RESTART_PROOF_S` puts the previous arguments back, restarted, and raises
+        :class:`ControlRejected` with rpicam-vid's own words."""
+        previous = (self._camera, self._tone, self.argv)
         self._camera = camera_with(self._configured, values)
         self._tone = []
         for name, neutral in (("brightness", 0.0), ("contrast", 1.0), ("saturation", 1.0),
@@ -273,42 +286,73 @@ class RpicamSource:
                                               features=self.features))
         if argv == self.argv:
             return False
-        self.argv = argv
-        if self._proc is None:
+        if self._task is None:
+            self.argv = argv  # stopped: the next start() uses them
             return False
-        self.control_restarts += 1
-        self._restart_for_keyframe = True  # a planned restart, not a crash
         log.info("restarting rpicam-vid for new camera controls: %s", shlex.join(argv))
+        failure = await self._restart_with(argv)
+        if failure is None:
+            self.control_restarts += 1
+            return True
+        self.controls_rejected += 1
+        self._camera, self._tone = previous[0], previous[1]
+        log.warning("rpicam-vid did not run with the new camera controls (%s); restarting it "
+                    "with the previous ones", failure)
+        again = await self._restart_with(previous[2])
+        raise ControlRejected(
+            f"rpicam-vid did not run with them: {failure}; "
+            + ("the previous values are back" if again is None else
+               f"and the previous values did not run either ({again})"))
+
+    async def _restart_with(self, argv: list[str]) -> str | None:
+        """Restart the child with ``argv``: None once it delivered a frame, else why not."""
+        self.argv = argv
+        before = self.starts
+        if self._proc is not None:
+            self._planned_restart = True  # a planned restart, not a crash
         await self._terminate()
-        return True
+        self._wake.set()  # a child in its crash back-off starts now (the supervisor clears it)
+
+        # Only a child started with ``argv`` counts, either way (the supervisor may have been
+        # spawning one with the arguments before when they changed).
+        def frames() -> int:
+            return (self._frames_this_start
+                    if self.starts > before and self._child_argv == argv else 0)
+
+        def failed() -> str | None:
+            exit_ = self._last_exit
+            if exit_ is None or exit_[0] <= before or exit_[3] != argv:
+                return None
+            return f"exited with status {exit_[1]}" + (f" ({exit_[2]})" if exit_[2] else "")
+
+        return await frames_arrived(frames, 0, RESTART_PROOF_S, failed)
 
     def request_keyframe(self) -> None:
-        """Restart the child for an immediate IDR, at most once per the restart interval."""
-        now = time.monotonic()
-        last = self._last_keyframe_restart
-        if self._proc is None or (last is not None and
-                                  now - last < self._keyframe_restart_interval):
-            self.keyframe_requests_ignored += 1
-            return
-        self._last_keyframe_restart = now
-        self._restart_for_keyframe = True
-        self.keyframe_restarts += 1
-        log.info("restarting rpicam-vid for a keyframe")
-        asyncio.get_running_loop().create_task(self._terminate())
+        """Nothing to do: rpicam-vid makes an IDR only every ``--intra`` frames (counted)."""
+        self.keyframe_requests_ignored += 1
 
     def stats(self) -> dict[str, Any]:
         """Supervision counters."""
         return {
             "starts": self.starts,
             "crashes": self.crashes,
-            "keyframe_restarts": self.keyframe_restarts,
             "control_restarts": self.control_restarts,
+            "controls_rejected": self.controls_rejected,
             "keyframe_requests_ignored": self.keyframe_requests_ignored,
             "frames": self.frames,
             "discarded_bytes": self.discarded_bytes,
             "bcm2712": self.bcm2712,
             "low_latency": "--low-latency" in self.argv,
+            # Why the camera is not delivering (its problem line names it): the newest child's
+            # exit, while no child since has sent a frame ("" while frames flow).
+            "last_error": self._last_error(),
         }
+
+    def _last_error(self) -> str:
+        exit_ = self._last_exit
+        if exit_ is None or self._frames_this_start or self._stopping:
+            return ""
+        return f"rpicam-vid exited with status {exit_[1]}" + (f": {exit_[2]}" if exit_[2] else "")
 
     async def _supervise(self, deliver: Deliver) -> None:
         loop = asyncio.get_running_loop()
@@ -322,8 +366,8 @@ class RpicamSource:
                 log.error("cannot run %s: %s", self.argv[0], exc)
             if self._stopping:
                 return
-            if self._restart_for_keyframe:
-                self._restart_for_keyframe = False
+            if self._planned_restart:
+                self._planned_restart = False
                 continue
             self.crashes += 1
             if loop.time() - began > 30:
@@ -332,19 +376,24 @@ class RpicamSource:
                         f", stderr: {' | '.join(self._stderr_tail)}" if self._stderr_tail else "",
                         delay)
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(delay):  # stop() cuts the wait short
+                async with asyncio.timeout(delay):  # stop() (or a control change) cuts it short
                     await self._wake.wait()
+            if not self._stopping:
+                self._wake.clear()
             delay = min(delay * 2, self._backoff[1])
 
     async def _run_once(self, deliver: Deliver) -> int | None:
+        argv = list(self.argv)
         proc = await asyncio.create_subprocess_exec(
-            *self.argv,
+            *argv,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
         )
         self._proc = proc
         self.starts += 1
+        self._child_argv = argv
+        self._frames_this_start = 0
         self._stderr_tail.clear()
         if self._stopping:
             await self._terminate()
@@ -375,9 +424,14 @@ class RpicamSource:
         finally:
             self.discarded_bytes += splitter.discarded_bytes
             await self._terminate()
+            # Its last words (why it refused an option) come after it exited: read them.
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                async with asyncio.timeout(0.5):
+                    await asyncio.shield(stderr_task)
             stderr_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await stderr_task
+            self._last_exit = (self.starts, proc.returncode, " | ".join(self._stderr_tail), argv)
             self._proc = None
         return proc.returncode
 
@@ -387,6 +441,7 @@ class RpicamSource:
         pts = max(pts, self._last_pts + 1)
         self._last_pts = pts
         self.frames += 1
+        self._frames_this_start += 1
         deliver(AccessUnit(data, pts, idr, time.time_ns() // 1000))
 
     async def _drain_stderr(self, stream: asyncio.StreamReader) -> None:

@@ -88,6 +88,11 @@ class RtspSource:
     """
 
     kind = "rtsp"
+    # It restarts its own child / reconnects with back-off: the camera's supervisor leaves a
+    # stall to it (cameras/camera.py).
+    recovers_by_itself = True
+    # RTSP has no standard way to ask a camera for an IDR: requests are answered from the ring.
+    keyframes_on_demand = False
 
     def __init__(self, camera: CameraConfig, url: str, *,
                  backoff_s: tuple[float, float] = (0.5, 10.0),

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-DEVICE_TREE_COMPATIBLE = Path("/proc/device-tree/compatible")
+# Under /sys, not /proc/device-tree (a symlink to it): ruseon.service runs with ProcSubset=pid,
+# which hides /proc/device-tree, so a Pi 5 read there looked like a board with an encoder.
+DEVICE_TREE_COMPATIBLE = Path("/sys/firmware/devicetree/base/compatible")
 
 # The SoC without a hardware H.264 encoder.
 BCM2712 = "brcm,bcm2712"

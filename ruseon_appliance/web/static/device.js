@@ -277,6 +277,13 @@ async function refreshStatus() {
     $("stat-viewers").textContent = String(status.viewers.count);
     $("device-name").textContent = status.device.hostname || "";
     document.title = `${status.device.hostname || "RUSEON"} · Camera`;
+    // A camera that is down (none detected, unplugged, refusing) says why on the picture.
+    const shown = (status.cameras || []).find((c) => c.name === player.camera) || (status.cameras || [])[0];
+    player.cameraProblem = shown && !shown.up ? shown.problem : null;
+    stage.dataset.camera = !shown || shown.up ? "up" : shown.missing ? "missing" : "down";
+    if (player.cameraProblem && player.state !== "live") {
+      $("veil-text").textContent = shown.missing ? `No camera detected: ${player.cameraProblem}` : `The camera is down: ${player.cameraProblem}`;
+    }
   } catch {
     // The service may be restarting; the next tick will try again.
   }
