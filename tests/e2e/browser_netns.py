@@ -315,6 +315,23 @@ class WatchedBrowser:
         return getattr(self._browser, name)
 
 
+def viewing_needs_a_credential(directory: Path, viewer_token: str) -> list[str]:
+    """``serve`` arguments for ``[auth] viewing = "credential"`` with ``viewer_token`` (a config
+    file written to ``directory``): watching then needs a login too."""
+    path = directory / "viewing-credential.toml"
+    path.write_text(f'[auth]\nviewing = "credential"\nviewer_token = "{viewer_token}"\n')
+    return ["--config", str(path)]
+
+
+def log_in(page: Any, server: Server, secret: str | None = None) -> None:
+    """Log ``page``'s browser context in as the page's dialogs do (POST /api/session; the admin
+    secret unless ``secret``): its session cookie then goes with every request. Call it before
+    ``page.goto``, so the page starts logged in; for tests that are not about the login."""
+    secret = server.admin_secret() if secret is None else secret
+    response = page.request.post(server.url + "api/session", data={"secret": secret})
+    assert response.ok, f"POST /api/session: {response.status} {response.text()}"
+
+
 def wait_for_element(page: Any, selector: str) -> None:
     """Wait until ``selector`` is visible; fail naming what went wrong on the page otherwise
     (a module that never ran leaves its controls out: its request failed, or it threw)."""

@@ -30,6 +30,7 @@ from tests.e2e.browser_netns import (
     stream_window,
     udp_loss_dropped,
     udp_loss_from_port,
+    viewing_needs_a_credential,
     wait_for_page,
 )
 
@@ -369,31 +370,46 @@ def test_page_reconnects_by_itself_after_a_server_restart(
             server_cm.__exit__(None, None, None)
 
 
-def test_page_asks_for_the_token_and_remembers_it_for_the_tab(
+def test_page_logs_in_with_the_viewer_token_when_viewing_needs_one(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
     if not in_browser_netns(request):
         return
-    token = "correct-horse-battery-staple"
-    with running_server(tmp_path, token=token) as server, chromium() as browser:
+    viewer = "correct-horse-battery-staple"
+    args = viewing_needs_a_credential(tmp_path, viewer)
+    with running_server(tmp_path, extra_args=args) as server, chromium() as browser:
         page = browser.new_page()
         page.goto(server.url)
         page.wait_for_selector("#token-dialog[open]")
         assert page.text_content("#state-text") == "Locked"
+        assert not page.is_visible("#access-note")  # viewing is not open to everyone here
         save_screenshot(page, "browser-token-prompt.png")
 
         page.fill("#token-input", "wrong")
         page.click("#token-form button[type=submit]")
         page.wait_for_function(
-            "document.getElementById('token-hint').textContent.includes('not accepted')"
+            "document.getElementById('token-hint').textContent === 'That secret is not valid.'"
         )
-        page.fill("#token-input", token)
+        assert page.is_visible("#token-dialog")
+        page.fill("#token-input", viewer)
         page.click("#token-form button[type=submit]")
         assert_plays_the_source(page, server.status())
+        assert page.evaluate("() => window.ruseonSession.role") == "viewer"
+        # The page keeps no secret: the login is the server's HttpOnly cookie.
+        assert viewer not in json.dumps(page.evaluate("({...sessionStorage, ...localStorage})"))
 
-        page.reload()  # same tab: sessionStorage still has the token, no prompt
+        page.reload()  # the cookie outlives the page: no prompt
         assert_plays_the_source(page, server.status())
         assert not page.is_visible("#token-dialog")
+
+        # Watching is all the viewer token does: Settings asks for the admin secret.
+        page.click("#btn-settings")
+        page.wait_for_selector("#admin-dialog[open]")
+        page.fill("#admin-input", viewer)
+        page.click("#admin-submit")
+        page.wait_for_function("document.getElementById('admin-error').textContent === "
+                               "'That is the viewer token: this needs the admin secret.'")
+        assert not page.is_visible("#ctl-panel")
 
 
 def long_gop_recording(frames: int = 240, fps: int = 30) -> bytes:

@@ -12,8 +12,10 @@ from typing import Any
 import pytest
 
 from tests.e2e.browser_netns import (
+    Server,
     chromium,
     in_browser_netns,
+    log_in,
     running_server,
     save_screenshot,
     wait_for_element,
@@ -36,8 +38,11 @@ def cameras(url: str) -> dict[str, Any]:
         return {row["name"]: row for row in json.load(response)["cameras"]}
 
 
-def get(url: str, path: str) -> dict[str, Any]:
-    with urllib.request.urlopen(url + path, timeout=10) as response:
+def get(server: Server, path: str) -> dict[str, Any]:
+    """``path`` as JSON, asked as admin (the controls are admin's)."""
+    request = urllib.request.Request(server.url + path,
+                                     headers={"Authorization": f"Bearer {server.admin_secret()}"})
+    with urllib.request.urlopen(request, timeout=10) as response:
         document: dict[str, Any] = json.load(response)
         return document
 
@@ -60,6 +65,7 @@ def test_grid_plays_every_camera_and_a_click_watches_one(
             "--camera", f"gate=rtsp://127.0.0.1:{free_port()}/stream"]
     with running_server(tmp_path, extra_args=args) as server, chromium() as browser:
         page = browser.new_page()
+        log_in(page, server)  # for Settings and Record below (the login: test_login_browser.py)
         page.goto(server.url)
         page.wait_for_function("window.ruseonCameras && window.ruseonCameras.open")
         first = wait_for_tiles(page, "both live cameras playing and gate down", lambda t: (
@@ -102,13 +108,13 @@ def test_grid_plays_every_camera_and_a_click_watches_one(
         page.eval_on_selector("[data-control=brightness] input", """(el) => {
             el.value = "0.4"; el.dispatchEvent(new Event("change")); }""")
         page.wait_for_function("window.ruseonControls.controls.brightness.value > 0.39")
-        assert get(server.url, "api/camera/side/controls")["controls"]["brightness"]["value"] \
+        assert get(server, "api/camera/side/controls")["controls"]["brightness"]["value"] \
             == pytest.approx(0.4)
-        assert get(server.url, "api/camera/controls")["controls"]["brightness"]["value"] == 0
+        assert get(server, "api/camera/controls")["controls"]["brightness"]["value"] == 0
         page.click("#btn-record")
         page.wait_for_function("window.ruseonRecordings.state !== 'stopped'")
-        assert get(server.url, "api/recording?path=side")["state"] != "stopped"
-        assert get(server.url, "api/recording")["state"] == "stopped"  # the first camera's
+        assert get(server, "api/recording?path=side")["state"] != "stopped"
+        assert get(server, "api/recording")["state"] == "stopped"  # the first camera's
         page.click("#btn-record")
         page.wait_for_function("window.ruseonRecordings.state === 'stopped'")
 

@@ -1,5 +1,7 @@
 """The device page's recordings: Chromium plays a moment picked on the timeline in the same
-<video>, goes back to live, and the record button stops and restarts recording."""
+<video>, goes back to live, the record button stops recording (asking for the admin secret in
+the page's dialog, once), Delete removes a range dragged on the timeline, and the record button
+starts recording again."""
 
 from __future__ import annotations
 
@@ -80,12 +82,46 @@ def test_timeline_plays_a_recording_in_the_page_then_live_again(
         assert playback(page)["transport"] == "webrtc"
         assert not page.is_visible("#btn-live")
 
+        # Record/Stop and Delete are admin's: the first of them asks for the secret, in the
+        # page's dialog; the others rely on the login.
         page.click("#btn-record")  # continuous recording on: the button stops it
+        page.wait_for_selector("#admin-dialog[open]")
+        assert page.evaluate("() => window.ruseonRecordings.state") == "recording"
+        page.fill("#admin-input", server.admin_secret())
+        page.click("#admin-submit")
         page.wait_for_function("() => window.ruseonRecordings.state === 'stopped'",
                                timeout=30_000)
+
+        # Drag across the first half of the last range (it plays), then Delete it.
+        before = page.evaluate("() => window.ruseonRecordings.ranges.at(-1)")
+        middle = (before["start"] + before["end"]) / 2
+        x0, y = page.evaluate(POINT_JS, before["start"] - 1000)
+        x1, _ = page.evaluate(POINT_JS, middle)
+        page.mouse.move(x0, y)
+        page.mouse.down()
+        page.mouse.move(x1, y, steps=8)
+        page.mouse.up()
+        page.wait_for_selector("#btn-delete", state="visible")
+        asked: list[str] = []
+        page.once("dialog", lambda dialog: (asked.append(dialog.message), dialog.accept()))
+        page.click("#btn-delete")
+        page.wait_for_function(
+            "(start) => { const r = window.ruseonRecordings.ranges;"
+            " return r.length > 0 && r.at(-1).start > start + 1000; }", arg=before["start"])
+        assert asked and asked[0].startswith("Delete the recording from "), asked
+        after = page.evaluate("() => window.ruseonRecordings.ranges.at(-1)")
+        # Cut at the first IDR at or after the selection's end (the GOP is 2 s; the selection's
+        # end is the pixel nearest the middle); what came after it stays (the stop may still
+        # have been writing the last seconds when `before` was read, so the end only grows).
+        assert middle - 1000 <= after["start"] <= middle + 3000, (before, after)
+        assert after["end"] >= before["end"], (before, after)
+        assert not page.is_visible("#admin-dialog")  # asked once only
+        wait_for_page(page, "live after the delete", lambda s: s["state"] == "live")
+
         page.click("#btn-record")
         page.wait_for_function("() => window.ruseonRecordings.state === 'recording'",
                                timeout=30_000)
+        assert not page.is_visible("#admin-dialog")
         status = server.status()["recording"]
         assert status["state"] == "recording" and status["bytes_on_disk"] > 0
 

@@ -5,7 +5,7 @@
 // Tiles: a live WHEP viewer each up to LIVE_TILES_MAX cameras; beyond that a keyframe snapshot
 // per tile, refreshed every SNAPSHOT_MS (a phone cannot decode many H.264 streams at once, and
 // the board's cost per snapshot tile is about that of a live one: see README, Several cameras).
-import { $, authHeaders, iconButton, player, token } from "./page.js";
+import { $, iconButton, player } from "./page.js";
 import { WhepClient } from "./whep.js";
 
 const LIVE_TILES_MAX = 4;
@@ -19,7 +19,7 @@ window.ruseonCameras = grid; // for diagnostics and the end-to-end tests
 function hashCamera() { return decodeURIComponent(location.hash.slice(1)); }
 
 async function fetchCameras() {
-  const response = await fetch("/api/cameras", { headers: authHeaders(), cache: "no-store" });
+  const response = await fetch("/api/cameras", { cache: "no-store" });
   if (!response.ok) throw new Error(`HTTP ${response.status}`);
   return (await response.json()).cameras;
 }
@@ -55,7 +55,7 @@ async function startLive(tile) {
   // Never two sessions for one tile: each holds one of the board's viewer places.
   clearTimeout(tile.timer);
   if (tile.client) tile.client.close();
-  const client = new WhepClient(`/whep/${encodeURIComponent(tile.camera)}`, { token: token() });
+  const client = new WhepClient(`/whep/${encodeURIComponent(tile.camera)}`);
   tile.client = client;
   try {
     const pc = await client.connect((track, stream) => {
@@ -81,7 +81,7 @@ async function refreshSnapshot(tile, run = ++tile.run) {
   clearTimeout(tile.timer);
   try {
     const url = `/snapshot/${encodeURIComponent(tile.camera)}.jpg`;
-    const response = await fetch(url, { headers: authHeaders(), cache: "no-store" });
+    const response = await fetch(url, { cache: "no-store" });
     if (response.ok) {
       const old = tile.media.src;
       tile.media.src = URL.createObjectURL(await response.blob());
@@ -179,7 +179,7 @@ async function pollStatus() {
       if (tile) showState(tile, camera);
     }
   } catch {
-    // Restarting, or the token is missing: device.js asks for it.
+    // Restarting, or viewing needs a login: device.js asks for the token.
   }
 }
 
@@ -188,7 +188,7 @@ async function start() {
   try {
     cameras = await fetchCameras();
   } catch {
-    setTimeout(start, RETRY_MS); // e.g. 401 until device.js has the token
+    setTimeout(start, RETRY_MS); // e.g. 401 until the token dialog (device.js) has logged in
     return;
   }
   grid.cameras = cameras;

@@ -3,8 +3,10 @@
 // A change is PATCHed at once (sliders when released); controls marked "restarts" restart the
 // camera source, which viewers ride through (the picture pauses for a moment). "Reset" sends null,
 // which returns a control to the config file's value. This module owns the Settings button and
-// the panel; index.html only loads it.
-import { $, authHeaders, iconButton, player, toast } from "./page.js";
+// the panel; index.html only loads it. The controls are admin's: the panel opens once the page
+// is logged in as admin (session.js asks for the secret the first time).
+import { $, iconButton, player, toast } from "./page.js";
+import { adminFetch, session } from "./session.js";
 
 // Error details from the server: on screen a little longer than the page's usual toast.
 const TOAST_MS = 3000;
@@ -23,21 +25,25 @@ const LABELS = {
   vflip: "Flip vertically", bitrate: "Bitrate", framerate: "Frame rate", resolution: "Resolution",
 };
 
+/** The controls, from the server; false when the person cancelled the admin dialog. */
 async function load() {
-  const resp = await fetch(controlsUrl(), { headers: authHeaders(), cache: "no-store" });
-  if (!resp.ok) throw new Error(resp.status === 401 ? "the access token is needed" : `HTTP ${resp.status}`);
-  const data = await resp.json();
+  const resp = await adminFetch(controlsUrl(), { cache: "no-store" });
+  if (!resp) return false;
+  const data = await resp.json().catch(() => ({}));
+  if (!resp.ok) throw new Error(data.detail || `HTTP ${resp.status}`);
   settings.controls = data.controls;
   settings.unsupported = data.unsupported;
   settings.source = data.source;
+  return true;
 }
 
 async function change(name, value) {
-  const resp = await fetch(controlsUrl(), {
+  const resp = await adminFetch(controlsUrl(), {
     method: "PATCH",
-    headers: authHeaders({ "Content-Type": "application/json" }),
+    headers: { "Content-Type": "application/json" },
     body: JSON.stringify({ [name]: value }),
   });
+  if (!resp) { render(); return; } // not changed: the inputs show the values again
   const data = await resp.json().catch(() => ({}));
   if (!resp.ok) {
     settings.error = data.detail || `HTTP ${resp.status}`;
@@ -122,18 +128,21 @@ function render() {
   }
 }
 
+function show(open) {
+  settings.open = open;
+  $("ctl-panel").hidden = !open;
+  $("btn-settings").setAttribute("aria-pressed", String(open));
+}
+
 async function toggle() {
-  const panel = $("ctl-panel");
-  settings.open = panel.hidden;
-  panel.hidden = !settings.open;
-  $("btn-settings").setAttribute("aria-pressed", String(settings.open));
-  if (!settings.open) return;
+  if (settings.open) { show(false); return; }
   try {
-    await load();
+    if (!(await load())) return; // the admin dialog was cancelled: the panel stays closed
     settings.error = null;
   } catch (err) {
     settings.error = `Settings unavailable: ${err.message}`;
   }
+  show(true);
   render();
 }
 
@@ -154,6 +163,8 @@ function install() {
   panel.innerHTML = '<h2>Camera</h2><div id="ctl-body"></div>';
   stage.append(panel);
   button.addEventListener("click", toggle);
+  // Logged out (or the session ended): the panel showed what only admin may see.
+  window.addEventListener("ruseon:session", () => { if (session.role !== "admin") show(false); });
 }
 
 install();

@@ -1,5 +1,6 @@
 // The device page: plays the camera over WHEP, reconnects by itself, shows live statistics.
-import { $, authHeaders, saveBlob, saveToken, setText, toast, token } from "./page.js";
+import { $, saveBlob, setText, toast } from "./page.js";
+import { login } from "./session.js";
 import { WhepClient, WhepError } from "./whep.js";
 
 const STATS_INTERVAL_MS = 1000;
@@ -54,7 +55,7 @@ async function connect() {
   if (player.transport !== "webrtc") return; // HLS plays instead (hls-fallback.js)
   const generation = ++player.generation;
   if (player.client) player.client.close();
-  const client = new WhepClient(player.endpoint, { token: token() });
+  const client = new WhepClient(player.endpoint); // the session cookie, when viewing needs one
   player.client = client;
   player.previous = null;
   player.lastFrames = 0;
@@ -97,8 +98,8 @@ function handleConnectError(error) {
     if (player.transport !== "webrtc") return;
   }
   if (error instanceof WhepError) {
-    if (error.status === 401) {
-      askForToken(token() ? "That token was not accepted. Try again." : null);
+    if (error.status === 401) { // [auth] viewing = "credential" and this page has no session
+      askForToken();
       return;
     }
     if (error.status === 503 || error.status === 429) {  // full, or this address has offers pending
@@ -129,18 +130,30 @@ function retryIn(ms) {
   player.retryTimer = setTimeout(connect, ms);
 }
 
-function askForToken(hint) {
-  setState("auth", "This camera needs an access token.");
+const TOKEN_HINT = $("token-hint").textContent;
+
+function askForToken() {
+  setState("auth", "Watching this camera needs its viewer token.");
   const dialog = $("token-dialog");
-  if (hint) $("token-hint").textContent = hint;
+  if (dialog.open) return;
+  $("token-hint").textContent = TOKEN_HINT;
   $("token-input").value = "";
-  if (!dialog.open) dialog.showModal();
+  dialog.showModal();
 }
 
-$("token-form").addEventListener("submit", () => {
+// Logs in (POST /api/session: the cookie then goes with every request of the page) and plays;
+// a refusal stays in the dialog and says why.
+$("token-form").addEventListener("submit", async (event) => {
+  event.preventDefault();
   const value = $("token-input").value.trim();
   if (!value) return;
-  saveToken(value); // per tab, gone when the tab closes
+  const { role, message } = await login(value);
+  if (!role) {
+    $("token-hint").textContent = message;
+    $("token-input").select();
+    return;
+  }
+  $("token-dialog").close();
   player.attempt = 0;
   connect();
   refreshStatus();
@@ -151,7 +164,6 @@ window.addEventListener("pagehide", () => { if (player.client) player.client.clo
 // For hls-fallback.js: hand the video element over to HLS and take it back.
 player.setState = setState;
 player.askForToken = askForToken;
-player.token = token;
 player.stopWebrtc = () => {
   clearTimeout(player.retryTimer);
   player.generation++;
@@ -258,7 +270,7 @@ async function statsTick() {
 
 async function refreshStatus() {
   try {
-    const response = await fetch("/api/status", { headers: authHeaders(), cache: "no-store" });
+    const response = await fetch("/api/status", { cache: "no-store" });
     if (!response.ok) return;
     const status = await response.json();
     player.viewers = status.viewers.count;
@@ -303,7 +315,7 @@ $("btn-snapshot").addEventListener("click", async () => {
   }
   try {
     const url = player.camera ? `/snapshot/${encodeURIComponent(player.camera)}.jpg` : "/snapshot.jpg";
-    const response = await fetch(url, { headers: authHeaders(), cache: "no-store" });
+    const response = await fetch(url, { cache: "no-store" });
     if (!response.ok) throw new Error(String(response.status));
     saveBlob(await response.blob(), name);
     toast("Snapshot saved");

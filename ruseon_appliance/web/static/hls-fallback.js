@@ -81,7 +81,7 @@ function loadHlsJs() {
 async function playHls(reason) {
   if (state.mode === "hls") return;
   const p = player();
-  // HLS may be stopped and started again (the button, a new token) while hls.js still loads:
+  // HLS may be stopped and started again (the button, a login) while hls.js still loads:
   // only the newest start may go on, or two hls.js instances would feed the one <video>.
   const generation = ++state.generation;
   state.mode = "hls";
@@ -90,11 +90,12 @@ async function playHls(reason) {
   p.stopWebrtc();
   p.setState("connecting", `Playing over HLS (${reason})…`);
   label("HLS", reason);
-  const token = p.token();
+  // No credential here: the session cookie (when viewing needs one) goes with hls.js's requests
+  // and with the native player's by itself.
   try {
     if (useNative()) {
       state.native = true;
-      video.src = playlist() + (token ? `?token=${encodeURIComponent(token)}` : "");
+      video.src = playlist();
       label("HLS", `native HLS: ${reason}`);
     } else {
       const Hls = await loadHlsJs();
@@ -104,7 +105,6 @@ async function playHls(reason) {
       const hls = new Hls({
         lowLatencyMode: true,
         backBufferLength: 10,
-        xhrSetup: (xhr) => { if (token) xhr.setRequestHeader("Authorization", `Bearer ${token}`); },
       });
       state.hls = hls;
       hls.on(Hls.Events.ERROR, (event, data) => onHlsError(Hls, hls, data));
@@ -124,7 +124,7 @@ async function playHls(reason) {
 function onHlsError(Hls, hls, data) {
   const status = data.response ? data.response.code : 0;
   if (status === 401) {
-    player().askForToken(player().token() ? "That token was not accepted. Try again." : null);
+    player().askForToken();
     return;
   }
   if (!data.fatal) return;
@@ -231,12 +231,10 @@ function start() {
   window.addEventListener("ruseon:webrtc-unsupported", (event) => {
     if (chosen() !== "webrtc") playHls(`the camera refused WebRTC: ${event.detail}`);
   });
-  const form = $("token-form");
-  if (form) {
-    form.addEventListener("submit", () => {
-      if (state.mode === "hls") restartHls();
-    });
-  }
+  // Logged in from the token dialog (device.js): play again, now with the cookie.
+  window.addEventListener("ruseon:session", () => {
+    if (state.mode === "hls" && player().state === "auth") restartHls();
+  });
   if (chosen() === "hls") playHls("chosen by hand");
   else if (!webrtcCanDecodeH264()) playHls("this browser has no H.264 for WebRTC");
   setInterval(watch, WATCH_MS);

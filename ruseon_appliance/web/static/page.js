@@ -1,9 +1,8 @@
-// What the device page's modules share: element lookup, the player device.js sets up, the access
-// token and its Authorization header, the toast, and saving a file. device.js, hls-fallback.js,
-// recordings.js, controls.js and cameras.js import it (ES modules, like the rest of the page), so
-// there is one toast with one timer and one place that knows where the token is kept.
+// What the device page's modules share: element lookup, the player device.js sets up, the toast,
+// and saving a file. device.js, hls-fallback.js, recordings.js, controls.js, cameras.js and
+// session.js import it (ES modules, like the rest of the page), so there is one toast with one
+// timer. Credentials are session.js's: the page logs in once and the cookie does the rest.
 
-const TOKEN_KEY = "ruseon.token";
 const TOAST_MS = 2500;
 
 /** The element with this id (null when there is none). */
@@ -11,18 +10,6 @@ export const $ = (id) => document.getElementById(id);
 
 /** The player device.js sets up (window.ruseon); undefined until device.js has run. */
 export function player() { return window.ruseon; }
-
-/** The access token entered in this tab, or "" (kept per tab: gone when the tab closes). */
-export function token() { return sessionStorage.getItem(TOKEN_KEY) || ""; }
-
-/** Keep `value` as this tab's access token. */
-export function saveToken(value) { sessionStorage.setItem(TOKEN_KEY, value); }
-
-/** `extra` request headers plus `Authorization: Bearer <token>` when there is a token. */
-export function authHeaders(extra = {}) {
-  const t = token();
-  return t ? { ...extra, Authorization: `Bearer ${t}` } : { ...extra };
-}
 
 /** Show `text` in the page's toast for `ms` milliseconds (a newer toast replaces it). */
 export function toast(text, ms = TOAST_MS) {

@@ -1,11 +1,15 @@
 // Recordings on the device page: a timeline of what is on disk under the picture; click a moment
-// (or drag a range) to play it in the same <video>, "Live" to go back; download; record button.
+// (or drag a range) to play it in the same <video>, "Live" to go back; download, delete; record
+// button. Record/Stop and Delete are admin's: they go through session.js's adminFetch (it asks
+// for the admin secret once); watching and downloading carry the session cookie, if any, by
+// themselves.
 //
-// Playback fetches /recordings/get?format=fmp4 with the token in a header and streams it into
-// Media Source Extensions, so it works with auth on and never holds a whole clip in memory.
+// Playback fetches /recordings/get?format=fmp4 and streams it into Media Source Extensions, so
+// it never holds a whole clip in memory.
 // device.js owns WebRTC and hls-fallback.js owns HLS: this module takes the <video> from them
 // (player.stopWebrtc, the HLS state's mode) and hands it back (player.startWebrtc).
-import { $, authHeaders, player, saveBlob, saveUrl, setText, toast } from "./page.js";
+import { $, player, saveUrl, setText, toast } from "./page.js";
+import { adminFetch } from "./session.js";
 
 const LIST_MS = 5000;
 const CLIP_WINDOW_S = 300; // what one click loads; the next window follows when it ends
@@ -52,8 +56,8 @@ function showPlayback(message) {
 async function refresh() {
   try {
     const [list, status] = await Promise.all([
-      fetch(withPath("/recordings/list"), { headers: authHeaders(), cache: "no-store" }),
-      fetch("/api/status", { headers: authHeaders(), cache: "no-store" }),
+      fetch(withPath("/recordings/list"), { cache: "no-store" }),
+      fetch("/api/status", { cache: "no-store" }),
     ]);
     if (list.ok) {
       rec.ranges = (await list.json()).map((r) => {
@@ -118,6 +122,7 @@ function render() {
   $("rec-info").title = rec.reason;
   $("btn-live").hidden = !rec.playing;
   $("btn-download").hidden = !(rec.playing || rec.selection);
+  $("btn-delete").hidden = !(rec.playing || rec.selection);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -157,7 +162,7 @@ async function play(at, seconds) {
   try {
     await new Promise((resolve) => ms.addEventListener("sourceopen", resolve, { once: true }));
     const url = withPath(`/recordings/get?start=${encodeURIComponent(iso(clipStart))}&duration=${duration.toFixed(3)}&format=fmp4`);
-    const response = await fetch(url, { headers: authHeaders(), signal: abort.signal });
+    const response = await fetch(url, { signal: abort.signal });
     if (!response.ok) {
       let detail = `HTTP ${response.status}`;
       try { detail = (await response.json()).detail || detail; } catch { /* not JSON */ }
@@ -274,11 +279,16 @@ track.addEventListener("keydown", (event) => {
 
 $("btn-live").addEventListener("click", backToLive);
 
+async function problem(response) {
+  try { return (await response.json()).detail || `HTTP ${response.status}`; } catch { return `HTTP ${response.status}`; }
+}
+
 $("btn-record").addEventListener("click", async () => {
   const recording = rec.state !== "stopped";
   try {
-    const response = await fetch(withPath(`/api/recording/${recording ? "stop" : "start"}`), { method: "POST", headers: authHeaders() });
-    if (!response.ok) throw new Error(`HTTP ${response.status}`);
+    const response = await adminFetch(withPath(`/api/recording/${recording ? "stop" : "start"}`), { method: "POST" });
+    if (!response) return; // the admin dialog was cancelled
+    if (!response.ok) throw new Error(await problem(response));
     const doc = await response.json();
     rec.state = doc.state;
     rec.reason = doc.reason || "";
@@ -289,27 +299,41 @@ $("btn-record").addEventListener("click", async () => {
   refresh();
 });
 
-$("btn-download").addEventListener("click", async () => {
+// What Download and Delete act on: the range selected, else the window playing.
+function chosenSpan() {
   const span = rec.selection || (rec.playing ? { start: rec.playing.clipStart, end: rec.playing.end } : null);
+  return span && { start: span.start, seconds: Math.max(1, (span.end - span.start) / 1000) };
+}
+function spanQuery(span) { return `start=${encodeURIComponent(iso(span.start))}&duration=${span.seconds.toFixed(3)}`; }
+
+$("btn-download").addEventListener("click", () => {
+  const span = chosenSpan();
   if (!span) return;
-  const seconds = Math.max(1, (span.end - span.start) / 1000);
-  const url = withPath(`/recordings/get?start=${encodeURIComponent(iso(span.start))}&duration=${seconds.toFixed(3)}`);
   const name = `ruseon-${iso(span.start).replace(/[:.]/g, "-").slice(0, 19)}.mp4`;
-  const auth = authHeaders();
-  if (!auth.Authorization) {
-    saveUrl(url, name); // streamed straight to disk by the browser
-  } else {
-    // A link cannot carry the token: fetch it, then save the result.
-    try {
-      const response = await fetch(url, { headers: auth });
-      if (!response.ok) throw new Error(`HTTP ${response.status}`);
-      saveBlob(await response.blob(), name);
-    } catch (error) {
-      toast(`Download failed: ${error.message}`);
-      return;
-    }
-  }
+  // Streamed straight to disk by the browser (with the session cookie when viewing needs one).
+  saveUrl(withPath(`/recordings/get?${spanQuery(span)}`), name);
   toast("Downloading the recording");
+});
+
+$("btn-delete").addEventListener("click", async () => {
+  const span = chosenSpan();
+  if (!span) return;
+  const to = span.start + span.seconds * 1000;
+  if (!window.confirm(`Delete the recording from ${clock(span.start)} to ${clock(to)}?`)) return;
+  try {
+    const response = await adminFetch(withPath(`/recordings?${spanQuery(span)}`), { method: "DELETE" });
+    if (!response) return; // the admin dialog was cancelled
+    if (!response.ok) throw new Error(await problem(response));
+    const doc = await response.json();
+    const kept = doc.kept.length ? ` (kept: ${doc.kept.map((k) => k.why).join(", ")})` : "";
+    toast(`Recording deleted${kept}`);
+  } catch (error) {
+    toast(`The recording could not be deleted: ${error.message}`);
+    return;
+  }
+  backToLive();
+  rec.selection = null;
+  refresh();
 });
 
 // While a recording plays, the stats overlay describes it (device.js only fills it for WebRTC).
