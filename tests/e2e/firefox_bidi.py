@@ -59,7 +59,8 @@ PREFS = {
 def require_firefox() -> None:
     """Skip (fail in CI) without Debian's firefox-esr."""
     if not Path(FIREFOX).exists():
-        message = f"{FIREFOX} is not installed (scripts/install-system-deps: apt-get install firefox-esr)"
+        message = (f"{FIREFOX} is not installed "
+                   "(scripts/install-system-deps: apt-get install firefox-esr)")
         if IN_CI:
             pytest.fail(message)
         pytest.skip(message)

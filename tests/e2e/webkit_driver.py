@@ -40,7 +40,8 @@ def require_webkit() -> None:
     for path, package in ((WEBDRIVER, "webkit2gtk-driver"), (MINIBROWSER, "webkit2gtk-driver"),
                           (XVFB, "xvfb")):
         if not Path(path).exists():
-            message = f"{path} is not installed (scripts/install-system-deps: apt-get install {package})"
+            message = (f"{path} is not installed "
+                       f"(scripts/install-system-deps: apt-get install {package})")
             if IN_CI:
                 pytest.fail(message)
             pytest.skip(message)
@@ -150,8 +151,9 @@ def webkit() -> Iterator[WebKitPage]:
             "webkitgtk:browserOptions": {"binary": MINIBROWSER, "args": ["--automation"]}}}}
         created = webdriver_request(f"{base}/session", "POST", capabilities)
         session_url = f"{base}/session/{created['sessionId']}"
+        bound_ms = COMMAND_TIMEOUT_S * 1000
         webdriver_request(f"{session_url}/timeouts", "POST",
-                          {"script": COMMAND_TIMEOUT_S * 1000, "pageLoad": COMMAND_TIMEOUT_S * 1000})
+                          {"script": bound_ms, "pageLoad": bound_ms})
         yield WebKitPage(session_url)
     finally:
         if session_url:
