@@ -132,7 +132,11 @@ def webkit() -> Iterator[WebKitPage]:
             raise RuntimeError("Xvfb did not start")
         port = free_port()
         env = {**os.environ, "DISPLAY": f":{display}", "HOME": str(home),
-               "XDG_RUNTIME_DIR": str(home)}
+               "XDG_RUNTIME_DIR": str(home),
+               # Xvfb has no GPU: with the DMA-BUF renderer the window stopped repainting once
+               # the <video> played (screenshots showed the page as it was before), though
+               # frames decoded. The shared-memory path paints.
+               "WEBKIT_DISABLE_DMABUF_RENDERER": "1"}
         driver = subprocess.Popen([WEBDRIVER, f"--port={port}", "--host=127.0.0.1"], env=env,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                   start_new_session=True)
