@@ -112,9 +112,10 @@ def test_timeline_plays_a_recording_in_the_page_then_live_again(
         after = page.evaluate("() => window.ruseonRecordings.ranges.at(-1)")
         # Cut at the first IDR at or after the selection's end (the GOP is 2 s; the selection's
         # end is the pixel nearest the middle); what came after it stays (the stop may still
-        # have been writing the last seconds when `before` was read, so the end only grows).
+        # have been writing the last seconds when `before` was read, so the end only grows; the
+        # list's durations are rounded to the millisecond).
         assert middle - 1000 <= after["start"] <= middle + 3000, (before, after)
-        assert after["end"] >= before["end"], (before, after)
+        assert after["end"] >= before["end"] - 5, (before, after)
         assert not page.is_visible("#admin-dialog")  # asked once only
         wait_for_page(page, "live after the delete", lambda s: s["state"] == "live")
 
