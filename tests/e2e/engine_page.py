@@ -7,11 +7,12 @@ say, the viewer count). Each works with any object that has ``evaluate`` and
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from typing import Any
 
-from tests.e2e.browser_netns import Server, poll_page, record_browser_stats
+from tests.e2e.browser_netns import ARTIFACTS, Server, poll_page, record_browser_stats
 
 NO_FIGURE = "\u2013"  # the page's en dash for a figure it does not have
 
@@ -76,6 +77,14 @@ def open_and_time_first_frame(page: Any, url: str) -> float:
             raise AssertionError(f"no frame within 90 s: {page_state(page)}")
         page.wait_for_timeout(100)
     return time.monotonic() - opened
+
+
+def print_first_frame(key: str) -> None:
+    """Print the first-frame time the test's run in its namespace recorded under ``key`` in
+    artifacts/browser-stats.json (that run's own output is kept only when it fails)."""
+    figures = json.loads((ARTIFACTS / "browser-stats.json").read_text())[key]
+    print(f"{key}: first frame {figures['first_frame_s']:.2f} s after navigation "
+          f"({figures['page']['label']}: {figures['page']['reason']})")
 
 
 def assert_moving_hls(page: Any, reason: str) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from tests.e2e.engine_page import (
     offers_refused,
     open_and_time_first_frame,
     page_state,
+    print_first_frame,
     wait_state,
 )
 from tests.e2e.firefox_bidi import firefox, require_firefox
@@ -56,6 +57,7 @@ def test_firefox_plays_ll_hls_at_once_and_offers_no_webrtc(
 ) -> None:
     require_firefox()
     if not in_browser_netns(request):
+        print_first_frame("firefox")
         return
     with running_server(tmp_path) as server, firefox() as page:
         first_frame_s = open_and_time_first_frame(page, server.url)

@@ -27,6 +27,7 @@ from tests.e2e.engine_page import (
     offers_refused,
     open_and_time_first_frame,
     page_state,
+    print_first_frame,
 )
 from tests.e2e.webkit_driver import require_webkit, webkit
 
@@ -46,6 +47,7 @@ def test_webkit_plays_ll_hls_and_says_it_has_no_webrtc(
 ) -> None:
     require_webkit()
     if not in_browser_netns(request):
+        print_first_frame("webkit")
         return
     with running_server(tmp_path) as server, webkit() as page:
         first_frame_s = open_and_time_first_frame(page, server.url)
