@@ -298,6 +298,15 @@ function start() {
   });
   // This browser cannot do WebRTC at all (device.js would not even try).
   window.addEventListener("ruseon:webrtc-unavailable", (event) => playHls(event.detail));
+  // The cameras grid (cameras.js) shows: HLS rests; a camera chosen: HLS plays that one.
+  window.addEventListener("ruseon:grid", () => {
+    if (state.mode !== "hls") return;
+    stopHls();
+    state.mode = "resting"; // neither "hls" (playHls starts again) nor "webrtc" (watch() waits)
+  });
+  window.addEventListener("ruseon:camera", () => {
+    if (state.mode === "hls" || state.mode === "resting") restartHls();
+  });
   // Logged in from the token dialog (device.js): play again, now with the cookie.
   window.addEventListener("ruseon:session", () => {
     if (state.mode === "hls" && player().state === "auth") restartHls();
