@@ -6,7 +6,7 @@
 // per tile, refreshed every SNAPSHOT_MS (a phone cannot decode many H.264 streams at once, and
 // the board's cost per snapshot tile is about that of a live one: see README, Several cameras).
 import { $, iconButton, player } from "./page.js";
-import { WhepClient } from "./whep.js";
+import { WhepClient, webrtcSupport } from "./whep.js";
 
 const LIVE_TILES_MAX = 4;
 const SNAPSHOT_MS = 3000;
@@ -135,6 +135,7 @@ function openGrid() {
   const p = player();
   if (p && p.stopWebrtc) p.stopWebrtc(); // the big picture waits while the grid shows
   if (p && p.setState) p.setState("grid", "");
+  window.dispatchEvent(new CustomEvent("ruseon:grid")); // hls-fallback.js stops HLS meanwhile
   grid.open = true;
   grid.element.hidden = false;
   $("stage").dataset.view = "grid";
@@ -159,6 +160,7 @@ function watch(name) {
   p.camera = name;
   if (p.stopWebrtc) p.stopWebrtc();
   if (p.setState) p.setState("connecting", `Connecting to ${name}…`);
+  window.dispatchEvent(new CustomEvent("ruseon:camera", { detail: name })); // HLS plays it anew
   if (p.startWebrtc && p.transport === "webrtc") p.startWebrtc();
 }
 
@@ -193,7 +195,8 @@ async function start() {
   }
   grid.cameras = cameras;
   if (cameras.length < 2) return; // one camera: the page as it always was
-  grid.mode = cameras.length <= LIVE_TILES_MAX ? "live" : "snapshot";
+  // Live tiles are WHEP viewers: a browser without WebRTC (or its H.264) gets snapshots.
+  grid.mode = cameras.length <= LIVE_TILES_MAX && webrtcSupport().ok ? "live" : "snapshot";
   buildGrid();
   window.addEventListener("hashchange", route);
   route();

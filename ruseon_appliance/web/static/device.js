@@ -1,7 +1,7 @@
 // The device page: plays the camera over WHEP, reconnects by itself, shows live statistics.
 import { $, saveBlob, setText, toast } from "./page.js";
 import { login } from "./session.js";
-import { WhepClient, WhepError } from "./whep.js";
+import { WhepClient, WhepError, webrtcSupport } from "./whep.js";
 
 const STATS_INTERVAL_MS = 1000;
 const STATUS_INTERVAL_MS = 5000;
@@ -24,7 +24,12 @@ const player = {
   previous: null,
   lastFrames: 0,
   lastFrameChange: 0,
-  viewers: null,
+  viewers: null, // every viewer the status counts: WebRTC sessions + HLS clients
+  viewerCounts: null, // {webrtc, hls}
+  // What this browser can play, decided once before any offer (whep.js webrtcSupport), and
+  // learnt from a 406 (no codec in common): {ok} or {ok: false, reason}. Without it the page
+  // plays HLS (hls-fallback.js) and never calls the camera unreachable for it.
+  webrtc: webrtcSupport(),
   transport: "webrtc", // "hls" while hls-fallback.js plays the stream instead
   // false while the board does not answer HTTP at all (down, rebooting, restarting): HLS would
   // not play either, so hls-fallback.js does not give up on WebRTC for that.
@@ -41,7 +46,8 @@ function setState(state, message) {
   stage.dataset.state = state;
   const labels = {
     connecting: "Connecting", live: "Live", reconnecting: "Reconnecting",
-    busy: "Busy", auth: "Locked", error: "Offline", grid: "Cameras",
+    // "error": the page cannot play (a refusal, no HLS); the camera may well be up.
+    busy: "Busy", auth: "Locked", error: "Not playing", grid: "Cameras",
   };
   $("state-text").textContent = labels[state] || state;
   if (message) $("veil-text").textContent = message;
@@ -53,6 +59,7 @@ function setState(state, message) {
 async function connect() {
   clearTimeout(player.retryTimer);
   if (player.transport !== "webrtc") return; // HLS plays instead (hls-fallback.js)
+  if (webrtcUnavailable()) return;
   const generation = ++player.generation;
   if (player.client) player.client.close();
   const client = new WhepClient(player.endpoint); // the session cookie, when viewing needs one
@@ -89,13 +96,24 @@ async function connect() {
   }
 }
 
+// Not a network failure: this browser cannot do WebRTC (or shares no codec with the camera).
+// hls-fallback.js plays HLS; nothing here marks the camera unreachable or retries.
+function webrtcUnavailable() {
+  if (player.webrtc.ok) return false;
+  window.dispatchEvent(new CustomEvent("ruseon:webrtc-unavailable", { detail: player.webrtc.reason }));
+  return true;
+}
+
 function handleConnectError(error) {
   // A WhepError is an HTTP answer (or our own close); anything else: fetch found no board.
   player.reachable = error instanceof WhepError;
-  if (error instanceof WhepError && error.status === 406) {
-    // The server and this browser share no codec: hls-fallback.js may play HLS instead.
+  if (error instanceof WhepError && (error.status === 406 || error.status === 422)) {
+    // The server and this browser share no codec (the appliance answers 422: the offer is
+    // well-formed but has no H.264; 406 from others): asking again would be refused again, so
+    // WebRTC is off for this page and hls-fallback.js plays HLS instead.
+    player.webrtc = { ok: false, reason: `the camera refused WebRTC: ${error.message}` };
     window.dispatchEvent(new CustomEvent("ruseon:webrtc-unsupported", { detail: error.message }));
-    if (player.transport !== "webrtc") return;
+    return;
   }
   if (error instanceof WhepError) {
     if (error.status === 401) { // [auth] viewing = "credential" and this page has no session
@@ -172,6 +190,7 @@ player.stopWebrtc = () => {
   video.srcObject = null;
 };
 player.startWebrtc = () => {
+  if (webrtcUnavailable()) return;
   player.transport = "webrtc";
   player.attempt = 0;
   connect();
@@ -273,8 +292,13 @@ async function refreshStatus() {
     const response = await fetch("/api/status", { cache: "no-store" });
     if (!response.ok) return;
     const status = await response.json();
-    player.viewers = status.viewers.count;
-    $("stat-viewers").textContent = String(status.viewers.count);
+    // Everyone watching: WebRTC sessions and HLS clients (an address + user agent seen in the
+    // last seconds), each named when HLS has any; a page on HLS is one of the latter.
+    const webrtc = status.viewers.count;
+    const hls = status.hls && Number.isFinite(status.hls.clients) ? status.hls.clients : 0;
+    player.viewers = webrtc + hls;
+    player.viewerCounts = { webrtc, hls };
+    $("stat-viewers").textContent = hls ? `${webrtc + hls} (${webrtc} WebRTC · ${hls} HLS)` : String(webrtc);
     $("device-name").textContent = status.device.hostname || "";
     document.title = `${status.device.hostname || "RUSEON"} · Camera`;
     // A camera that is down (none detected, unplugged, refusing) says why on the picture.

@@ -31,6 +31,7 @@ const state = {
   lastFrames: 0,
   lastTime: 0,
   statsTimer: 0,
+  media: [], // the newest loaded fragments and parts: {key, sn, bytes, duration}
 };
 window.ruseonHls = state; // for diagnostics and the end-to-end tests
 
@@ -42,18 +43,34 @@ function label(text, title) {
   el.textContent = text;
   el.title = title || "";
   el.dataset.transport = state.mode;
+  // Why it is not WebRTC, shown beside the mode (device.css) as well as in the title.
+  el.dataset.reason = state.mode === "hls" ? state.reason : "";
   const button = $("btn-transport");
   if (button) {
+    const webrtc = webrtcSupport();
     button.querySelector(".label").textContent = state.mode === "hls" ? "WebRTC" : "HLS";
-    button.title = state.mode === "hls" ? "Switch to WebRTC" : "Switch to HLS";
+    // Offer only what this browser can use, and say why not.
+    button.disabled = state.mode === "hls" && !webrtc.ok;
+    button.title = state.mode !== "hls" ? "Switch to HLS"
+      : webrtc.ok ? "Switch to WebRTC" : `WebRTC is not available: ${webrtc.reason}`;
   }
+  // The stats panel's names say what each figure is in this mode (hlsTick fills them).
+  const hls = state.mode === "hls";
+  statName("stat-loss", hls ? "Buffer" : "Packet loss");
+  statName("stat-jitter", hls ? "Live latency" : "Jitter buffer");
 }
 
-function webrtcCanDecodeH264() {
-  if (typeof RTCPeerConnection === "undefined" || typeof RTCRtpReceiver === "undefined") return false;
-  if (!RTCRtpReceiver.getCapabilities) return true; // cannot tell: let WHEP try
-  const caps = RTCRtpReceiver.getCapabilities("video");
-  return !!caps && caps.codecs.some((c) => c.mimeType.toLowerCase() === "video/h264");
+function statName(id, text) {
+  const dd = $(id);
+  const dt = dd ? dd.previousElementSibling : null;
+  if (dt && dt.textContent !== text) dt.textContent = text;
+}
+
+// device.js decides once what this browser can play (whep.js webrtcSupport) and learns from a
+// 406; until it has run, ask the browser directly.
+function webrtcSupport() {
+  const p = player();
+  return p && p.webrtc ? p.webrtc : { ok: true };
 }
 
 function useNative() {
@@ -108,6 +125,7 @@ async function playHls(reason) {
       });
       state.hls = hls;
       hls.on(Hls.Events.ERROR, (event, data) => onHlsError(Hls, hls, data));
+      hls.on(Hls.Events.FRAG_LOADED, (event, data) => noteMedia(data));
       hls.loadSource(playlist());
       hls.attachMedia(video);
       label("LL-HLS", `hls.js ${Hls.version}: ${reason}`);
@@ -143,6 +161,46 @@ function onHlsError(Hls, hls, data) {
   }
 }
 
+// The stream's bitrate is what its media weigh per second of media: the bytes of the newest
+// parts and fragments over their durations (not hls.js's bandwidthEstimate, which is how fast
+// they downloaded: tens of Mbit/s on a LAN for a 2 Mbit/s stream).
+const MEDIA_WINDOW_S = 4;
+
+function noteMedia(data) {
+  const frag = data.frag;
+  if (!frag || typeof frag.sn !== "number") return; // the init segment has no media time
+  const piece = data.part || frag;
+  // The loader's byte count: the payload itself may already be handed to the transmuxer's
+  // worker (a transferred ArrayBuffer reads 0 bytes).
+  const bytes = (piece.stats && piece.stats.loaded) || (data.payload ? data.payload.byteLength : 0);
+  if (!bytes || !(piece.duration > 0)) return;
+  const key = data.part ? `${frag.sn}.${data.part.index}` : `${frag.sn}`;
+  // A whole fragment whose parts were counted already is the same media again.
+  if (state.media.some((m) => m.key === key || (!data.part && m.sn === frag.sn))) return;
+  state.media.push({ key, sn: frag.sn, bytes, duration: piece.duration });
+  let total = 0;
+  for (let i = state.media.length - 1; i >= 0; i--) {
+    total += state.media[i].duration;
+    if (total > MEDIA_WINDOW_S) { state.media.splice(0, i); break; }
+  }
+}
+
+function mediaBitrate() {
+  const seconds = state.media.reduce((sum, m) => sum + m.duration, 0);
+  const bytes = state.media.reduce((sum, m) => sum + m.bytes, 0);
+  return seconds >= 1 ? (bytes * 8) / seconds : null;
+}
+
+function bufferedAhead() {
+  const ranges = video.buffered;
+  for (let i = 0; i < ranges.length; i++) {
+    if (ranges.start(i) <= video.currentTime + 0.1 && video.currentTime <= ranges.end(i)) {
+      return Math.max(0, ranges.end(i) - video.currentTime);
+    }
+  }
+  return null;
+}
+
 function restartHls() {
   const reason = state.reason;
   stopHls();
@@ -155,6 +213,7 @@ function stopHls() {
   clearInterval(state.statsTimer);
   if (state.hls) state.hls.destroy();
   state.hls = null;
+  state.media = [];
   state.native = false;
   video.removeAttribute("src");
   video.load();
@@ -186,10 +245,13 @@ function hlsTick() {
   setText("stat-resolution", video.videoWidth ? `${video.videoWidth}×${video.videoHeight}` : "–");
   setText("stat-fps", fps ? `${fps.toFixed(0)} fps` : "–");
   const hls = state.hls;
-  setText("stat-bitrate", hls && hls.bandwidthEstimate ? `${(hls.bandwidthEstimate / 1e6).toFixed(2)} Mbit/s` : "–");
-  setText("stat-loss", "–");
+  const bitrate = mediaBitrate();
+  state.bitrate = bitrate;
+  setText("stat-bitrate", bitrate ? `${(bitrate / 1e6).toFixed(2)} Mbit/s` : "–");
+  const ahead = bufferedAhead();
+  setText("stat-loss", ahead !== null ? `${ahead.toFixed(1)} s` : "–");
   setText("stat-rtt", "–");
-  setText("stat-jitter", hls && Number.isFinite(hls.latency) ? `${(hls.latency * 1000).toFixed(0)} ms` : "–");
+  setText("stat-jitter", hls && Number.isFinite(hls.latency) ? `${hls.latency.toFixed(1)} s` : "–");
   setText("stat-codec", state.native ? "H264 · HLS" : "H264 · LL-HLS");
 }
 
@@ -220,6 +282,7 @@ function start() {
   if (button) {
     button.addEventListener("click", () => {
       if (state.mode === "hls") {
+        if (!webrtcSupport().ok) return; // disabled, and its title says why
         sessionStorage.setItem(CHOICE_KEY, "webrtc");
         playWebrtc();
       } else {
@@ -228,15 +291,29 @@ function start() {
       }
     });
   }
+  // No codec in common (406): asking again would be refused again, even if chosen by hand.
   window.addEventListener("ruseon:webrtc-unsupported", (event) => {
-    if (chosen() !== "webrtc") playHls(`the camera refused WebRTC: ${event.detail}`);
+    if (chosen() === "webrtc") sessionStorage.removeItem(CHOICE_KEY);
+    playHls(`the camera refused WebRTC: ${event.detail}`);
+  });
+  // This browser cannot do WebRTC at all (device.js would not even try).
+  window.addEventListener("ruseon:webrtc-unavailable", (event) => playHls(event.detail));
+  // The cameras grid (cameras.js) shows: HLS rests; a camera chosen: HLS plays that one.
+  window.addEventListener("ruseon:grid", () => {
+    if (state.mode !== "hls") return;
+    stopHls();
+    state.mode = "resting"; // neither "hls" (playHls starts again) nor "webrtc" (watch() waits)
+  });
+  window.addEventListener("ruseon:camera", () => {
+    if (state.mode === "hls" || state.mode === "resting") restartHls();
   });
   // Logged in from the token dialog (device.js): play again, now with the cookie.
   window.addEventListener("ruseon:session", () => {
     if (state.mode === "hls" && player().state === "auth") restartHls();
   });
-  if (chosen() === "hls") playHls("chosen by hand");
-  else if (!webrtcCanDecodeH264()) playHls("this browser has no H.264 for WebRTC");
+  const webrtc = webrtcSupport();
+  if (!webrtc.ok) playHls(webrtc.reason); // a choice of WebRTC from before cannot hold
+  else if (chosen() === "hls") playHls("chosen by hand");
   setInterval(watch, WATCH_MS);
 }
 

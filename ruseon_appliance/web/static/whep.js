@@ -107,3 +107,22 @@ export class WhepClient {
     }
   }
 }
+
+/**
+ * Whether this browser can play the appliance's WebRTC (H.264), decided from what it says it
+ * can do, before any offer: `{ok: true}` or `{ok: false, reason}` in words for the page. A
+ * browser without RTCPeerConnection (Debian's WebKitGTK) has no WebRTC at all; one whose
+ * receiver lists no H.264 (Firefox without the OpenH264 plugin) would only be refused. Where
+ * the list cannot be read, WHEP tries (a 406 then says no).
+ */
+export function webrtcSupport() {
+  if (typeof RTCPeerConnection === "undefined") {
+    return { ok: false, reason: "this browser has no WebRTC" };
+  }
+  if (typeof RTCRtpReceiver === "undefined" || !RTCRtpReceiver.getCapabilities) return { ok: true };
+  const caps = RTCRtpReceiver.getCapabilities("video");
+  if (caps && !caps.codecs.some((c) => c.mimeType.toLowerCase() === "video/h264")) {
+    return { ok: false, reason: "this browser has no H.264 for WebRTC" };
+  }
+  return { ok: true };
+}

@@ -1,0 +1,156 @@
+"""What the device page shows in any engine (Chromium through Playwright, Firefox over BiDi,
+WebKit over WebDriver): one JS read of the player, the transport label and the stats panel,
+and the checks the Firefox and WebKit tests share (a moving picture, stats that mean what they
+say, the viewer count). Each works with any object that has ``evaluate`` and
+``wait_for_timeout`` (see :mod:`tests.e2e.firefox_bidi`, :mod:`tests.e2e.webkit_driver`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from typing import Any
+
+from tests.e2e.browser_netns import ARTIFACTS, Server, poll_page, record_browser_stats
+
+NO_FIGURE = "\u2013"  # the page's en dash for a figure it does not have
+
+# The page as a person sees it, and what the <video> decodes. ``frames`` counts frames the
+# element presented (getVideoPlaybackQuality); ``signature`` is a coarse sum of the picture's
+# pixels (drawn on a canvas), to tell a moving picture from a frozen one.
+PAGE_JS = """() => {
+  const v = document.getElementById('video');
+  const q = v.getVideoPlaybackQuality ? v.getVideoPlaybackQuality() : null;
+  const h = window.ruseonHls, p = window.ruseon;
+  const text = (id) => { const e = document.getElementById(id); return e ? e.textContent : null; };
+  const name = (id) => { const e = document.getElementById(id);
+                         const dt = e ? e.previousElementSibling : null;
+                         return dt ? dt.textContent : null; };
+  const button = document.getElementById('btn-transport');
+  let signature = null;
+  if (v.videoWidth) {
+    const c = document.createElement('canvas'); c.width = 64; c.height = 36;
+    const g = c.getContext('2d'); g.drawImage(v, 0, 0, 64, 36);
+    const d = g.getImageData(0, 0, 64, 36).data; signature = 0;
+    for (let i = 0; i < d.length; i += 4) signature += d[i] * ((i / 4) % 7 + 1) + d[i + 1];
+  }
+  return {
+    state: p ? p.state : null, transport: p ? p.transport : null,
+    webrtc: p ? p.webrtc : null, viewers: p ? p.viewers : null,
+    viewerCounts: p ? p.viewerCounts : null,
+    mode: h ? h.mode : null, reason: h ? h.reason : null,
+    hlsjs: !!(h && h.hls), bandwidthEstimate: h && h.hls ? h.hls.bandwidthEstimate : null,
+    mediaBitrate: h ? h.bitrate || null : null,
+    label: text('transport'), labelReason: document.getElementById('transport').dataset.reason,
+    stateText: text('state-text'), veilText: text('veil-text'),
+    button: button ? {disabled: button.disabled, title: button.title} : null,
+    stats: {bitrate: text('stat-bitrate'), jitter: text('stat-jitter'), loss: text('stat-loss'),
+            viewers: text('stat-viewers'), fps: text('stat-fps'),
+            jitterName: name('stat-jitter'), lossName: name('stat-loss')},
+    currentTime: v.currentTime, paused: v.paused, videoWidth: v.videoWidth,
+    frames: q ? q.totalVideoFrames : 0, signature,
+  };
+}"""
+
+
+def page_state(page: Any) -> dict[str, Any]:
+    """:data:`PAGE_JS` on ``page``."""
+    state: dict[str, Any] = page.evaluate(PAGE_JS)
+    return state
+
+
+def wait_state(page: Any, condition: str, predicate: Any, timeout_s: float = 60) -> dict[str, Any]:
+    """Poll :func:`page_state` until ``predicate``; the timeout only bounds a broken run."""
+    return poll_page(page, page_state, condition, predicate, timeout_s)
+
+
+def open_and_time_first_frame(page: Any, url: str) -> float:
+    """Navigate to ``url`` and return the seconds until the first presented frame (polled
+    every 100 ms: a measurement to print and note, never asserted)."""
+    opened = time.monotonic()
+    page.goto(url)
+    deadline = opened + 90
+    while page.evaluate("() => { const q = document.getElementById('video')"
+                        ".getVideoPlaybackQuality(); return q ? q.totalVideoFrames : 0; }") == 0:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no frame within 90 s: {page_state(page)}")
+        page.wait_for_timeout(100)
+    return time.monotonic() - opened
+
+
+def print_first_frame(key: str) -> None:
+    """Print the first-frame time the test's run in its namespace recorded under ``key`` in
+    artifacts/browser-stats.json (that run's own output is kept only when it fails)."""
+    figures = json.loads((ARTIFACTS / "browser-stats.json").read_text())[key]
+    print(f"{key}: first frame {figures['first_frame_s']:.2f} s after navigation "
+          f"({figures['page']['label']}: {figures['page']['reason']})")
+
+
+def assert_moving_hls(page: Any, reason: str) -> dict[str, Any]:
+    """LL-HLS through hls.js, live, labelled with ``reason``, and a moving picture: currentTime
+    advances, frames are presented and the pixels change."""
+    first = wait_state(page, "HLS live with frames",
+                       lambda s: s["mode"] == "hls" and s["state"] == "live" and s["frames"] > 10
+                       and s["signature"] is not None)
+    page.wait_for_timeout(2000)
+    later = page_state(page)
+    assert later["currentTime"] > first["currentTime"] + 1, (first, later)
+    assert later["frames"] > first["frames"] + 10, (first, later)
+    assert later["signature"] != first["signature"], "the picture did not change"
+    assert later["hlsjs"] and later["videoWidth"] > 0, later
+    assert later["label"] == "LL-HLS" and later["reason"] == reason, later
+    assert later["labelReason"] == reason, later  # shown beside the label (device.css)
+    assert later["stateText"] == "Live", later
+    return later
+
+
+def assert_webrtc_not_offered(state: dict[str, Any], reason: str) -> None:
+    """The switch to WebRTC is off and says why; the page knows WebRTC is unavailable."""
+    assert state["webrtc"] == {"ok": False, "reason": reason}, state["webrtc"]
+    assert state["button"]["disabled"], state["button"]
+    assert state["button"]["title"] == f"WebRTC is not available: {reason}", state["button"]
+
+
+def mbit(text: str) -> float:
+    """``"1.23 Mbit/s"`` as bit/s."""
+    match = re.fullmatch(r"([0-9.]+) Mbit/s", text)
+    assert match, f"not a bitrate: {text!r}"
+    return float(match.group(1)) * 1e6
+
+
+def assert_hls_stats_and_viewers(page: Any, server: Server, key: str) -> dict[str, Any]:
+    """On HLS: "Bitrate" is the stream's (near what the encoder makes, not hls.js's download
+    estimate), the latency is named "Live latency" and the buffer "Buffer", and "Viewers"
+    counts this page (an HLS client) as /api/status does. The figures go to
+    artifacts/browser-stats.json under ``key``."""
+    state = wait_state(page, "a media bitrate and the HLS viewer in the stats",
+                       lambda s: s["stats"]["bitrate"] not in (None, NO_FIGURE)
+                       and (s["viewerCounts"] or {}).get("hls", 0) >= 1)
+    status = server.status()
+    source_bps = status["source"]["bitrate"]
+    shown_bps = mbit(state["stats"]["bitrate"])
+    # The bytes of the media per second of media against the encoder's own measure: the same
+    # stream, so within a factor of two (the download estimate was 10-30 times it here).
+    assert source_bps / 2 < shown_bps < source_bps * 2, (shown_bps, source_bps, state)
+    stats = state["stats"]
+    assert stats["jitterName"] == "Live latency", stats
+    assert re.fullmatch(r"[0-9.]+ s", stats["jitter"]), stats
+    assert stats["lossName"] == "Buffer", stats
+    assert re.fullmatch(r"[0-9.]+ s", stats["loss"]) or stats["loss"] == NO_FIGURE, stats
+    counts = state["viewerCounts"]
+    assert counts["webrtc"] == status["viewers"]["count"] == 0, (counts, status["viewers"])
+    assert counts["hls"] >= 1 and status["hls"]["clients"] >= 1, (counts, status["hls"])
+    assert stats["viewers"] == f"{counts['hls']} (0 WebRTC · {counts['hls']} HLS)", stats
+    assert state["viewers"] == counts["hls"], state
+    record_browser_stats(key, {
+        "shown_bitrate_bps": shown_bps, "source_bitrate_bps": source_bps,
+        "hlsjs_bandwidth_estimate_bps": state["bandwidthEstimate"],
+        "live_latency": stats["jitter"], "buffer": stats["loss"], "viewers": stats["viewers"],
+    })
+    return state
+
+
+def offers_refused(server: Server) -> int:
+    """How many WHEP offers the server refused so far (all reasons)."""
+    return sum(server.status()["errors"]["offers_refused"].values())
