@@ -101,10 +101,14 @@ def describe_delta(us: int) -> str:
     """``+400 d 0 h``, ``-15.0 s``: a step in words."""
     sign = "+" if us >= 0 else "-"
     s = abs(us) / 1e6
-    if s >= 86400:
-        return f"{sign}{int(s // 86400)} d {int(s % 86400 // 3600)} h"
-    if s >= 3600:
-        return f"{sign}{int(s // 3600)} h {int(s % 3600 // 60)} min"
+    # Rounded to the unit shown: a step of 400 days less a few microseconds (the two clock
+    # reads are not at one instant) is "+400 d 0 h", not "+399 d 23 h".
+    if s >= 86400 - 1800:
+        hours = round(s / 3600)
+        return f"{sign}{hours // 24} d {hours % 24} h"
+    if s >= 3600 - 30:
+        minutes = round(s / 60)
+        return f"{sign}{minutes // 60} h {minutes % 60} min"
     return f"{sign}{s:.1f} s"
 
 
