@@ -1,9 +1,17 @@
 """The disk image booted as a whole machine under qemu-system, reached only through forwarded ports.
 
 :class:`Machine` boots a copy of ``image/build debian --disk``'s image with UEFI firmware (OVMF
-on amd64, AAVMF on arm64) and qemu's user-mode networking with ``restrict=on``: the guest gets
-an address by DHCP from qemu and reaches nothing; the host reaches it only through the ports
-forwarded to 127.0.0.1 (``hostfwd``). The image itself is not changed for the test: what the test
+on amd64, AAVMF on arm64) and qemu's user-mode networking: the guest gets an address by DHCP from
+qemu; the host reaches it only through the ports forwarded to 127.0.0.1 (``hostfwd``).
+
+Isolation: with ``restrict=on`` the guest reaches nothing, but libslirp then drops *every* UDP
+datagram the guest sends (``udp_input``: ``if (slirp->restricted) goto bad;``, after DHCP and
+TFTP), the replies to a forwarded UDP port included, so WebRTC cannot work. When the test runs
+in a network namespace that has only loopback (scripts/test's), :func:`isolated_netns` says so
+and the machine runs unrestricted: whatever the guest opens goes out through this namespace,
+which reaches nothing either. Elsewhere it stays ``restrict=on`` and the UDP checks cannot run.
+
+The image itself is not changed for the test: what the test
 wants to read from inside (failed units, boot times, partition sizes) comes from a unit passed as
 a systemd *system credential* over SMBIOS (``systemd.extra-unit.*``, ``systemd.unit-dropin.*``,
 read by the image's systemd-debug-generator; systemd >= 256), which writes a report to a
@@ -93,6 +101,15 @@ def missing(arch: str) -> str | None:
     return ", ".join(problems) or None
 
 
+def isolated_netns() -> bool:
+    """True when this process's network namespace has no interface but loopback (nothing the
+    guest could reach through an unrestricted user-mode network)."""
+    try:
+        return sorted(os.listdir("/sys/class/net")) == ["lo"]
+    except OSError:
+        return False
+
+
 def kvm_available(arch: str) -> bool:
     """A /dev/kvm we may open, for the host's own architecture (it may still not work)."""
     return arch == HOST_MACHINE and os.access("/dev/kvm", os.R_OK | os.W_OK)
@@ -173,7 +190,12 @@ class Machine:
 
     def __init__(self, disk: Path, work: Path, *, arch: str = "amd64",
                  tcp: Mapping[int, int] | None = None, udp: Mapping[int, int] | None = None,
-                 memory_mib: int = 1024, cpus: int = 2, extra: Sequence[str] = ()) -> None:
+                 memory_mib: int = 1024, cpus: int = 2, extra: Sequence[str] = (),
+                 restrict: bool = True) -> None:
+        if not restrict and not isolated_netns():
+            raise RuntimeError("an unrestricted user-mode network only inside a network "
+                               "namespace with nothing but loopback (isolated_netns())")
+        self.restrict = restrict
         self.disk, self.work, self.arch = disk, work, arch
         self.tcp, self.udp = dict(tcp or {}), dict(udp or {})
         self.memory_mib, self.cpus, self.extra = memory_mib, cpus, list(extra)
@@ -192,7 +214,8 @@ class Machine:
     def command(self, accel: str) -> list[str]:
         forwards = [f"hostfwd=tcp:127.0.0.1:{h}-:{g}" for g, h in self.tcp.items()]
         forwards += [f"hostfwd=udp:127.0.0.1:{h}-:{g}" for g, h in self.udp.items()]
-        netdev = ",".join(["user", "id=net0", "restrict=on", *forwards])
+        restrict = ["restrict=on"] if self.restrict else []
+        netdev = ",".join(["user", "id=net0", *restrict, *forwards])
         if self.arch == "amd64":
             machine = ["-M", "q35"]
             cpu = ["-cpu", "host"] if accel == "kvm" else ["-cpu", "max"]
