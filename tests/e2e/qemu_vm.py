@@ -104,8 +104,9 @@ def missing(arch: str) -> str | None:
 def isolated_netns() -> bool:
     """True when this process's network namespace has no interface but loopback (nothing the
     guest could reach through an unrestricted user-mode network)."""
+    # Not /sys/class/net: sysfs shows the namespace of whoever mounted it.
     try:
-        return sorted(os.listdir("/sys/class/net")) == ["lo"]
+        return [name for _, name in socket.if_nameindex()] == ["lo"]
     except OSError:
         return False
 
