@@ -273,7 +273,8 @@ class Machine:
                 why = f"qemu with KVM exited ({tail or 'no message'})"
             elif "KVM internal error" in log:
                 first = log.strip().splitlines()[0]
-                why = f"KVM stopped the guest ({first}; {log.strip().splitlines()[-1]})"
+                failure = " (emulation failure)" if "emulation failure" in log else ""
+                why = f"KVM stopped the guest: {first}{failure}"
             else:
                 why = f"no kernel output under KVM in {kvm_probe_s:.0f} s"
             self._spawn("tcg")
