@@ -77,6 +77,7 @@ section bootfiles; ls /boot/firmware
 section resolv; cat /etc/resolv.conf
 section network; nmcli -t -f DEVICE,TYPE,STATE device
 section ssh; systemctl is-active ssh.service
+section hostkey; cat /etc/ssh/ssh_host_ed25519_key.pub
 section end
 """
 REPORT_UNIT = """[Unit]

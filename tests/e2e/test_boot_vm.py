@@ -265,8 +265,13 @@ def test_first_boot_applied_hostname_wifi_and_ssh_key(booted: Booted) -> None:
         assert line in wifi, wifi
     public = booted.ssh_key.with_suffix(".pub").read_text().strip()
     assert public in report["keys"].splitlines()
-    # The key turned SSH on (the built image has it off).
+    # The key turned SSH on (the built image has it off), with host keys made on this device,
+    # not the ones the build's package install generated (every card would share those).
     assert report["ssh"] == "active"
+    assert report["hostkey"].startswith("ssh-ed25519 "), report["hostkey"]
+    built = nspawn.base_rootfs_path(ARCH, machine=True) / "etc/ssh/ssh_host_ed25519_key.pub"
+    if built.exists():
+        assert report["hostkey"].split()[1] != built.read_text().split()[1]
 
 
 def test_the_key_logs_in_and_sudo_prints_the_admin_secret_that_opens_admin_routes(
