@@ -49,7 +49,7 @@ import pytest
 from tests import background_prepare
 from tests.e2e import nspawn, qemu_vm
 from tests.e2e.whep_viewer import watch
-from tests.tooling import IN_CI, free_port
+from tests.tooling import IN_CI, free_port, require_root
 
 PREPARE = "disk-amd64"
 ARCH = "amd64"
@@ -376,3 +376,18 @@ def test_acpi_power_off_leaves_a_clean_boot_partition(booted: Booted) -> None:
     fsck = subprocess.run(["fsck.fat", "-n", str(fat)], capture_output=True, text=True,
                           check=False)
     assert fsck.returncode == 0 and "dirty" not in fsck.stdout.lower(), fsck.stdout
+
+
+def test_disk_target_checks_its_base_and_options_before_building(tmp_path: Path) -> None:
+    """A --base without a kernel (the container rootfs) and a bad --xz-level are refused, with
+    the fix, before anything is built."""
+    require_root("image/build requires root")
+    (tmp_path / "rootfs/etc").mkdir(parents=True)
+    result = subprocess.run(
+        [str(nspawn.REPO / "image/build"), "check", "debian", "--disk", "--base",
+         str(tmp_path / "rootfs"), "--xz-level", "12"],
+        capture_output=True, text=True, timeout=60, check=False, cwd=tmp_path)
+    assert result.returncode == 1
+    assert "has no kernel (/boot/vmlinuz-*)" in result.stderr, result.stderr
+    assert "image/debian/packages-machine" in result.stderr
+    assert "--xz-level 12: 0 to 9" in result.stderr
