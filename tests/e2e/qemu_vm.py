@@ -112,6 +112,15 @@ def isolated_netns() -> bool:
         return False
 
 
+def direct_io(path: Path) -> bool:
+    """Whether ``path`` can be opened with O_DIRECT (qemu's cache=none needs it)."""
+    try:
+        os.close(os.open(path, os.O_RDONLY | os.O_DIRECT))
+    except OSError:
+        return False
+    return True
+
+
 def kvm_available(arch: str) -> bool:
     """A /dev/kvm we may open, for the host's own architecture (it may still not work)."""
     return arch == HOST_MACHINE and os.access("/dev/kvm", os.R_OK | os.W_OK)
@@ -231,8 +240,10 @@ class Machine:
             "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
             "-drive", f"if=pflash,format=raw,unit=0,readonly=on,file={self.code}",
             "-drive", f"if=pflash,format=raw,unit=1,file={self.vars}",
-            # No host cache: what the guest had not flushed is lost when qemu is killed.
-            "-drive", f"file={self.disk},format=raw,if=none,id=disk0,cache=none,aio=threads",
+            # No host cache: what the guest had not flushed is lost when qemu is killed (where
+            # the file system can do O_DIRECT; tmpfs cannot).
+            "-drive", f"file={self.disk},format=raw,if=none,id=disk0,"
+                      f"cache={'none' if direct_io(self.disk) else 'writeback'},aio=threads",
             "-device", "virtio-blk-pci,drive=disk0",
             "-netdev", netdev, "-device", "virtio-net-pci,netdev=net0",
             "-serial", f"file:{self.console_path}",
