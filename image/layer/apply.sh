@@ -75,6 +75,9 @@ if [ -n "$admin_user" ]; then
     echo "$admin_user" > "$rootfs/usr/lib/ruseon/admin-user"
 fi
 install -m 0644 "$here/ruseon.issue" "$rootfs/etc/issue.d/ruseon.issue"
+# `sudo ruseon admin-secret` (the console's hint): on sudo's secure_path.
+install -d "$rootfs/usr/local/bin"
+ln -sf /opt/ruseon/bin/ruseon "$rootfs/usr/local/bin/ruseon"
 install -m 0644 "$here/avahi-ruseon.service" "$rootfs/etc/avahi/services/ruseon.service"
 install -m 0644 "$here/journald-volatile.conf" \
     "$rootfs/etc/systemd/journald.conf.d/ruseon-volatile.conf"
@@ -85,6 +88,10 @@ fi
 # The base may have enabled SSH (rpi-image-gen's openssh-server layer does, Debian's postinst
 # does): off unless asked for. Disabled, not masked: a key in ruseon.toml turns it on at first boot.
 if [ -e "$rootfs/lib/systemd/system/ssh.service" ]; then
+    # No host keys in the image (every card would share them): made on the device's first start.
+    rm -f "$rootfs"/etc/ssh/ssh_host_*_key "$rootfs"/etc/ssh/ssh_host_*_key.pub
+    install -m 0644 "$here/ruseon-ssh-hostkeys.service" "$rootfs/etc/systemd/system/"
+    chroot "$rootfs" systemctl enable ruseon-ssh-hostkeys.service
     if [ "$ssh" = yes ]; then
         say "SSH server enabled (--ssh)"
         chroot "$rootfs" systemctl enable ssh.service

@@ -38,6 +38,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 CACHE = REPO / ".cache"
 PACKAGES_FILE = REPO / "image" / "debian" / "packages"
+# What `image/build debian --disk` adds for a machine (kernel, NetworkManager, growpart, ...).
+MACHINE_PACKAGES_FILE = REPO / "image" / "debian" / "packages-machine"
 INSTALL_SCRIPT = REPO / "systemd" / "install.sh"
 # The product's suite and its Python (image/build fetches the wheels for the same pair).
 SUITE = "trixie"
@@ -88,25 +90,35 @@ def remove_tree(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def debian_packages() -> list[str]:
-    """The package list shared with ``image/build debian``."""
-    lines = PACKAGES_FILE.read_text(encoding="utf-8").splitlines()
-    return [line.split("#", 1)[0].strip() for line in lines if line.split("#", 1)[0].strip()]
+def _package_list(path: Path, arch: str) -> list[str]:
+    lines = path.read_text(encoding="utf-8").splitlines()
+    names = (line.split("#", 1)[0].strip() for line in lines)
+    return [name.replace("@ARCH@", arch) for name in names if name]
+
+
+def debian_packages(arch: str = "amd64", *, machine: bool = False) -> list[str]:
+    """The package list shared with ``image/build debian`` (``--disk``: ``machine``)."""
+    packages = _package_list(PACKAGES_FILE, arch)
+    if machine:
+        packages += _package_list(MACHINE_PACKAGES_FILE, arch)
+    return packages
 
 
 def _digest(*parts: str) -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:12]
 
 
-def base_rootfs_path(arch: str = "amd64") -> Path:
-    """Where the cached base rootfs for ``arch`` lives (it may not exist yet)."""
-    key = _digest(RECIPE, SUITE, MIRROR, arch, *debian_packages())
-    return CACHE / f"rootfs-{arch}-{key}"
+def base_rootfs_path(arch: str = "amd64", *, machine: bool = False) -> Path:
+    """Where the cached base rootfs for ``arch`` lives (it may not exist yet); ``machine``: the
+    one ``image/build debian --disk`` starts from (with a kernel, NetworkManager, ...)."""
+    packages = debian_packages(arch, machine=machine)
+    key = _digest(RECIPE, SUITE, MIRROR, arch, *packages)
+    return CACHE / (f"rootfs-machine-{arch}-{key}" if machine else f"rootfs-{arch}-{key}")
 
 
-def base_rootfs(arch: str = "amd64", *, build: bool = True) -> Path:
+def base_rootfs(arch: str = "amd64", *, build: bool = True, machine: bool = False) -> Path:
     """The cached base rootfs, built with mmdebstrap when missing and ``build`` is true."""
-    path = base_rootfs_path(arch)
+    path = base_rootfs_path(arch, machine=machine)
     if (path / ".complete").exists():
         return path
     if not build:
@@ -116,18 +128,21 @@ def base_rootfs(arch: str = "amd64", *, build: bool = True) -> Path:
         )
     with cache_lock(path.name):
         if not (path / ".complete").exists():
-            _build_base_rootfs(arch, path)
+            if machine:
+                for stale in CACHE.glob(f"rootfs-machine-{arch}-*"):
+                    remove_tree(stale)
+            _build_base_rootfs(arch, path, debian_packages(arch, machine=machine))
     return path
 
 
-def _build_base_rootfs(arch: str, path: Path) -> None:
+def _build_base_rootfs(arch: str, path: Path, packages: list[str]) -> None:
     partial = path.with_name(path.name + ".partial")
     remove_tree(partial)
-    _log(f"building {path.name} with mmdebstrap ({len(debian_packages())} packages)")
+    _log(f"building {path.name} with mmdebstrap ({len(packages)} packages)")
     subprocess.run(
         [
             "mmdebstrap", "--variant=apt", "--mode=root", f"--arch={arch}",
-            "--include=" + ",".join(debian_packages()), *MMDEBSTRAP_HOOKS,
+            "--include=" + ",".join(packages), *MMDEBSTRAP_HOOKS,
             SUITE, str(partial), MIRROR,
         ],
         check=True,
@@ -304,6 +319,65 @@ def _build_appliance_image(arch: str, path: Path) -> None:
         )
     seconds = time.monotonic() - began
     (path / ".complete").write_text(f"{seconds:.0f}\n")
+    _log(f"{path.name} built in {seconds:.0f} s")
+
+
+# -- the bootable disk image (image/build debian --disk), for tests/e2e/test_boot_vm.py ----------
+DISK_NAME = "ruseon-disk"
+
+
+def disk_image_path(arch: str) -> Path:
+    """Where ``image/build debian --disk`` for ``arch`` is cached: keyed on everything in it
+    (the machine rootfs, the wheels, image/, systemd/ and the project's code: a disk image
+    cannot have the project reinstalled the way the container tests do)."""
+    key = _digest(RECIPE, base_rootfs_path(arch, machine=True).name, wheels_dir_name(arch),
+                  _tree_digest(REPO / "image", REPO / "systemd", REPO / "ruseon_appliance"),
+                  (REPO / "pyproject.toml").read_text(encoding="utf-8"))
+    return CACHE / f"disk-{arch}-{key}"
+
+
+def disk_image(arch: str = HOST_ARCH, *, build: bool = True) -> Path:
+    """The directory with ``ruseon-disk.img.xz``, ``.img.xz.sha256`` and ``.img.bmap`` (cached)."""
+    path = disk_image_path(arch)
+    if (path / ".complete").exists():
+        return path
+    if not build:
+        raise PrepareError(
+            f"no cached {arch} disk image at {path}: run `.venv/bin/python -m tests.e2e.nspawn "
+            f"prepare-disk {arch}` outside the test network namespace (make test does it)"
+        )
+    problem = emulation_problem(arch)
+    if problem:
+        raise PrepareError(f"cannot build the {arch} disk image: {problem}")
+    base = base_rootfs(arch, machine=True)
+    wheels = wheels_dir(arch)
+    with cache_lock(path.name):
+        if not (path / ".complete").exists():
+            _build_disk_image(arch, path, base, wheels)
+    return path
+
+
+def _build_disk_image(arch: str, path: Path, base: Path, wheels: Path) -> None:
+    for stale in CACHE.glob(f"disk-{arch}-*"):
+        remove_tree(stale)
+    partial = path.with_name(path.name + ".partial")
+    remove_tree(partial)
+    partial.mkdir(parents=True)
+    began = time.monotonic()
+    wheel = project_wheel(partial / "dist", wheels=wheels_dir(HOST_ARCH))
+    command = [str(REPO / "image/build"), "debian", "--disk", "--arch", arch, "--base", str(base),
+               "--wheel", str(wheel), "--wheels", str(wheels), "--out", str(partial),
+               "--name", DISK_NAME, "--xz-level", "0"]
+    if arch != HOST_ARCH:
+        command += ["--compile-with", str(base_rootfs(HOST_ARCH))]
+    _log(f"building {path.name}: {' '.join(command[1:4])}")
+    subprocess.run(command, check=True)
+    # Only the disk image is kept; its rootfs directory is gigabytes the tests do not read.
+    remove_tree(partial / DISK_NAME)
+    remove_tree(partial / "dist")
+    seconds = time.monotonic() - began
+    (partial / ".complete").write_text(f"{seconds:.0f}\n")
+    partial.rename(path)
     _log(f"{path.name} built in {seconds:.0f} s")
 
 
@@ -542,12 +616,14 @@ def _log(message: str) -> None:
 
 
 def main(argv: Sequence[str]) -> int:
-    """``python -m tests.e2e.nspawn prepare [ARCH]``: build the cached layers.
+    """``python -m tests.e2e.nspawn prepare [ARCH]``: build the cached layers;
+    ``prepare-disk [ARCH]``: the bootable disk image (``image/build debian --disk``).
 
     A foreign ARCH it cannot emulate is one clear line: exit 1 in CI, 0 elsewhere (its tests
     then skip, or fail in CI)."""
-    if not argv or argv[0] != "prepare":
-        print("usage: python -m tests.e2e.nspawn prepare [amd64|arm64]", file=sys.stderr)
+    if not argv or argv[0] not in ("prepare", "prepare-disk"):
+        print("usage: python -m tests.e2e.nspawn prepare|prepare-disk [amd64|arm64]",
+              file=sys.stderr)
         return 2
     missing = missing_tools()
     if missing:
@@ -566,7 +642,10 @@ def main(argv: Sequence[str]) -> int:
         print(f"nspawn prepare: cannot run {arch} here: {problem}", file=sys.stderr)
         return 1 if os.environ.get("CI") == "true" else 0
     try:
-        prepare(arch)
+        if argv[0] == "prepare-disk":
+            disk_image(arch)
+        else:
+            prepare(arch)
     except PrepareError as exc:
         print(f"nspawn prepare: {exc}", file=sys.stderr)
         return 1

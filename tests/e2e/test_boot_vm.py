@@ -1,0 +1,393 @@
+"""The amd64 disk image booted as a whole machine (qemu-system, UEFI), tested from the outside.
+
+``image/build debian --disk`` (cached on its inputs by ``tests/prepare.d/disk-amd64``, which
+scripts/test runs in the background; these tests run last and wait for it) is flashed the way a
+user flashes a card (``bmaptool copy`` of the ``.img.xz`` with its ``.bmap``, after
+``sha256sum -c``) onto a file that is then made 1 GiB larger than the image (a bigger card). A
+``ruseon.toml`` goes onto its FAT boot partition (hostname, SSH key, Wi-Fi). Then qemu boots it
+with UEFI firmware and user-mode networking; the test reaches it only through ports forwarded to
+127.0.0.1 (HTTP, SSH, and one UDP port for WebRTC, the same number on both sides, which the
+guest is told to advertise as 127.0.0.1). The guest reaches nothing: in scripts/test's network
+namespace (loopback only) the network is unrestricted, because libslirp's ``restrict=on`` drops
+every UDP datagram from the guest, WebRTC's replies included (tests/e2e/qemu_vm.py); run outside
+such a namespace it is ``restrict=on`` and the WHEP check fails in CI, skips elsewhere.
+
+What is checked: the image's own systemd reaches multi-user with no failed unit, first boot
+applied the file (hostname, Wi-Fi keyfile, SSH key: a login with it works, and ``sudo ruseon
+admin-secret`` prints the secret the service made, which then opens an admin route),
+growfs grew the root partition and filesystem, ruseon.service is READY, the device page,
+``/healthz``, ``/snapshot.jpg`` and HLS answer, an aiortc viewer decodes frames over WHEP, the
+boot partition is mounted read-only and NetworkManager is the network stack; at the end the
+ACPI power button shuts it down cleanly, the provisioning file is gone from the boot partition
+and its log is there. Boot times are printed and written to ``artifacts/boot-vm-amd64.json``,
+never asserted (a shared machine; emulation).
+
+Inside-the-guest facts come from a report unit the test passes as a systemd credential (see
+tests/e2e/qemu_vm.py); the image is not modified for the test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aioice.ice
+import pytest
+
+from tests import background_prepare
+from tests.e2e import nspawn, qemu_vm
+from tests.e2e.whep_viewer import watch
+from tests.tooling import IN_CI, free_port, require_root
+
+PREPARE = "disk-amd64"
+ARCH = "amd64"
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800),
+              pytest.mark.background_prepare(PREPARE)]
+
+HOSTNAME = "cam-vm-1"
+WIFI_SSID = "Test Net 5"
+WIFI_PSK = "correct horse battery staple"
+IMAGE_USER = "pi"
+GROW_BY = 1 << 30
+# Under emulation on a loaded 2-core machine the boot took up to a few minutes.
+BOOT_TIMEOUT_S = 900.0
+
+
+@dataclass
+class Booted:
+    machine: qemu_vm.Machine
+    work: Path
+    report: dict[str, str]
+    http_port: int
+    ssh_port: int
+    ssh_key: Path
+    root_size_before: int
+    accel: str
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+
+def provisioning_file(public_key: str, rtc_port: int) -> str:
+    """The ruseon.toml a user drops on the boot partition (no token: the device makes one)."""
+    return f"""\
+[device]
+hostname = "{HOSTNAME}"
+ssh_authorized_keys = ["{public_key}"]
+wifi_ssid = "{WIFI_SSID}"
+wifi_psk = "{WIFI_PSK}"
+wifi_country = "GB"
+
+[camera]
+source = "synthetic"
+width = 320
+height = 240
+framerate = 15
+keyframe_interval = 15
+
+[webrtc]
+listen = "0.0.0.0:{rtc_port}"
+advertise = ["127.0.0.1"]
+"""
+
+
+def require_vm_bench() -> Path:
+    """The cached disk image and the tools to boot it; fail in CI, skip elsewhere. A failed
+    background preparation fails everywhere, with its log."""
+    failed = background_prepare.failure(PREPARE)
+    if failed:
+        pytest.fail(failed, pytrace=False)
+    problem = qemu_vm.missing(ARCH)
+    if not problem and not shutil.which("ssh"):
+        problem = "ssh (openssh-client)"
+    try:
+        if problem:
+            raise nspawn.PrepareError(f"cannot boot the disk image: missing {problem} "
+                                      "(scripts/install-system-deps)")
+        return nspawn.disk_image(ARCH, build=False)
+    except nspawn.PrepareError as exc:
+        if IN_CI:
+            pytest.fail(str(exc), pytrace=False)
+        pytest.skip(str(exc))
+
+
+def flash(image_dir: Path, disk: Path) -> None:
+    """What a user does: check the download, write it with bmaptool (which verifies the data)."""
+    name = nspawn.DISK_NAME
+    subprocess.run(["sha256sum", "--quiet", "-c", f"{name}.img.xz.sha256"], cwd=image_dir,
+                   check=True)
+    subprocess.run(["bmaptool", "-q", "copy", "--bmap", str(image_dir / f"{name}.img.bmap"),
+                    str(image_dir / f"{name}.img.xz"), str(disk)], check=True)
+
+
+def http_get(url: str, timeout: float = 10, headers: dict[str, str] | None = None
+             ) -> tuple[int, bytes, dict[str, str]]:
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, response.read(), dict(response.headers)
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read(), dict(exc.headers)
+
+
+def ssh(booted: Booted, command: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """``command`` as the image's login user over the forwarded SSH port, with the key."""
+    return subprocess.run(
+        ["ssh", "-i", str(booted.ssh_key), "-p", str(booted.ssh_port), "-o", "BatchMode=yes",
+         "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+         "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=30", f"{IMAGE_USER}@127.0.0.1", command],
+        capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def monotonic_s(report: str, prop: str) -> float:
+    match = re.search(rf"^{prop}=(\d+)$", report, re.M)
+    return int(match.group(1)) / 1e6 if match else float("nan")
+
+
+def boot_timings(report: dict[str, str], healthz_s: float) -> dict[str, float]:
+    """kernel / userspace from systemd-analyze; the service's start to READY from its unit."""
+    times: dict[str, float] = {"qemu_start_to_healthz_s": round(healthz_s, 1)}
+    for what in ("firmware", "loader", "kernel", "userspace"):
+        match = re.search(r"([\d.]+(?:min)?\s*[\d.]*m?s) \(" + what + r"\)", report["analyze"])
+        if match:
+            times[f"{what}_s"] = round(parse_span(match.group(1)), 1)
+    service = report["ruseon"]
+    start = monotonic_s(service, "ExecMainStartTimestampMonotonic")
+    ready = monotonic_s(service, "ActiveEnterTimestampMonotonic")
+    times["ruseon_started_after_boot_s"] = round(start, 1)
+    times["ruseon_start_to_ready_s"] = round(ready - start, 1)
+    times["ruseon_timeout_start_s"] = parse_span(
+        re.search(r"^TimeoutStartUSec=(.*)$", service, re.M).group(1)  # type: ignore[union-attr]
+    )
+    return times
+
+
+def parse_span(text: str) -> float:
+    """systemd's time span ("1min 38.562s", "15.684s", "980ms") in seconds."""
+    total = 0.0
+    for value, unit in re.findall(r"([\d.]+)\s*(min|ms|s|h)", text):
+        total += float(value) * {"h": 3600, "min": 60, "s": 1, "ms": 0.001}[unit]
+    return total
+
+
+@pytest.fixture(scope="module")
+def booted() -> Iterator[Booted]:
+    image_dir = require_vm_bench()
+    run_root = nspawn.CACHE / "run"
+    run_root.mkdir(parents=True, exist_ok=True)
+    nspawn.sweep_stale_runs(run_root)
+    work = Path(tempfile.mkdtemp(prefix="vm-", dir=run_root))
+    machine: qemu_vm.Machine | None = None
+    try:
+        disk = work / "disk.img"
+        flash(image_dir, disk)
+        key = work / "id_ed25519"
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "vm-test",
+                        "-f", str(key)], check=True)
+        rtc_port = free_port(socket.SOCK_DGRAM)
+        qemu_vm.put_boot_file(disk, "ruseon.toml",
+                              provisioning_file(key.with_suffix(".pub").read_text().strip(),
+                                                rtc_port), work)
+        root_size_before = qemu_vm.partitions(disk)[1].size
+        # A card larger than the image: the free space growfs is for.
+        os.truncate(disk, disk.stat().st_size + GROW_BY)
+        http_port, ssh_port = free_port(), free_port()
+        isolated = qemu_vm.isolated_netns()
+        machine = qemu_vm.Machine(disk, work, arch=ARCH, tcp={8080: http_port, 22: ssh_port},
+                                  udp={rtc_port: rtc_port}, restrict=not isolated)
+        accel = machine.start()
+        print(f"\n[boot-vm] {ARCH}: {accel}; user-mode network "
+              + ("unrestricted inside this loopback-only network namespace" if isolated
+                 else "restrict=on (not in an isolated namespace: no UDP from the guest)"),
+              flush=True)
+        deadline = time.monotonic() + BOOT_TIMEOUT_S
+        healthz_s = float("nan")
+        while time.monotonic() < deadline and machine.running():
+            with contextlib.suppress(OSError):
+                if http_get(f"http://127.0.0.1:{http_port}/healthz", timeout=5)[0] == 200:
+                    healthz_s = time.monotonic() - machine.started
+                    break
+            time.sleep(1)
+        report = machine.wait_report(max(60.0, deadline - time.monotonic()))
+        timings = boot_timings(report, healthz_s)
+        print(f"[boot-vm] {ARCH} boot times: {json.dumps(timings)}", flush=True)
+        print(f"[boot-vm] systemd-analyze: {report['analyze'].splitlines()[0]}", flush=True)
+        artifacts = nspawn.REPO / "artifacts"
+        artifacts.mkdir(exist_ok=True)
+        (artifacts / f"boot-vm-{ARCH}.json").write_text(
+            json.dumps({"accel": accel, **timings, "blame": report.get("blame", ""),
+                        "critical_chain": report.get("chain", "")}, indent=2) + "\n")
+        yield Booted(machine, work, report, http_port, ssh_port, key, root_size_before, accel,
+                     timings)
+    finally:
+        if machine is not None:
+            machine.kill()
+            with contextlib.suppress(OSError):
+                shutil.copyfile(machine.console_path, nspawn.REPO / "artifacts"
+                                / f"boot-vm-{ARCH}-console.log")
+        shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def loopback_candidates(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The viewer gathers exactly one host candidate, 127.0.0.1 (where the port is forwarded)."""
+    monkeypatch.setattr(aioice.ice, "get_host_addresses", lambda use_ipv4, use_ipv6: ["127.0.0.1"])
+
+
+def test_systemd_reaches_multi_user_with_no_failed_unit(booted: Booted) -> None:
+    report = booted.report
+    assert report["state"] == "running", report
+    assert report["failed"] == "", report["failed"]
+    assert "ActiveState=active" in report["ruseon"] and "NRestarts=0" in report["ruseon"]
+
+
+def test_first_boot_applied_hostname_wifi_and_ssh_key(booted: Booted) -> None:
+    report = booted.report
+    assert "Result=success" in report["firstboot"], report["firstboot"]
+    assert report["hostname"] == HOSTNAME
+    wifi = report["wifi"].splitlines()
+    assert wifi[0] == "600 root", wifi
+    for line in ("type=wifi", f"ssid={WIFI_SSID}", "key-mgmt=wpa-psk"):
+        assert line in wifi, wifi
+    public = booted.ssh_key.with_suffix(".pub").read_text().strip()
+    assert public in report["keys"].splitlines()
+    # The key turned SSH on (the built image has it off), with host keys made on this device,
+    # not the ones the build's package install generated (every card would share those).
+    assert report["ssh"] == "active"
+    assert report["hostkey"].startswith("ssh-ed25519 "), report["hostkey"]
+    built = nspawn.base_rootfs_path(ARCH, machine=True) / "etc/ssh/ssh_host_ed25519_key.pub"
+    if built.exists():
+        assert report["hostkey"].split()[1] != built.read_text().split()[1]
+
+
+def test_the_key_logs_in_and_sudo_prints_the_admin_secret_that_opens_admin_routes(
+    booted: Booted,
+) -> None:
+    """What the console's hint says a user does on first boot: ``sudo ruseon admin-secret``."""
+    who = ssh(booted, "id -un && hostname")
+    assert who.returncode == 0, who.stderr
+    assert who.stdout.split() == [IMAGE_USER, HOSTNAME]
+    secret = ssh(booted, "sudo -n ruseon admin-secret")
+    assert secret.returncode == 0, secret.stderr
+    value = secret.stdout.strip()
+    assert re.fullmatch(r"[A-Za-z0-9_-]{16,}", value), value
+    assert http_get(booted.url + "/metrics")[0] == 401
+    status, body, _ = http_get(booted.url + "/metrics",
+                               headers={"Authorization": f"Bearer {value}"})
+    assert status == 200 and b"ruseon" in body
+
+
+def test_growfs_grew_the_root_partition_and_filesystem(booted: Booted) -> None:
+    report = booted.report
+    assert report["growfs"].startswith("grew /dev/vda partition 2"), report["growfs"]
+    sizes = {m["NAME"]: int(m["SIZE"]) for m in (
+        dict(re.findall(r'(\w+)="([^"]*)"', line)) for line in report["lsblk"].splitlines())}
+    # The partition now ends near the end of the larger disk (GPT's backup table behind it).
+    assert sizes["vda2"] >= booted.root_size_before + GROW_BY - (4 << 20), sizes
+    assert int(report["rootsize"]) > booted.root_size_before + GROW_BY // 2, report["rootsize"]
+
+
+def test_service_page_snapshot_and_hls_answer_through_the_forwarded_port(booted: Booted) -> None:
+    status, body, _ = http_get(booted.url + "/healthz")
+    assert status == 200, body
+    status, page, headers = http_get(booted.url + "/")
+    assert status == 200 and headers.get("Content-Type", "").startswith("text/html")
+    assert b"<html" in page.lower()
+    status, jpeg, _ = http_get(booted.url + "/snapshot.jpg", timeout=30)
+    assert status == 200 and jpeg[:2] == b"\xff\xd8", jpeg[:40]
+    playlist = b""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        status, playlist, _ = http_get(booted.url + "/hls/index.m3u8", timeout=30)
+        if status == 200 and b"#EXT-X-PART:" in playlist:
+            break
+        time.sleep(1)
+    assert status == 200 and playlist.startswith(b"#EXTM3U"), playlist[:300]
+    text = playlist.decode()
+    init = re.search(r'#EXT-X-MAP:URI="([^"]+)"', text)
+    part = re.search(r'#EXT-X-PART:[^\n]*URI="([^"]+)"', text)
+    assert init and part, text
+    status, init_bytes, _ = http_get(f"{booted.url}/hls/{init.group(1)}")
+    assert status == 200 and b"ftyp" in init_bytes[:16], init_bytes[:32]
+    status, part_bytes, _ = http_get(f"{booted.url}/hls/{part.group(1)}")
+    assert status == 200 and b"moof" in part_bytes[:64], part_bytes[:32]
+
+
+async def test_whep_viewer_decodes_frames_through_the_forwarded_udp_port(booted: Booted) -> None:
+    if booted.machine.restrict:
+        message = ("WHEP needs UDP from the guest, which restrict=on drops: run in a loopback-only "
+                   "network namespace (scripts/test)")
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+    width, height, _ = await watch(booted.url, frames=5, timeout=90)
+    assert (width, height) == (320, 240)
+
+
+def test_boot_partition_read_only_and_network_manager_the_stack(booted: Booted) -> None:
+    report = booted.report
+    fstype, options = report["bootmount"].split()
+    assert fstype == "vfat" and options.split(",")[0] == "ro", report["bootmount"]
+    assert "ruseon.toml" not in report["bootfiles"].split()
+    assert "ruseon-firstboot.log" in report["bootfiles"].split()
+    assert re.search(r"^[^:]+:ethernet:connected$", report["network"], re.M), report["network"]
+    # The resolver is what DHCP gave this machine (restricted: none), not the build host's.
+    host = {line for line in Path("/etc/resolv.conf").read_text().splitlines()
+            if line.startswith("nameserver")} if Path("/etc/resolv.conf").exists() else set()
+    guest = {line for line in report["resolv"].splitlines() if line.startswith("nameserver")}
+    expected = set() if booted.machine.restrict else {"nameserver 10.0.2.3"}
+    assert guest == expected, report["resolv"]
+    assert not host & guest - {"nameserver 10.0.2.3"}, (host, guest)
+    if not booted.machine.restrict:  # restricted, DHCP names no server: NetworkManager writes none
+        assert "No such file" not in report["resolv"], report["resolv"]
+
+
+def test_acpi_power_off_leaves_a_clean_boot_partition(booted: Booted) -> None:
+    """Last: the power button shuts the machine down; the card then holds the first-boot log
+    and no provisioning file (it had the Wi-Fi password)."""
+    assert booted.machine.power_off(timeout=180), "the guest did not power off by itself"
+    disk = booted.machine.disk
+    files = qemu_vm.boot_files(disk)
+    assert "ruseon.toml" not in files, sorted(files)
+    log = files.get("ruseon-firstboot.log", "")
+    assert "applied" in log and HOSTNAME in log, log
+    assert WIFI_PSK not in log
+    assert {"EFI", "loader", "vmlinuz", "initrd.img"} <= set(files), sorted(files)
+    # The FAT is clean (fsck.fat -n exits 0 and reports no dirty bit).
+    start = qemu_vm.partitions(disk)[0]
+    fat = booted.work / "boot.fat"
+    with disk.open("rb") as src, fat.open("wb") as dst:
+        src.seek(start.start)
+        dst.write(src.read(start.size))
+    fsck = subprocess.run(["fsck.fat", "-n", str(fat)], capture_output=True, text=True,
+                          check=False)
+    assert fsck.returncode == 0 and "dirty" not in fsck.stdout.lower(), fsck.stdout
+
+
+def test_disk_target_checks_its_base_and_options_before_building(tmp_path: Path) -> None:
+    """A --base without a kernel (the container rootfs) and a bad --xz-level are refused, with
+    the fix, before anything is built."""
+    require_root("image/build requires root")
+    (tmp_path / "rootfs/etc").mkdir(parents=True)
+    result = subprocess.run(
+        [str(nspawn.REPO / "image/build"), "check", "debian", "--disk", "--base",
+         str(tmp_path / "rootfs"), "--xz-level", "12"],
+        capture_output=True, text=True, timeout=60, check=False, cwd=tmp_path)
+    assert result.returncode == 1
+    assert "has no kernel (/boot/vmlinuz-*)" in result.stderr, result.stderr
+    assert "image/debian/packages-machine" in result.stderr
+    assert "--xz-level 12: 0 to 9" in result.stderr
