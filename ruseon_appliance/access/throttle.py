@@ -4,9 +4,10 @@ Ten wrong credentials in a row from one address are free (a person mistyping); f
 that address must wait before its next try, 1 s doubling with each further failure up to
 :data:`MAX_WAIT_S` (429 + ``Retry-After`` in HTTP and RTSP). Only that address waits: a correct
 credential from anywhere else is served at once, and requests that present no credential
-(viewing, when it is open) are never held. A success resets the address; an address quiet for
-:data:`FORGET_AFTER_S` is forgotten. IPv6 clients are counted by /64 (one host holds a whole
-prefix). The table is bounded, oldest forgotten first. Each burst is logged once.
+(viewing, when it is open) are never held. The admin secret resets the address (the viewer
+token does not: it is shared); an address quiet for :data:`FORGET_AFTER_S` is forgotten. IPv6
+clients are counted by /64 (one host holds a whole prefix). The table is bounded, oldest
+forgotten first. Each burst is logged once.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from ruseon_appliance.access.policy import Role
 
 log = logging.getLogger(__name__)
 
@@ -109,9 +112,12 @@ class FailureThrottle:
                     "%.0f s before each try, doubling", entry.failures, key, kind, wait,
                     extra={"EVENT": "auth_throttled", "CLIENT": key, "PROTOCOL": kind})
 
-    def succeeded(self, address: str) -> None:
-        """A correct credential from ``address``: its count starts again."""
-        self._entries.pop(address_key(address), None)
+    def succeeded(self, address: str, role: Role) -> None:
+        """A correct credential from ``address``: the admin secret starts its count again.
+        The viewer token does not: it is shared, and its holders could otherwise reset their
+        count between guesses at the admin secret (their failures only age out)."""
+        if role == Role.ADMIN:
+            self._entries.pop(address_key(address), None)
 
     def addresses_waiting(self) -> int:
         """Addresses that must wait now before their next try."""

@@ -426,7 +426,8 @@ class RtspServer:
                                     reason="too many wrong credentials from this address"), None
             verdict = self.auth.check(method, request.url, authorization, conn.peer[0])
             if verdict == "ok":
-                self.throttle.succeeded(conn.peer[0])
+                # No reset here: the viewer token, which is shared, would otherwise let its
+                # holders reset their count between guesses at the admin secret.
                 scheme = authorization.split(" ", 1)[0].lower()
                 self.auth_accepted[scheme] = self.auth_accepted.get(scheme, 0) + 1
             else:

@@ -140,7 +140,7 @@ def access_middleware(credentials: Credentials, trusted_proxies: Networks = ()) 
             if granted is None:
                 throttle.failed(address)
                 raise _unauthorized("the Bearer token is not valid", invalid=True)
-            throttle.succeeded(address)
+            throttle.succeeded(address, granted)
             role = granted
         elif access > Access.OPEN:
             cookie = request.cookies.get(COOKIE_NAME)
@@ -188,7 +188,7 @@ class SessionResource:
             if role is None:
                 self.credentials.throttle.failed(address)
                 raise _unauthorized("the Bearer token is not valid", invalid=True)
-            self.credentials.throttle.succeeded(address)
+            self.credentials.throttle.succeeded(address, role)
             return role
         cookie = request.cookies.get(COOKIE_NAME)
         return self.credentials.sessions.role(cookie) if cookie else Role.NONE
@@ -219,7 +219,7 @@ class SessionResource:
         if role is None:
             self.credentials.throttle.failed(address)
             raise Problem(401, "that secret is not valid")
-        self.credentials.throttle.succeeded(address)
+        self.credentials.throttle.succeeded(address, role)
         response = web.json_response(self._document(request, role),
                                      headers={"Cache-Control": "no-store"})
         response.set_cookie(COOKIE_NAME, self.credentials.sessions.open(role), path="/",

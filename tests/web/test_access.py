@@ -454,3 +454,24 @@ def test_a_short_or_empty_secret_file_is_replaced(tmp_path: Path) -> None:
     value, made = secret_file.ensure_secret(path)
     assert made and len(value) >= 22 and path.read_text().strip() == value
     assert secret_file.ensure_secret(path) == (value, False)
+
+
+def test_the_shared_viewer_token_does_not_reset_guesses_at_the_admin_secret() -> None:
+    from ruseon_appliance.access.policy import Role
+    from ruseon_appliance.access.throttle import FailureThrottle
+
+    now = [0.0]
+    throttle = FailureThrottle(clock=lambda: now[0])
+    for _ in range(9):
+        throttle.failed("192.0.2.7")
+    throttle.succeeded("192.0.2.7", Role.VIEWER)  # a viewer-token holder guessing
+    throttle.failed("192.0.2.7")
+    assert throttle.retry_after("192.0.2.7") == 1
+    # The admin secret itself starts the count again; quiet addresses are forgotten.
+    throttle.succeeded("192.0.2.7", Role.ADMIN)
+    assert throttle.retry_after("192.0.2.7") is None
+    for _ in range(10):
+        throttle.failed("2001:db8::1")
+    assert throttle.retry_after("2001:db8::ffff") == 1  # the same /64
+    now[0] += 10_000
+    assert throttle.retry_after("2001:db8::1") is None
