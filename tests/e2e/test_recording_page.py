@@ -32,6 +32,21 @@ POINT_JS = """(t) => { const r = window.ruseonRecordings;
   return [box.left + box.width * (t - r.from) / (r.to - r.from), box.top + box.height / 2]; }"""
 
 
+def hover_track(page: Any) -> None:
+    """Rest the pointer on the timeline's track, and see its window hold still there: the
+    window's end stays put across a render (the list refreshes every 5 s)."""
+    x, y = page.evaluate("() => { const b = document.getElementById('rec-track')"
+                         ".getBoundingClientRect(); return [b.left + b.width / 2,"
+                         " b.top + b.height / 2]; }")
+    page.mouse.move(x, y)
+    page.wait_for_function("() => window.ruseonRecordings.held")
+    held, renders = page.evaluate("() => [window.ruseonRecordings.to,"
+                                  " window.ruseonRecordings.renders]")
+    page.wait_for_function("(n) => window.ruseonRecordings.renders > n", arg=renders,
+                           timeout=15_000)
+    assert page.evaluate("() => window.ruseonRecordings.to") == held
+
+
 def playback(page: Any) -> dict[str, Any]:
     state: dict[str, Any] = page.evaluate(PLAYBACK_JS)
     return state
@@ -65,6 +80,7 @@ def test_timeline_plays_a_recording_in_the_page_then_live_again(
                                ".map((d) => [d.className, d.title])")
         assert marked and all(cls == "uncertain" and "time uncertain" in title
                               for cls, title in marked), marked
+        hover_track(page)
         start = page.evaluate("() => window.ruseonRecordings.ranges.at(-1).start")
         wanted = start + 2500
         x, y = page.evaluate(POINT_JS, wanted)
@@ -101,6 +117,10 @@ def test_timeline_plays_a_recording_in_the_page_then_live_again(
                                timeout=30_000)
 
         # Drag across the first half of the last range (it plays), then Delete it.
+        # The pointer rests on the track first: the window holds still under it, so the
+        # times computed here are the ones the drag selects (it follows "now" otherwise, and
+        # a list refresh between computing and dragging moved the selection by seconds).
+        hover_track(page)
         before = page.evaluate("() => window.ruseonRecordings.ranges.at(-1)")
         middle = (before["start"] + before["end"]) / 2
         x0, y = page.evaluate(POINT_JS, before["start"] - 1000)

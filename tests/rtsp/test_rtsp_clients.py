@@ -125,19 +125,28 @@ async def test_gstreamer_rtspsrc_decodes_over_tcp(rig: Rig) -> None:
     server = await rig.server(token="tok")
     url = f"rtsp://127.0.0.1:{server.port}/stream"  # /stream: the first camera
     proc = await asyncio.create_subprocess_exec(
-        gst, "-q", "rtspsrc", f"location={url}", "protocols=tcp", "user-id=nvr", "user-pw=tok",
+        gst, "rtspsrc", f"location={url}", "protocols=tcp", "user-id=nvr", "user-pw=tok",
         "!", "rtph264depay", "!", "h264parse", "!", "avdec_h264", "!",
         "identity", "eos-after=30", "!", "fakesink",
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # one stream: the order is kept
     try:
         async with asyncio.timeout(60):
-            out, err = await proc.communicate()
+            out, _ = await proc.communicate()
     finally:
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
-    # 30 decoded pictures reached the sink (identity ends the stream after them).
-    assert proc.returncode == 0, (out + err).decode()[-2000:]
+    text = out.decode(errors="replace")
+    # 30 decoded pictures reached the sink: identity ends the stream after them, and the
+    # pipeline's EOS is what gst-launch reports then. Nothing went wrong before it. After it
+    # gst-launch 1.22 tears the pipeline down with its CLOSE racing its own PAUSE: rtspsrc
+    # cancels the PAUSE it is sending and reports that as "Could not send message (Received
+    # end-of-file)" (seen 1 run in 4 here; the server never received that PAUSE, and the
+    # TEARDOWN after it is answered), so the exit status says nothing about the server.
+    assert "Got EOS from element" in text, text[-2000:]
+    before_eos = text[:text.index("Got EOS from element")]
+    assert "ERROR" not in before_eos and "WARNING" not in before_eos, before_eos[-2000:]
+    assert server.stats()["requests"].get("TEARDOWN", 0) == 1, server.stats()
     stats = server.stats()
     assert stats["frames_sent"] >= 30
     assert sum(stats["auth_accepted"].values()) >= 3

@@ -28,6 +28,8 @@ const rec = {
   to: 0,
   playing: null, // {start, end, clipStart, rangeEnd} while a recording plays
   selection: null, // {start, end}
+  held: false, // the pointer is on the track: the window holds still
+  renders: 0,
   loads: 0,
   error: null,
   abort: null,
@@ -85,16 +87,22 @@ async function refresh() {
 }
 
 function render() {
+  rec.renders += 1;
   const recording = rec.state !== "stopped";
   const button = $("btn-record");
   button.setAttribute("aria-pressed", String(recording));
   button.querySelector(".label").textContent = recording ? "Stop" : "Record";
   button.title = recording ? "Stop recording" : `Record (starts ${rec.preroll} s back)`;
   $("rec-timeline").hidden = rec.ranges.length === 0 && !rec.playing;
-  const now = Date.now();
-  const oldest = rec.ranges.length ? rec.ranges[0].start : now;
-  rec.to = Math.max(now, rec.ranges.length ? rec.ranges[rec.ranges.length - 1].end : now);
-  rec.from = Math.max(rec.to - WINDOW_MAX_MS, Math.min(oldest, rec.to - WINDOW_MIN_MS));
+  // The window follows "now", except while the pointer is on the track: what is under the
+  // pointer holds still while someone aims, clicks or drags (it would slide by a pixel a
+  // tenth of a second at the narrowest window).
+  if (!rec.held || !rec.to) {
+    const now = Date.now();
+    const oldest = rec.ranges.length ? rec.ranges[0].start : now;
+    rec.to = Math.max(now, rec.ranges.length ? rec.ranges[rec.ranges.length - 1].end : now);
+    rec.from = Math.max(rec.to - WINDOW_MAX_MS, Math.min(oldest, rec.to - WINDOW_MIN_MS));
+  }
   const span = rec.to - rec.from;
   const pct = (t) => `${(100 * (Math.min(Math.max(t, rec.from), rec.to) - rec.from)) / span}%`;
   const box = $("rec-ranges");
@@ -252,6 +260,8 @@ function timeAt(clientX) {
 }
 
 let drag = null;
+track.addEventListener("pointerenter", () => { rec.held = true; });
+track.addEventListener("pointerleave", () => { rec.held = false; render(); });
 track.addEventListener("pointerdown", (event) => {
   drag = { x: event.clientX, start: timeAt(event.clientX) };
   track.setPointerCapture(event.pointerId);
