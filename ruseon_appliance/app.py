@@ -217,9 +217,8 @@ class Appliance:
             cam = self.cameras.resolve(relay_config.camera) or self.cameras.default
             camera, feed = cam.config, cam.pipeline
             fanout = self._consumer_fanout(cam)
-            catch_up = max(3, -(-camera.framerate * camera.keyframe_request_interval_ms // 1000))
             relay = RtpRelay(relay_config, feed, fanout, framerate=camera.framerate,
-                             catch_up_max_frames=catch_up,
+                             catch_up_max_frames=camera.catch_up_frames,
                              keyframe_interval_frames=camera.keyframe_interval)
             await relay.start()
             self.relays.append(relay)
@@ -246,12 +245,11 @@ class Appliance:
         for cam in self.cameras:
             camera, feed = cam.config, cam.pipeline
             fanout = self._consumer_fanout(cam)
-            catch_up = max(3, -(-camera.framerate * camera.keyframe_request_interval_ms // 1000))
             # As the engine does for viewers: the GOP so far when no fresh IDR can be had.
             gop_bytes = (0 if feed.keyframes_on_demand
                          else int(camera.bitrate / 8 * GOP_CATCH_UP_MAX_S))
             sources.append(RtspSource(cam.name, feed, fanout, framerate=camera.framerate,
-                                      catch_up_max_frames=catch_up,
+                                      catch_up_max_frames=camera.catch_up_frames,
                                       keyframe_interval_frames=camera.keyframe_interval,
                                       catch_up_max_bytes=gop_bytes))
         self.rtsp = RtspServer(self.config.rtsp, sources, credentials=self.credentials,

@@ -140,6 +140,12 @@ class CameraConfig:
         return kind if sep and kind in INDEXED_SOURCE_KINDS and index.isdigit() else self.source
 
     @property
+    def catch_up_frames(self) -> int:
+        """Frames a joining consumer may be sent to catch up: one keyframe-request window (a
+        fresh IDR comes within it), at least 3 (WebRTC viewers, RTSP clients, relays)."""
+        return max(3, -(-self.framerate * self.keyframe_request_interval_ms // 1000))
+
+    @property
     def sensor_index(self) -> int:
         """Which CSI camera ``picamera:N`` / ``rpicam:N`` names (0 without an index): picamera2's
         ``Picamera2(camera_num)``, rpicam-vid's ``--camera N``."""

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ..capture.controls import CameraControls, camera_with
+from ..capture.liveness import stale_after_s
 from ..capture.pipeline import CapturePipeline
 from ..capture.sources.auto import NoCameraDetected
 from ..capture.sources.base import Deliver, SourceUnavailable
@@ -22,10 +23,6 @@ from ..tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
-# A camera is down when its newest frame is older than this many frame intervals, and never
-# sooner than STALL_MIN_S (a 1 fps camera still counts as alive). Same rule as /healthz had.
-STALL_FRAME_INTERVALS = 10
-STALL_MIN_S = 2.0
 # Start-up retries of a camera whose source failed: doubling from the first, up to the last.
 RETRY_FIRST_S = 2.0
 RETRY_MAX_S = 30.0
@@ -38,11 +35,6 @@ SUPERVISE_S = 1.0
 # A camera whose stop or start has not returned for this long is stuck (a driver hung in a
 # worker thread): only a new process frees it, so the watchdog is withheld (app.py).
 STUCK_S = 30.0
-
-
-def stale_after_s(framerate: int) -> float:
-    """Seconds without a frame after which a camera counts as down."""
-    return max(STALL_MIN_S, STALL_FRAME_INTERVALS / max(1, framerate))
 
 
 class UnavailableSource:

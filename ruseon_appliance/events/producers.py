@@ -9,15 +9,12 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ..capture.liveness import stale_after_s
 from ..tasks import cancel_and_wait
 from .bus import EventBus
 
 log = logging.getLogger(__name__)
 
-# Frames count as stalled after this many frame intervals without one, and never sooner than
-# STALL_MIN_S (the same rule as /healthz).
-STALL_FRAME_INTERVALS = 10
-STALL_MIN_S = 2.0
 # How often the watcher looks at the pipeline's newest frame time.
 STALL_POLL_S = 0.5
 # A camera that has sent no frame at all this long after the watcher first looked is stalled.
@@ -133,7 +130,7 @@ class StallWatcher(_Poller):
         # Each camera's watcher names its camera in its events (empty: tests without one).
         self._names = {"camera": camera} if camera else {}
         self._last_frame = last_frame
-        self.limit_s = max(STALL_MIN_S, STALL_FRAME_INTERVALS / max(1, framerate))
+        self.limit_s = stale_after_s(framerate)
         self._source = source
         self._clock = clock
         self.stalled = False

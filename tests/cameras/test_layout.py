@@ -133,3 +133,59 @@ async def test_an_archive_of_the_single_camera_layout_is_served_after_the_upgrad
         assert not (state / CONTROLS_FILE).exists()
         assert camera_dir(archive, "front").is_dir()  # (a recorder makes its own when it records)
         assert camera_dir(state, "front").is_dir() and camera_dir(state, "yard").is_dir()
+
+
+async def test_taking_the_first_camera_out_of_the_config_leaves_the_others_as_they_were(
+        tmp_path: Path) -> None:
+    """Nothing of a camera depends on its place in the list: the second camera's recordings
+    and controls are its own, and stay so when the first camera is removed."""
+    config = web_config()
+    yard = CameraConfig(name="yard", source="synthetic", width=160, height=96,
+                        keyframe_interval=30)
+    both = dataclasses.replace(
+        config, cameras=(dataclasses.replace(config.camera, name="front"), yard),
+        recording=RecordingConfig(dir=str(tmp_path / "recordings"), continuous=False),
+        state=StateConfig(dir=str(tmp_path / "state")))
+    base = f"http://127.0.0.1:{config.http.listen.port}"
+    appliance = Appliance(both)
+    await appliance.start()
+    try:
+        async with aiohttp.ClientSession(headers=ADMIN) as http:
+            async with http.patch(f"{base}/api/camera/yard/controls",
+                                  json={"brightness": 0.5}) as resp:
+                assert resp.status == 200, await resp.text()
+            async with http.post(f"{base}/api/recording/start?path=yard&preroll=0") as resp:
+                assert resp.status == 200, await resp.text()
+            listed: list[dict[str, Any]] = []
+            for _ in range(200):
+                async with http.get(f"{base}/recordings/list?path=yard") as resp:
+                    listed = await resp.json()
+                if listed and listed[-1]["duration"] > 2:
+                    break
+                await asyncio.sleep(0.1)
+            assert listed and listed[-1]["duration"] > 2, listed
+            async with http.post(f"{base}/api/recording/stop?path=yard") as resp:
+                assert resp.status == 200
+            async with http.get(f"{base}/recordings/list?path=yard") as resp:
+                recorded = [r["start"] for r in await resp.json()]
+            async with http.get(f"{base}/recordings/list?path=front") as resp:
+                assert await resp.json() == []
+    finally:
+        await appliance.stop()
+
+    alone = dataclasses.replace(both, cameras=(yard,))
+    appliance = Appliance(alone)
+    await appliance.start()
+    try:
+        async with aiohttp.ClientSession(headers=ADMIN) as http:
+            # yard is now the default camera: the unnamed routes are its, as are its own.
+            for query in ("", "?path=yard"):
+                async with http.get(f"{base}/recordings/list{query}") as resp:
+                    assert [r["start"] for r in await resp.json()] == recorded
+            async with http.get(f"{base}/api/camera/controls") as resp:
+                assert (await resp.json())["controls"]["brightness"]["value"] == 0.5
+            async with http.get(f"{base}/recordings/list?path=front") as resp:
+                assert resp.status == 404  # not a camera any more; its files are left alone
+    finally:
+        await appliance.stop()
+    assert camera_dir(Path(both.state.dir), "front").is_dir()
