@@ -118,9 +118,13 @@ class Appliance:
 
         # The single-camera layout's archive and controls file, into the folders of the camera
         # that made them (the first listed), once; then every camera's folders exist.
-        await asyncio.to_thread(
-            migrate_top_level, config.recording.directory(config.state.dir), state_dir,
-            next(iter(self.cameras)).name)
+        try:
+            await asyncio.to_thread(
+                migrate_top_level, config.recording.directory(config.state.dir), state_dir,
+                next(iter(self.cameras)).name)
+        except OSError as exc:  # an archive disk that is read-only or gone: the recorders say so
+            log.warning("could not move the single-camera layout's files: %s", exc,
+                        extra={"EVENT": "layout_migration_failed"})
         for camera in self.cameras:
             camera_dir(state_dir, camera.name).mkdir(parents=True, exist_ok=True, mode=0o700)
         # Controls restored, then sources, recorders and HLS streams; a failing source is
