@@ -12,6 +12,7 @@ from aiohttp import web
 
 from ruseon_appliance import __version__
 from ruseon_appliance.access.policy import Role
+from ruseon_appliance.capture.liveness import stale_after_s
 from ruseon_appliance.web import metrics
 from ruseon_appliance.web.access import request_role
 from ruseon_appliance.web.problem import Problem
@@ -23,10 +24,6 @@ if TYPE_CHECKING:
     from ruseon_appliance.capture.pipeline import CapturePipeline
     from ruseon_appliance.engine.engine import Engine
 
-# Frames are "flowing" when the newest arrived within this many frame intervals, and never less
-# than this many seconds (a 1 fps camera still counts as alive).
-STALL_FRAME_INTERVALS = 10
-STALL_MIN_S = 2.0
 
 
 def _jsonable(value: Any) -> Any:
@@ -174,7 +171,7 @@ class DeviceApi:
         last = self.capture.last_frame_monotonic
         if last is None:
             return f"no frame from the {self.capture.source_kind} source yet"
-        limit = max(STALL_MIN_S, STALL_FRAME_INTERVALS / max(1, self.framerate))
+        limit = stale_after_s(self.framerate)
         age = time.monotonic() - last
         if age > limit:
             return f"no frame from the {self.capture.source_kind} source for {age:.1f} s"

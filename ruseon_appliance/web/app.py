@@ -10,7 +10,7 @@ not start with a route that is not there).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,8 +23,9 @@ from ruseon_appliance.cameras import Camera, CameraSet
 from ruseon_appliance.web.access import SessionResource, access_middleware, host_middleware
 from ruseon_appliance.web.api import DeviceApi
 from ruseon_appliance.web.cameras import CamerasResource
+from ruseon_appliance.web.controls import ControlsResource
 from ruseon_appliance.web.cors import cors_middleware
-from ruseon_appliance.web.hls import HlsResource
+from ruseon_appliance.web.hls import HlsMetrics, HlsResource
 from ruseon_appliance.web.metrics import Families, WebMetrics
 from ruseon_appliance.web.problem import ERROR_COUNTS, MAX_BODY_BYTES, problem_middleware
 from ruseon_appliance.web.recordings import RecordingsResource
@@ -76,18 +77,17 @@ def make_app(
     hls: HlsStream | None = None,
     recorder: Recorder | None = None,
     cameras: CameraSet | None = None,
-    recorders: Mapping[str, Recorder] | None = None,
     credentials: Credentials | None = None,
 ) -> web.Application:
-    """The web application for one engine and one capture pipeline.
+    """The web application for one engine and the cameras.
 
     ``started`` is the service's start time (``time.monotonic()``), for ``/api/status``'s uptime;
-    ``relays`` get ``/relay/<name>.sdp`` and their part of the status and metrics; ``hls``, when
-    given, is served under ``/hls/``.
-    ``recorder`` adds the playback API and recording control (web/recordings.py).
-    ``recorders`` (by camera name, with several cameras) are chosen with ``?path=<camera>``.
-    ``cameras`` (default: ``capture`` alone) get ``/whep/<camera>``, ``/snapshot/<camera>.jpg``
-    and their part of status, metrics and health; ``capture`` is the first of them.
+    ``relays`` get ``/relay/<name>.sdp`` and their part of the status and metrics.
+    ``cameras`` get ``/whep/<camera>``, ``/snapshot/<camera>.jpg``, ``/hls/<camera>/`` (with an
+    HLS stream), ``/api/camera/<camera>/controls`` (with controls), the playback API's
+    ``?path=<camera>`` (with a recorder) and their part of status, metrics and health; the
+    unnamed routes serve the default camera, whose pipeline ``capture`` is. Without ``cameras``,
+    ``capture`` is the one camera, with ``hls`` and ``recorder`` as its parts (tests, bench).
     ``credentials`` (default: built from ``config.auth`` and ``config.state.dir``, generating the
     admin secret there on a first start) decide who may view and administer.
     """
@@ -121,55 +121,83 @@ def make_app(
     whep.add_routes(app)
     app[WHEP] = whep
 
+    if cameras is None:
+        alone = Camera(capture.camera, pipeline=capture)
+        alone.hls, alone.recorder = hls, recorder
+        cameras = CameraSet([alone])
+    default = cameras.default
     api = DeviceApi(
         engine,
-        capture,
+        default.pipeline,
         started=started,
-        framerate=config.camera.framerate,
+        framerate=default.config.framerate,
         web_metrics=web_metrics,
         http_errors=app[ERROR_COUNTS],
-        snapshot=KeyframeSnapshot(capture),
+        snapshot=KeyframeSnapshot(default.pipeline),
         max_viewers=config.webrtc.max_viewers,
     )
     api.add_routes(app)
     app[DEVICE_API] = api
-    if cameras is None:
-        cameras = CameraSet([Camera(capture.camera, pipeline=capture)])
     app[CAMERAS] = CamerasResource(cameras, engine, whep, api.snapshot)
     app[CAMERAS].add_routes(app, api)
 
     if relays:
-        relay_resource = RelayResource(relays, capture, captures={
-            r.name: (cameras.get(r.config.camera) or cameras.first).pipeline for r in relays})
+        relay_resource = RelayResource(relays, default.pipeline, captures={
+            r.name: (cameras.resolve(r.config.camera) or default).pipeline for r in relays})
         relay_resource.add_routes(app)
         api.status_sections["relays"] = relay_resource.status
         api.metrics_sections.append(relay_resource.metrics)
 
-    if hls is not None:
-        hls_resource = HlsResource(hls, token_required=not credentials.viewing_open)
-        hls_resource.add_routes(app)
-        api.status_sections["hls"] = hls_resource.status
-        api.metrics_sections.append(hls_resource.metrics_families)
-        app[HLS] = hls_resource
-
-    if recorder is not None:
-        recordings = RecordingsResource(
-            recorder, recorders=recorders, max_downloads=config.recording.max_downloads,
-            max_downloads_per_address=config.recording.max_downloads_per_address)
-        app.on_cleanup.append(recordings.close)
-        if recorders and len(recorders) > 1:
-            api.status_sections["recordings"] = lambda: {
-                name: r.stats() for name, r in recorders.items()}
-        recordings.add_routes(app)
-        api.status_sections["recording"] = recorder.stats
-        api.status_sections["clock"] = recorder.clock.describe
-        api.metrics_sections.append(recordings.metrics)
-
+    _add_camera_routes(app, api, config, cameras, credentials)
     api.status_sections["access"] = credentials.stats
     api.metrics_sections.append(lambda: access_metrics(credentials))
     app.router.add_get("/", _device_page)
     app.router.add_static("/static/", STATIC_DIR, append_version=False)
     return app
+
+
+def _add_camera_routes(app: web.Application, api: DeviceApi, config: Config,
+                       cameras: CameraSet, credentials: Credentials) -> None:
+    """Every camera's HLS, controls and recordings routes; the default camera's also at the
+    unnamed paths (``/hls/``, ``/api/camera/controls``, the playback API without ``?path=``)."""
+    default = cameras.default
+    token_required = not credentials.viewing_open
+    hls_metrics = HlsMetrics()  # requests to every camera's HLS count together (board load)
+    for camera in cameras:
+        if camera.hls is None:
+            continue
+        prefixes = [f"/hls/{camera.name}/"] + (["/hls/"] if camera is default else [])
+        for prefix in prefixes:
+            resource = HlsResource(camera.hls, token_required=token_required, prefix=prefix,
+                                   metrics=hls_metrics)
+            resource.add_routes(app)
+            if prefix == "/hls/":
+                app[HLS] = resource
+    if HLS in app:
+        streams = {c.name: c.hls for c in cameras if c.hls is not None}
+        default_hls = app[HLS]
+        api.status_sections["hls"] = lambda: {
+            **default_hls.status(), "cameras": {n: s.stats() for n, s in streams.items()}}
+        api.metrics_sections.append(default_hls.metrics_families)
+    for camera in cameras:
+        if camera.controls is None:
+            continue
+        ControlsResource(camera.controls, path=f"/api/camera/{camera.name}/controls"
+                         ).add_routes(app)
+        if camera is default:
+            ControlsResource(camera.controls).add_routes(app)
+    recorders = {c.name: c.recorder for c in cameras if c.recorder is not None}
+    if default.recorder is not None:
+        recordings = RecordingsResource(
+            default.recorder, recorders=recorders, max_downloads=config.recording.max_downloads,
+            max_downloads_per_address=config.recording.max_downloads_per_address)
+        app.on_cleanup.append(recordings.close)
+        recordings.add_routes(app)
+        api.status_sections["recording"] = default.recorder.stats
+        api.status_sections["recordings"] = lambda: {
+            name: r.stats() for name, r in recorders.items()}
+        api.status_sections["clock"] = default.recorder.clock.describe
+        api.metrics_sections.append(recordings.metrics)
 
 
 def access_metrics(credentials: Credentials) -> Iterator[Metric]:

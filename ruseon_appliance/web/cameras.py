@@ -51,11 +51,11 @@ class CamerasResource:
         self.engine = engine
         self.whep = whep
         # The first camera's snapshot is the one /snapshot.jpg already caches.
-        self._snapshots = {cameras.first.name: default_snapshot}
+        self._snapshots = {cameras.default.name: default_snapshot}
         whep.camera_problem = self._problem_of
 
     def _problem_of(self, feed: object) -> str | None:
-        camera = self.cameras.first if feed is None else self.cameras.of_feed(feed)
+        camera = self.cameras.default if feed is None else self.cameras.of_feed(feed)
         return camera.problem() if camera is not None else None
 
     def add_routes(self, app: web.Application, api: DeviceApi) -> None:

@@ -130,10 +130,10 @@ class RecordingsResource:
             del self._downloads[address]
 
     def _recorder(self, request: web.Request) -> Recorder:
-        """The recorder ``?path=`` names (several cameras), else the first camera's."""
+        """The recorder of the camera ``?path=`` names, else the default camera's."""
         _check_path(request)
         path = request.query.get("path")
-        if path is None or len(self.recorders) < 2:
+        if path is None:
             return self.recorder
         recorder = self.recorders.get(path)
         if recorder is None:
