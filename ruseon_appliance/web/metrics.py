@@ -41,7 +41,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 # What generate_latest writes with its default (legacy-name) escaping is the 0.0.4 text format;
-# prometheus-client 0.26's CONTENT_TYPE_LATEST says 1.0.0, which only adds UTF-8 names.
+# prometheus-client 0.26 advertises version=1.0.0 (CONTENT_TYPE_LATEST), the UTF-8-name variant.
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 # Offer → answer is a few ms; POST → connected is tens to hundreds of ms.
