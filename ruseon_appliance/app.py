@@ -13,6 +13,7 @@ import logging
 import socket
 import ssl
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -44,11 +45,13 @@ from .systemd_integration import SystemdNotifier
 from .web import https_certificate
 from .web.app import CAMERAS, DEVICE_API, make_app
 from .web.https_certificate import HttpsCertificate
-from .web.metrics import Exposition
+from .web.metrics import Families
 from .web.snapshot import KeyframeSnapshot
 from .webhooks import WebhookSender
 
 if TYPE_CHECKING:
+    from prometheus_client.core import Metric
+
     from .mqtt import HomeAssistantMqtt
     from .mqtt.publisher import SnapshotSource
 
@@ -260,18 +263,21 @@ class Appliance:
                                default=self.cameras.default.name)
         await self.rtsp.start()
 
-    def _rtsp_metrics(self) -> str:
+    def _rtsp_metrics(self) -> Iterator[Metric]:
         """The RTSP server's figures as ``/metrics`` families (``ruseon_rtsp_*``)."""
-        out = Exposition()
+        out = Families()
         if self.rtsp is None:
-            return out.text()
+            return out.collect()
         stats = self.rtsp.stats()
         for key, kind, help_text in RTSP_METRICS:
-            name = f"ruseon_rtsp_{key}" + ("_total" if kind == "counter" else "")
-            out.family(name, kind, help_text, [("", stats[key])])
-        out.family("ruseon_rtsp_requests_total", "counter", "RTSP requests by method.",
-                   [(f'{{method="{m}"}}', n) for m, n in sorted(stats["requests"].items())])
-        return out.text()
+            if kind == "counter":
+                out.counter(f"ruseon_rtsp_{key}_total", help_text).add_metric([], stats[key])
+            else:
+                out.gauge(f"ruseon_rtsp_{key}", help_text).add_metric([], stats[key])
+        requests = out.counter("ruseon_rtsp_requests_total", "RTSP requests by method.", ["method"])
+        for method, n in sorted(stats["requests"].items()):
+            requests.add_metric([method], n)
+        return out.collect()
 
     async def _start_integrations(self) -> None:
         """The stall watcher, webhooks and MQTT: all event-bus consumers that never block the
@@ -378,32 +384,35 @@ class Appliance:
         self.events.publish("controls_changed", camera=camera.name, controls=changed,
                             restarted=restarted)
 
-    def _integrations_metrics(self) -> str:
+    def _integrations_metrics(self) -> Iterator[Metric]:
         """Events, webhooks, MQTT and camera controls as ``/metrics`` families."""
-        out = Exposition()
+        out = Families()
         out.stats("ruseon_events", self.events.stats(), "Appliance events")
-        labelled = [(camera_label(c.name), c) for c in self.cameras]
-        out.family("ruseon_camera_stalled", "gauge", "1 while no frame arrives from the camera.",
-                   [(label, int(bool(c.stall_watcher and c.stall_watcher.stalled)))
-                    for label, c in labelled])
-        hooks = [(f'{{webhook="{i}"}}', w.stats()) for i, w in enumerate(self.webhooks)]
+        stalled = out.gauge("ruseon_camera_stalled", "1 while no frame arrives from the camera.",
+                            ["camera"])
+        changes = out.counter("ruseon_camera_control_changes_total",
+                              "Camera control changes applied.", ["camera"])
+        restarts = out.counter("ruseon_camera_control_restarts_total",
+                               "Source restarts made by camera control changes.", ["camera"])
+        for c in self.cameras:
+            stalled.add_metric([c.name], int(bool(c.stall_watcher and c.stall_watcher.stalled)))
+            changes.add_metric([c.name], c.controls.changes if c.controls else 0)
+            restarts.add_metric([c.name], c.controls.restarts if c.controls else 0)
+        hooks = [(str(i), w.stats()) for i, w in enumerate(self.webhooks)]
         for key, kind, help_text in (
                 ("sent", "counter", "Webhook events delivered (2xx)."),
                 ("failed", "counter", "Webhook events given up after their retries."),
                 ("retries", "counter", "Webhook delivery attempts after the first."),
                 ("dropped", "counter", "Webhook events dropped from a full queue."),
                 ("queued", "gauge", "Webhook events waiting.")):
-            name = f"ruseon_webhook_{key}" + ("_total" if kind == "counter" else "")
-            out.family(name, kind, help_text, [(labels, s[key]) for labels, s in hooks])
+            family = (out.counter(f"ruseon_webhook_{key}_total", help_text, ["webhook"])
+                      if kind == "counter" else
+                      out.gauge(f"ruseon_webhook_{key}", help_text, ["webhook"]))
+            for webhook, stats in hooks:
+                family.add_metric([webhook], stats[key])
         if self.mqtt is not None:
             out.stats("ruseon_mqtt", self.mqtt.stats(), "MQTT")
-        out.family("ruseon_camera_control_changes_total", "counter",
-                   "Camera control changes applied.",
-                   [(label, c.controls.changes if c.controls else 0) for label, c in labelled])
-        out.family("ruseon_camera_control_restarts_total", "counter",
-                   "Source restarts made by camera control changes.",
-                   [(label, c.controls.restarts if c.controls else 0) for label, c in labelled])
-        return out.text()
+        return out.collect()
 
     async def _tls_context(self) -> ssl.SSLContext | None:
         """The HTTP server's TLS context: none, ``http.tls_cert``/``tls_key``, or the
@@ -490,11 +499,6 @@ class Appliance:
             await self.engine.stop()
         await self.cameras.stop()  # recorders, controls' writes, then the sources
         log.info("stopped", extra={"EVENT": "stopped"})
-
-
-def camera_label(name: str) -> str:
-    """``{camera="<name>"}`` for an exposition sample (names are checked to be plain)."""
-    return f'{{camera="{name}"}}'
 
 
 async def serve(config: Config) -> int:

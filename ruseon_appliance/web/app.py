@@ -10,7 +10,7 @@ not start with a route that is not there).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,7 +26,7 @@ from ruseon_appliance.web.cameras import CamerasResource
 from ruseon_appliance.web.controls import ControlsResource
 from ruseon_appliance.web.cors import cors_middleware
 from ruseon_appliance.web.hls import HlsMetrics, HlsResource
-from ruseon_appliance.web.metrics import Exposition, WebMetrics
+from ruseon_appliance.web.metrics import Families, WebMetrics
 from ruseon_appliance.web.problem import ERROR_COUNTS, MAX_BODY_BYTES, problem_middleware
 from ruseon_appliance.web.recordings import RecordingsResource
 from ruseon_appliance.web.relay import RelayResource
@@ -34,6 +34,8 @@ from ruseon_appliance.web.snapshot import KeyframeSnapshot
 from ruseon_appliance.web.whep import WhepResource
 
 if TYPE_CHECKING:
+    from prometheus_client.core import Metric
+
     from ruseon_appliance.capture.pipeline import CapturePipeline
     from ruseon_appliance.config import Config
     from ruseon_appliance.engine.engine import Engine
@@ -176,7 +178,7 @@ def _add_camera_routes(app: web.Application, api: DeviceApi, config: Config,
         default_hls = app[HLS]
         api.status_sections["hls"] = lambda: {
             **default_hls.status(), "cameras": {n: s.stats() for n, s in streams.items()}}
-        api.metrics_sections.append(default_hls.metrics_text)
+        api.metrics_sections.append(default_hls.metrics_families)
     for camera in cameras:
         if camera.controls is None:
             continue
@@ -198,24 +200,27 @@ def _add_camera_routes(app: web.Application, api: DeviceApi, config: Config,
         api.metrics_sections.append(recordings.metrics)
 
 
-def access_metrics(credentials: Credentials) -> str:
+def access_metrics(credentials: Credentials) -> Iterator[Metric]:
     """``ruseon_auth_*``: failed and throttled authentications by protocol, login sessions."""
-    out = Exposition()
+    out = Families()
     throttle = credentials.throttle
-    failures, throttled = throttle.failures, throttle.throttled
-    out.family("ruseon_auth_failures_total", "counter",
-               "Wrong credentials presented (HTTP Bearer/login, RTSP).",
-               [(f'protocol="{p}"', failures.get(p, 0)) for p in ("http", "rtsp")])
-    out.family("ruseon_auth_throttled_total", "counter",
-               "Requests refused (429) while their address waits after wrong credentials.",
-               [(f'protocol="{p}"', throttled.get(p, 0)) for p in ("http", "rtsp")])
-    out.family("ruseon_auth_addresses_waiting", "gauge",
-               "Client addresses that must wait before their next credential.",
-               [("", throttle.addresses_waiting())])
-    sessions = credentials.sessions.count()
-    out.family("ruseon_auth_sessions", "gauge", "Page login sessions by role.",
-               [(f'role="{r}"', sessions.get(r, 0)) for r in ("viewer", "admin")])
-    out.family("ruseon_auth_secret_rotations_total", "counter",
-               "Secret files that changed while running (their sessions ended).",
-               [("", credentials.rotations)])
-    return out.text()
+    failures = out.counter("ruseon_auth_failures_total",
+                           "Wrong credentials presented (HTTP Bearer/login, RTSP).", ["protocol"])
+    throttled = out.counter(
+        "ruseon_auth_throttled_total",
+        "Requests refused (429) while their address waits after wrong credentials.",
+        ["protocol"])
+    for protocol in ("http", "rtsp"):
+        failures.add_metric([protocol], throttle.failures.get(protocol, 0))
+        throttled.add_metric([protocol], throttle.throttled.get(protocol, 0))
+    out.gauge("ruseon_auth_addresses_waiting",
+              "Client addresses that must wait before their next credential.").add_metric(
+        [], throttle.addresses_waiting())
+    sessions = out.gauge("ruseon_auth_sessions", "Page login sessions by role.", ["role"])
+    count = credentials.sessions.count()
+    for role in ("viewer", "admin"):
+        sessions.add_metric([role], count.get(role, 0))
+    out.counter("ruseon_auth_secret_rotations_total",
+                "Secret files that changed while running (their sessions ended).").add_metric(
+        [], credentials.rotations)
+    return out.collect()
