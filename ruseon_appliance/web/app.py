@@ -198,6 +198,25 @@ def _add_camera_routes(app: web.Application, api: DeviceApi, config: Config,
             name: r.stats() for name, r in recorders.items()}
         api.status_sections["clock"] = default.recorder.clock.describe
         api.metrics_sections.append(recordings.metrics)
+    api.metrics_sections.append(lambda: camera_parts_metrics(cameras))
+
+
+def camera_parts_metrics(cameras: CameraSet) -> Iterator[Metric]:
+    """Every camera's recorder and HLS stream figures, labelled ``camera``
+    (``ruseon_camera_recording_*``, ``ruseon_camera_hls_*``); the unlabelled
+    ``ruseon_recording_*`` and ``ruseon_hls_stream_*`` are the default camera's, kept as
+    aliases for existing dashboards."""
+    out = Families()
+    for camera in cameras:
+        labels = {"camera": camera.name}
+        if camera.recorder is not None:
+            out.stats("ruseon_camera_recording", camera.recorder.stats(), "Recording by camera",
+                      labels)
+        if camera.hls is not None:
+            out.stats("ruseon_camera_hls", {k: v for k, v in camera.hls.stats().items()
+                                            if not k.startswith("blocking_")},
+                      "HLS live window by camera", labels)
+    return out.collect()
 
 
 def access_metrics(credentials: Credentials) -> Iterator[Metric]:

@@ -146,6 +146,14 @@ async def test_every_family_is_typed_once_and_the_same_at_each_scrape(tmp_path: 
     up = [s for f in text_string_to_metric_families(scrapes[1]) for s in f.samples
           if s.name == "ruseon_camera_up"]
     assert sorted(s.labels["camera"] for s in up) == ["back", "front"]
+    # Every camera's recorder, HLS stream, stall sensor and control counters, labelled.
+    samples = [s for f in text_string_to_metric_families(scrapes[1]) for s in f.samples]
+    for family in ("ruseon_camera_recording_segments_closed_total",
+                   "ruseon_camera_recording_recording", "ruseon_camera_hls_parts_added",
+                   "ruseon_camera_stalled", "ruseon_camera_control_changes_total"):
+        cams = sorted(s.labels.get("camera", "") for s in samples if s.name == family)
+        assert cams == ["back", "front"], (family, cams)
+    assert first["ruseon_camera_recording_segments_closed"] == "counter"
 
 
 async def test_label_values_with_quotes_and_backslashes(tmp_path: Path) -> None:
