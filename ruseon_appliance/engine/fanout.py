@@ -289,6 +289,8 @@ class FanoutViewer:
         paced = pacer.pacing(sent, self._current is not None)
         if paced:
             pacer.open_slice(budget)
+        writer = self._writer
+        assert writer is not None
         while True:
             current = self._current
             if current is None:
@@ -300,8 +302,18 @@ class FanoutViewer:
                     self._send_leading_padding(sock, addr, current[1])
                 self.frames_sent += 1
                 self.keyframes_sent += keyframe
-            if not self._send_frame(current, sock, addr, now):
+            # The rest of the frame, as far as the budget goes (the per-packet loop).
+            frame, timestamp, start = current
+            first_seq = writer.seq
+            i, budget.tokens, octets = writer.send_frame(frame, timestamp, start, budget.tokens,
+                                                         sock, addr)
+            if i > start:
+                self.reports.sent(i - start, octets, timestamp, now)
+                self.nack.note(first_seq, frame, start, i - start, timestamp, now)
+            if i < len(frame.payloads):
+                self._current = (frame, timestamp, i)
                 break
+            self._current = None
         if paced:
             more = (self._current is not None or bool(cursor.queue)) and not self.closed
             pacer.close_slice(budget, more, self._paced)
@@ -343,25 +355,6 @@ class FanoutViewer:
         assert self._writer is not None
         self._writer.send_padding(sock, addr, timestamp)
         self.reports.packets_sent += 1  # a packet, but no payload octets (RFC 3550 6.4.1)
-
-    def _send_frame(self, current: tuple[PacketizedFrame, int, int], sock: socket.socket,
-                    addr: tuple[str, int], now: float) -> bool:
-        """Send the rest of ``current`` within budget; True if the whole frame is out."""
-        frame, timestamp, start = current
-        writer = self._writer
-        assert writer is not None
-        first_seq = writer.seq
-        i, self.budget.tokens, octets = writer.send_frame(
-            frame, timestamp, start, self.budget.tokens, sock, addr)
-        sent = i - start
-        if sent:
-            self.reports.sent(sent, octets, timestamp, now)
-            self.nack.note(first_seq, frame, start, sent, timestamp, now)
-        if i >= len(frame.payloads):
-            self._current = None
-            return True
-        self._current = (frame, timestamp, i)
-        return False
 
     def retransmit(self, seq: int) -> bool:
         """Send packet ``seq`` again (as RTX if negotiated); False if it is gone or over
