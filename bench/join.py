@@ -135,13 +135,14 @@ class LiveTrack(MediaStreamTrack):  # type: ignore[misc]
 def time_join_bursts() -> dict[int, dict[str, float]]:
     """Note, per fan-out viewer, when its first frames went out and when the last slice of its
     join burst did (server clock, ms after the first), and how late the pacing timer fired."""
-    from ruseon_appliance.engine.fanout import JOIN_PACE_S, FanoutViewer
+    from ruseon_appliance.engine.fanout import FanoutViewer
+    from ruseon_appliance.stream.pacing import JOIN_PACE_S
 
     timings: dict[int, dict[str, float]] = {}
     original = FanoutViewer.service
 
     def service(self: FanoutViewer, now: float) -> None:
-        was_out = self.frames_sent >= self._burst_frames and self._current is None
+        was_out = self.frames_sent >= self.pacer.burst_frames and self._current is None
         original(self, now)
         t = time.monotonic()
         mine = timings.setdefault(id(self), {"start": t, "last": t, "late_ms_max": 0.0})
@@ -149,7 +150,7 @@ def time_join_bursts() -> dict[int, dict[str, float]]:
             late = (t - mine["last"] - JOIN_PACE_S) * 1000
             mine["late_ms_max"] = max(mine["late_ms_max"], late)
             mine["last"] = t
-            if self.frames_sent >= self._burst_frames and self._current is None:
+            if self.frames_sent >= self.pacer.burst_frames and self._current is None:
                 mine["burst_out_ms"] = (t - mine["start"]) * 1000
 
     FanoutViewer.service = service  # type: ignore[method-assign]
@@ -679,20 +680,20 @@ def chromium_join(browser: Any, server: Any, watch_s: float, trace: Path | None 
 # Loaded by a ``ruseon serve`` started for a ``fanout:BYTES`` path (the join burst leaves in
 # slices of BYTES every JOIN_PACE_S instead of the engine's JOIN_PACE_BYTES), or for
 # ``fanout:squeeze`` (the join burst's RTP timestamps squeezed into the last ticks, as before they
-# followed the pacing: see engine/track.py).
+# followed the pacing: see stream/cursor.py).
 PACE_HOOK = """import os
 if os.environ.get("JOIN_BENCH_PACE_BYTES"):
-    from ruseon_appliance.engine import fanout
-    fanout.JOIN_PACE_BYTES = int(os.environ["JOIN_BENCH_PACE_BYTES"])
+    from ruseon_appliance.stream import pacing
+    pacing.JOIN_PACE_BYTES = int(os.environ["JOIN_BENCH_PACE_BYTES"])
 if os.environ.get("JOIN_BENCH_SQUEEZE"):
-    from ruseon_appliance.engine import track
-    original_init = track.ViewerCursor.__init__
+    from ruseon_appliance.stream import cursor
+    original_init = cursor.ViewerCursor.__init__
 
     def init(self, *args, **kwargs):
         original_init(self, *args, **kwargs)
         self.burst_ticks_per_byte = 0.0
 
-    track.ViewerCursor.__init__ = init
+    cursor.ViewerCursor.__init__ = init
 if os.environ.get("JOIN_BENCH_DTLS_ACTIVE"):
     # The old way: answer a browser's actpass with active (the appliance the DTLS client).
     from ruseon_appliance.engine import aiortc_internals

@@ -26,7 +26,7 @@ WALL_FUNCTIONS = {"time", "time_ns"}  # time.time, time.time_ns
 
 # (module path relative to the package, enclosing function) -> why wall time is meant there.
 WALL_TIME_USES: dict[tuple[str, str], str] = {
-    ("engine/fanout.py", "ntp_now"):
+    ("stream/rtcp.py", "ntp_now"):
         "RTCP sender reports carry the NTP wall-clock time; `t - seconds` is its fraction",
     ("engine/session.py", "WhepSession.__init__"):
         "`created` is reported as a Unix timestamp in /api/status; ages use created_monotonic",
@@ -62,7 +62,7 @@ WALL_TIME_USES: dict[tuple[str, str], str] = {
 
 # Subtractions of wall readings that are not durations: (module, function) -> why.
 NOT_DURATIONS: dict[tuple[str, str], str] = {
-    ("engine/fanout.py", "ntp_now"): "`t - seconds` is the fraction of the NTP timestamp",
+    ("stream/rtcp.py", "ntp_now"): "`t - seconds` is the fraction of the NTP timestamp",
     ("clock.py", "WallClock.offset_us"): "realtime minus monotonic is the offset, not a duration",
     ("recording/recorder.py", "Recorder._age_us"):
         "the wall-clock age of a segment recorded before this start-up, only while the clock "

@@ -62,7 +62,7 @@ class CapturePipeline:
     def keyframes_on_demand(self) -> bool:
         """Whether the source can make an IDR when asked (picamera2, the synthetic camera).
         When it cannot (rpicam-vid, a file, an IP camera), a viewer's keyframe request is
-        answered from this ring for that viewer alone (``engine/track.py``), never by
+        answered from this ring for that viewer alone (``stream/cursor.py``), never by
         restarting the encoder for everyone."""
         return bool(getattr(self._source, "keyframes_on_demand", True))
 

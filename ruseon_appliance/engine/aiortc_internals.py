@@ -42,7 +42,8 @@ What is relied upon, and why:
   RTP/RTCP loops; the engine registers its own RTCP sink on the DTLS transport's router
   (``_register_rtp_sender``), encrypts with the transport's ``_tx_srtp`` session, reads the
   sender's ``_ssrc`` / ``_rtx_ssrc`` and the ICE connection's nominated pair. (It packetizes
-  with its own ``engine/h264_rtp.py``, which cuts FU-A fragments to equal sizes for UDP GSO.)
+  with its own ``stream/h264_rtp.py``, which cuts FU-A fragments to equal sizes for UDP GSO, and
+  protects in place through ``stream/srtp.py``.)
 """
 
 from __future__ import annotations
@@ -66,7 +67,6 @@ from aiortc import RTCCertificate, RTCPeerConnection, RTCRtpSender
 from aiortc.codecs import CODECS
 from aiortc.rtcrtpparameters import RTCRtpCodecParameters, RTCRtpSendParameters
 from aiortc.sdp import SessionDescription
-from pylibsrtp import _binding as _srtp_binding
 
 AIORTC_VERSION = "1.16.0"
 AIOICE_VERSION = "0.13.0"
@@ -802,30 +802,6 @@ def discard_received_rtp(pc: RTCPeerConnection, on_packet: Callable[[int], None]
             on_packet(len(data))
 
         transport._handle_rtp_data = handle
-
-
-# pylibsrtp 1.0: ``Session.protect`` copies the packet in, allocates an ``int *`` and copies the
-# result out on every call. The fan-out protects in place in one reused buffer instead, calling
-# libsrtp through pylibsrtp's own cffi binding with the session's ``srtp_t`` (``_srtp[0]``).
-PYLIBSRTP_VERSION = "1.0.0"
-SRTP_OK: int = _srtp_binding.lib.srtp_err_status_ok
-srtp_protect_in_place: Callable[[Any, Any, Any], int] = _srtp_binding.lib.srtp_protect
-
-
-class SrtpPacketBuffer:
-    """A packet buffer libsrtp protects in place: write the RTP packet into :attr:`view`, set
-    ``length[0]``, call ``srtp_protect_in_place(handle, cdata, length)``, send
-    ``view[:length[0]]``. The header stays in clear, so only what changes is rewritten."""
-
-    def __init__(self, size: int = 2048) -> None:
-        self.cdata: Any = _srtp_binding.ffi.new("char[]", size)
-        self.view = memoryview(_srtp_binding.ffi.buffer(self.cdata))
-        self.length: Any = _srtp_binding.ffi.new("int *")
-
-
-def srtp_handle(session: Any) -> Any:
-    """The ``srtp_t`` of a ``pylibsrtp.Session`` (for :func:`srtp_protect_in_place`)."""
-    return session._srtp[0]
 
 
 # ---------------------------------------------------------------------------------------------

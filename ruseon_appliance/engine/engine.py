@@ -42,19 +42,17 @@ from ruseon_appliance.engine.errors import (
     UnknownSession,
     UnsupportedOffer,
 )
-from ruseon_appliance.engine.fanout import (
-    JOIN_TICKS_PER_BYTE,
-    Fanout,
-    FanoutTrack,
-    FanoutViewer,
-)
+from ruseon_appliance.engine.fanout import FanoutTrack, FanoutViewer
 from ruseon_appliance.engine.offer import CheckedOffer, OfferParser, check_offer
 from ruseon_appliance.engine.offer_burst import OfferBurst
 from ruseon_appliance.engine.prebuilt import PrebuiltPool
 from ruseon_appliance.engine.session import WhepSession
-from ruseon_appliance.engine.track import ViewerCursor, ViewerTrack
+from ruseon_appliance.engine.track import ViewerTrack
 from ruseon_appliance.engine.udp_mux import UdpMux
 from ruseon_appliance.logs import RateLimit
+from ruseon_appliance.stream.cursor import ViewerCursor
+from ruseon_appliance.stream.fanout import Fanout
+from ruseon_appliance.stream.pacing import JOIN_TICKS_PER_BYTE
 
 logger = logging.getLogger(__name__)
 
@@ -463,7 +461,7 @@ class Engine:
     def _gop_catch_up_bytes(feed: CapturePipeline) -> int:
         """How much of a GOP a joining viewer may be sent to see motion at once: up to
         :data:`GOP_CATCH_UP_MAX_S` of the stream for a source that cannot make a keyframe on
-        demand; none for one that can (a fresh IDR comes instead, see ``track.py``)."""
+        demand; none for one that can (a fresh IDR comes instead, see ``stream/cursor.py``)."""
         if keyframes_on_demand(feed):
             return 0
         return int(feed.camera.bitrate / 8 * GOP_CATCH_UP_MAX_S)

@@ -1,7 +1,7 @@
 """Relays: the camera's stream, encoded and packetized once, handed as RTP (optionally SRTP) to
 media servers that scale out (Janus's Streaming plugin, FFmpeg, GStreamer, mediamtx).
 
-A relay is one more consumer of the engine's fan-out (``engine.fanout.FanoutConsumer``); it knows
+A relay is one more consumer of the fan-out (``stream.fanout.FanoutConsumer``); it knows
 nothing of HTTP. ``app.py`` builds one :class:`RtpRelay` per ``[[relay]]`` table.
 """
 

@@ -40,14 +40,11 @@ from typing import Any
 import pylibsrtp
 
 from ruseon_appliance.config import RelayConfig
-from ruseon_appliance.engine import aiortc_internals
-from ruseon_appliance.engine.fanout import (
-    Fanout,
-    PacketizedFrame,
-    rtcp_feedback,
-    sender_report,
-)
-from ruseon_appliance.engine.track import VideoFeed, ViewerCursor
+from ruseon_appliance.stream import srtp
+from ruseon_appliance.stream.cursor import VideoFeed, ViewerCursor
+from ruseon_appliance.stream.fanout import Fanout
+from ruseon_appliance.stream.history import PacketizedFrame
+from ruseon_appliance.stream.rtcp import rtcp_feedback, sender_report
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +107,7 @@ class RtpRelay:
         self.payload_type = config.payload_type
         self._seq = random.randrange(0, 32768)  # lower half: no early SRTP rollover
         self._ts_origin = random.randrange(0, 1 << 32)
-        self._buffer = aiortc_internals.SrtpPacketBuffer()
+        self._buffer = srtp.SrtpPacketBuffer()
         self._srtp: pylibsrtp.Session | None = None
         self._srtp_handle: Any = None
         master = config.srtp_master()
@@ -118,7 +115,7 @@ class RtpRelay:
             policy = pylibsrtp.Policy(key=master, ssrc_type=pylibsrtp.Policy.SSRC_ANY_OUTBOUND,
                                       srtp_profile=pylibsrtp.Policy.SRTP_PROFILE_AES128_CM_SHA1_80)
             self._srtp = pylibsrtp.Session(policy)
-            self._srtp_handle = aiortc_internals.srtp_handle(self._srtp)
+            self._srtp_handle = srtp.srtp_handle(self._srtp)
         self._last_ts = 0
         self._last_send_monotonic = 0.0
         self._next_sr = 0.0
@@ -305,8 +302,8 @@ class RtpRelay:
         last = len(payloads) - 1
         pt, ssrc, seq = self.payload_type, self.ssrc, self._seq
         handle = self._srtp_handle
-        protect = aiortc_internals.srtp_protect_in_place
-        ok = aiortc_internals.SRTP_OK
+        protect = srtp.srtp_protect_in_place
+        ok = srtp.SRTP_OK
         sendto = sock.sendto
         pack_into = _HEADER.pack_into
         target = self.target

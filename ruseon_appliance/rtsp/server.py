@@ -35,7 +35,6 @@ from urllib.parse import unquote, urlsplit
 from ruseon_appliance.access.policy import Access, rtsp_access
 from ruseon_appliance.access.throttle import FailureThrottle
 from ruseon_appliance.config import RtspConfig
-from ruseon_appliance.engine.fanout import Fanout
 from ruseon_appliance.listening import bind_every_host
 from ruseon_appliance.relay.sdp import parameter_sets
 from ruseon_appliance.rtsp.auth import RtspAuth
@@ -51,6 +50,7 @@ from ruseon_appliance.rtsp.message import (
 )
 from ruseon_appliance.rtsp.sdp import TRACK_CONTROL, describe_sdp
 from ruseon_appliance.rtsp.session import TCP_BUFFER_LIMIT, RtspFeed, RtspSession
+from ruseon_appliance.stream.fanout import Fanout
 from ruseon_appliance.tasks import cancel_and_wait
 
 if TYPE_CHECKING:

@@ -36,19 +36,12 @@ from typing import Any, Literal, Protocol
 
 from ruseon_appliance.capture.h264 import StreamInfo
 from ruseon_appliance.capture.ring import FrameView
-from ruseon_appliance.engine.fanout import (
-    GSO_MAX_BYTES,
-    GSO_MAX_SEGMENTS,
-    GSO_REFUSED,
-    JOIN_PACE_BYTES,
-    JOIN_PACE_S,
-    UDP_SEGMENT,
-    Fanout,
-    PacketizedFrame,
-    rtcp_feedback,
-    sender_report,
-)
-from ruseon_appliance.engine.track import VideoFeed, ViewerCursor
+from ruseon_appliance.stream.cursor import VideoFeed, ViewerCursor
+from ruseon_appliance.stream.fanout import Fanout
+from ruseon_appliance.stream.gso import GSO_MAX_BYTES, GSO_MAX_SEGMENTS, GSO_REFUSED, UDP_SEGMENT
+from ruseon_appliance.stream.history import PacketizedFrame
+from ruseon_appliance.stream.pacing import JOIN_PACE_BYTES, JOIN_PACE_S
+from ruseon_appliance.stream.rtcp import rtcp_feedback, sender_report
 
 logger = logging.getLogger(__name__)
 

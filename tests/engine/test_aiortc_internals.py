@@ -142,31 +142,6 @@ def test_fanout_internals() -> None:
     assert "await recipient._handle_rtcp_packet(packet)" in dtls
 
 
-def test_pylibsrtp_in_place_protection() -> None:
-    """The fan-out protects in place through pylibsrtp's binding; same bytes as protect()."""
-    import os
-
-    import pylibsrtp
-
-    assert pylibsrtp.__version__ == aiortc_internals.PYLIBSRTP_VERSION
-    key = os.urandom(30)
-
-    def session() -> pylibsrtp.Session:
-        policy = pylibsrtp.Policy(key=key, ssrc_type=pylibsrtp.Policy.SSRC_ANY_OUTBOUND)
-        return pylibsrtp.Session(policy)
-
-    packet = bytes([0x80, 102, 0, 1, 0, 0, 0, 5, 0, 0, 0, 7]) + os.urandom(1000)
-    expected = session().protect(packet)
-    buffer = aiortc_internals.SrtpPacketBuffer()
-    buffer.view[:len(packet)] = packet
-    buffer.length[0] = len(packet)
-    sender = session()  # must outlive the handle: the handle is only a pointer into it
-    rc = aiortc_internals.srtp_protect_in_place(
-        aiortc_internals.srtp_handle(sender), buffer.cdata, buffer.length)
-    assert rc == aiortc_internals.SRTP_OK
-    assert bytes(buffer.view[:buffer.length[0]]) == expected
-
-
 def test_reference_cycle_break_points() -> None:
     """What :func:`aiortc_internals.break_reference_cycles` clears must still exist (and the
     cycles it cuts still be made the way it assumes)."""

@@ -35,7 +35,7 @@ from ruseon_appliance.engine import Engine, aiortc_internals
 from ruseon_appliance.engine.aiortc_internals import MuxStunProtocol
 from ruseon_appliance.engine.fanout import FanoutViewer
 from ruseon_appliance.engine.session import WhepSession
-from ruseon_appliance.engine.track import ViewerCursor
+from ruseon_appliance.stream.cursor import ViewerCursor
 from tests.engine.conftest import connect_viewer, wait_for
 
 CYCLES = 20

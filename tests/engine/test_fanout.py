@@ -31,9 +31,10 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from ruseon_appliance.capture.pipeline import CapturePipeline
 from ruseon_appliance.capture.stamp import read_stamp
 from ruseon_appliance.engine import Engine, aiortc_internals
-from ruseon_appliance.engine import fanout as fanout_module
 from ruseon_appliance.engine.fanout import FanoutViewer
-from ruseon_appliance.engine.track import ViewerCursor
+from ruseon_appliance.stream import fanout as fanout_module
+from ruseon_appliance.stream import pacing
+from ruseon_appliance.stream.cursor import ViewerCursor
 from tests.datagram_loss import LOSS_HOOK, segment_udp_in_software
 from tests.engine.conftest import wait_for
 
@@ -403,7 +404,7 @@ async def test_joining_late_in_a_gop_of_a_file_source_sends_the_gop_paced(
     a still picture until the next IDR, it gets the whole GOP so far, paced, and decodes every
     picture of it before the camera delivers anything new: motion at once."""
     # Small slices, so the burst is paced over many of them even at 320x240.
-    monkeypatch.setattr(fanout_module, "JOIN_PACE_BYTES", 2000)
+    monkeypatch.setattr(pacing, "JOIN_PACE_BYTES", 2000)
     async with gop_engine(tmp_path, preload=25) as (camera, feed, engine):
         assert feed.source_kind == "file"
         v = await connect(engine)
@@ -413,7 +414,7 @@ async def test_joining_late_in_a_gop_of_a_file_source_sends_the_gop_paced(
             # but the last frame, which aiortc's jitter buffer releases when the next begins).
             await wait_for(lambda: len(v.frames) + v.unstamped >= 25, timeout=20)
             assert viewer.cursor.join_mode == "catch-up-gop"
-            assert viewer.cursor.burst_ticks_per_byte == fanout_module.JOIN_TICKS_PER_BYTE
+            assert viewer.cursor.burst_ticks_per_byte == pacing.JOIN_TICKS_PER_BYTE
             assert viewer.frames_sent == 26 and viewer.cursor.frames_skipped == 0
             assert viewer.join_slices > 3 and viewer.keyframe_skips == 0
             camera.go.set()
@@ -434,7 +435,7 @@ def test_join_burst_timestamps_follow_the_pacing() -> None:
     sizes = [30_000, 6_000, 9_000, 10, 12_000]
     squeezed = ViewerCursor.burst_stamps(900_000, sizes, 0.0)
     assert squeezed == [899_996, 899_997, 899_998, 899_999, 900_000]
-    per_byte = fanout_module.JOIN_TICKS_PER_BYTE
+    per_byte = pacing.JOIN_TICKS_PER_BYTE
     # 32 KiB every 5 ms: 450 ticks (5 ms at 90 kHz) per 32 KiB.
     assert per_byte == pytest.approx(450 / 32_768)
     stamps = ViewerCursor.burst_stamps(900_000, sizes, per_byte)
@@ -580,7 +581,7 @@ async def test_a_consumer_failing_on_every_frame_is_counted_not_logged_each_time
         engine.fanout.add_consumer(broken)
         start = len(viewer.frames)
         began = time.monotonic()
-        with caplog.at_level(logging.ERROR, logger="ruseon_appliance.engine.fanout"):
+        with caplog.at_level(logging.ERROR, logger="ruseon_appliance.stream.fanout"):
             await wait_for(lambda: broken.calls >= 30 and len(viewer.frames) >= start + 30,
                            timeout=40)
         engine.fanout.remove_consumer(broken)

@@ -167,7 +167,7 @@ def test_a_refresh_replays_the_gop_after_what_was_sent(max_bytes: int) -> None:
     """The cursor's refresh: the newest keyframe and the frames since, stamped strictly after
     what the viewer already has and before the next live frame; with a GOP over the byte bound
     the keyframe alone, then nothing until the next keyframe. The source is never asked."""
-    from ruseon_appliance.engine.track import ViewerCursor
+    from ruseon_appliance.stream.cursor import ViewerCursor
 
     feed = RingFeed()
     cursor: ViewerCursor[bytes] = ViewerCursor(

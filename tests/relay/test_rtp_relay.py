@@ -32,8 +32,8 @@ from ruseon_appliance.config import (
     StateConfig,
     WebRtcConfig,
 )
-from ruseon_appliance.engine.fanout import Fanout
 from ruseon_appliance.relay import RtpRelay
+from ruseon_appliance.stream.fanout import Fanout
 from tests.relay.conftest import RtpReceiver, wait_for
 from tests.tooling import free_port, require_tool
 from tests.web.conftest import admin_of

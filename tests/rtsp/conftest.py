@@ -15,8 +15,8 @@ import pytest
 
 from ruseon_appliance.capture.pipeline import CapturePipeline
 from ruseon_appliance.config import CameraConfig, HostPort, RtspConfig
-from ruseon_appliance.engine.fanout import Fanout
 from ruseon_appliance.rtsp import RtspServer, RtspSource
+from ruseon_appliance.stream.fanout import Fanout
 
 FPS = 30
 

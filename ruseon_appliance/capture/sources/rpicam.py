@@ -5,7 +5,7 @@ For boards where picamera2 is not importable but rpicam-apps are installed. stdo
 restarted with exponential backoff. A running ``rpicam-vid`` cannot be asked for an IDR, and a
 keyframe request no longer restarts it (that froze every viewer, split the recording and put a
 discontinuity into HLS, for one viewer's PLI): ``keyframes_on_demand`` is False, so the engine
-answers a viewer's PLI/FIR for that viewer alone from the ring (``engine/track.py``).
+answers a viewer's PLI/FIR for that viewer alone from the ring (``stream/cursor.py``).
 
 Two encoder paths, as rpicam-apps chooses them (``encoder/encoder.cpp``, ``h264_codec_select``):
 - VC4 boards (Pi 4, 3, Zero 2 W): the V4L2 hardware encoder; ``--inline`` repeats SPS/PPS before

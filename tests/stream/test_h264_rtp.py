@@ -7,7 +7,7 @@ from pathlib import Path
 from aiortc.codecs.h264 import H264Encoder, h264_depayload
 
 from ruseon_appliance.capture.h264 import AccessUnitSplitter
-from ruseon_appliance.engine.h264_rtp import PACKET_MAX, equal_runs, fragment_fu_a, packetize
+from ruseon_appliance.stream.h264_rtp import PACKET_MAX, equal_runs, fragment_fu_a, packetize
 
 DATA = Path(__file__).resolve().parent.parent / "capture" / "data" / "cam_320x240_baseline.h264"
 

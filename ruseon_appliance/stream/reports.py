@@ -1,0 +1,98 @@
+"""RTCP reports for one sent stream: the sender-report generator (what was sent, NTP/RTP time
+of now) and the receiver-report statistics (loss, jitter, round-trip time, REMB) the peer sends
+back."""
+
+from __future__ import annotations
+
+import random
+
+from ruseon_appliance.stream.rtcp import ntp_now, sender_report_at
+
+# Sender report interval (randomised 0.5-1.5x, as RFC 3550 asks).
+SR_INTERVAL_S = 1.0
+# Sender reports remembered for matching receiver reports' LSR (round-trip time).
+SR_REMEMBERED = 8
+
+
+class SenderReports:
+    """Counts what one SSRC sent and writes its sender reports (+ SDES CNAME).
+
+    The sender tells it what went out once per service call (:meth:`sent`), not per packet;
+    the SR's RTP timestamp is the last one sent, advanced by the wall time since at 90 kHz.
+    """
+
+    def __init__(self, ssrc: int = 0, cname: str = "") -> None:
+        self.ssrc = ssrc
+        self.cname = cname
+        self.packets_sent = 0
+        self.octets_sent = 0  # payload octets, as RTCP SR counts them
+        self._last_ts = 0
+        self._last_send_monotonic = 0.0
+        self._next = 0.0
+        self._sent_at: dict[int, float] = {}  # middle 32 bits of an SR's NTP time -> when
+        self.reports_sent = 0
+
+    def sent(self, packets: int, octets: int, timestamp: int, now: float) -> None:
+        """``packets`` carrying ``octets`` of payload went out, the last stamped ``timestamp``."""
+        self.packets_sent += packets
+        self.octets_sent += octets
+        self._last_ts = timestamp
+        self._last_send_monotonic = now
+
+    def first_due(self, at: float) -> None:
+        """The first report is due at ``at`` (an early one: RTT and sync from the start)."""
+        self._next = at
+
+    def due(self, now: float) -> bool:
+        """True (and the next one scheduled) when a report is due; none before media."""
+        if now < self._next or not self.packets_sent:
+            return False
+        self._next = now + SR_INTERVAL_S * (0.5 + random.random())
+        return True
+
+    def report(self, now: float) -> tuple[bytes, int]:
+        """A sender report + SDES CNAME for now, and its NTP time (for :meth:`sent_report`)."""
+        ntp = ntp_now()
+        rtp_ts = (self._last_ts + int((now - self._last_send_monotonic) * 90_000)) & 0xFFFFFFFF
+        return sender_report_at(ntp, self.ssrc, rtp_ts, self.packets_sent, self.octets_sent,
+                                self.cname), ntp
+
+    def sent_report(self, ntp: int, now: float) -> None:
+        """The report stamped ``ntp`` went out at ``now``."""
+        sent_at = self._sent_at
+        sent_at[(ntp >> 16) & 0xFFFFFFFF] = now
+        if len(sent_at) > SR_REMEMBERED:
+            del sent_at[next(iter(sent_at))]
+        self.reports_sent += 1
+
+    def sent_at(self, lsr: int) -> float | None:
+        """When the report a receiver report's LSR names went out (None: not one of ours, or
+        forgotten)."""
+        return self._sent_at.get(lsr) if lsr else None
+
+
+class ReceiverStats:
+    """What the peer's receiver reports and REMB say about one stream."""
+
+    def __init__(self) -> None:
+        self.reports = 0
+        self.rtt: float | None = None  # seconds, smoothed
+        self.fraction_lost = 0.0
+        self.packets_lost = 0
+        self.jitter_ms = 0.0
+        self.remb_bps: int | None = None
+
+    def report_block(self, fraction_lost: int, packets_lost: int, jitter: int, dlsr: int,
+                     sr_sent_at: float | None, now: float) -> None:
+        """One report block about our SSRC (``sr_sent_at``: when the SR it answers left)."""
+        self.reports += 1
+        self.fraction_lost = fraction_lost / 256
+        self.packets_lost = packets_lost
+        self.jitter_ms = jitter / 90
+        if sr_sent_at is not None:
+            rtt = max(0.0, now - sr_sent_at - dlsr / 65536)
+            self.rtt = rtt if self.rtt is None else 0.85 * self.rtt + 0.15 * rtt
+
+    def remb(self, bitrate: int) -> None:
+        """The peer's receiver-estimated maximum bitrate for our stream."""
+        self.remb_bps = bitrate
