@@ -25,8 +25,6 @@ import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 from tests.e2e.test_recording_faults import Serve
 from tests.segmenter.stream import ffmpeg_errors, probe_frames
 from tests.tooling import require_root, require_tool
