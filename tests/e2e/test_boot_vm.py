@@ -17,9 +17,13 @@ applied the file (hostname, Wi-Fi keyfile, SSH key: a login with it works, and `
 admin-secret`` prints the secret the service made, which then opens an admin route),
 growfs grew the root partition and filesystem, ruseon.service is READY, the device page,
 ``/healthz``, ``/snapshot.jpg`` and HLS answer, an aiortc viewer decodes frames over WHEP, the
-boot partition is mounted read-only and NetworkManager is the network stack; at the end the
-ACPI power button shuts it down cleanly, the provisioning file is gone from the boot partition
-and its log is there. Boot times are printed and written to ``artifacts/boot-vm-amd64.json``,
+boot partition is mounted read-only and NetworkManager is the network stack. Then, recording
+continuously all along, its power is cut (qemu SIGKILLed; the disk has no host cache) at random
+moments of an open segment, ``POWER_CUTS`` times in a row, and it boots again each time: nothing
+closed is lost, the open segment loses at most ``recording.sync_interval_s`` and a fragment,
+the root file system needed only its journal replay and the boot partition is not dirty. At the
+end the ACPI power button shuts it down cleanly, the provisioning file is gone from the boot
+partition and its log is there. Boot times are printed and written to ``artifacts/boot-vm-amd64.json``,
 never asserted (a shared machine; emulation).
 
 Inside-the-guest facts come from a report unit the test passes as a systemd credential (see
