@@ -1,7 +1,10 @@
 """The disk side of recording: every file operation runs on one worker thread, in order.
 
 The event loop only hands over whole batches of fragments (large sequential writes, no fsync per
-frame); a segment is fsynced once, when it is closed, before it is renamed to its final name.
+frame). While a segment is open, a batch can ask for ``fdatasync`` after it is written
+(``recording.sync_interval_s``: whole fragments become durable every few seconds, so a power cut
+loses seconds, not the open segment); a segment is fsynced when it is closed, before it is
+renamed to its final name.
 """
 
 from __future__ import annotations
@@ -44,9 +47,11 @@ class SegmentFile:
         self.init_size = 0
         self.failed: OSError | None = None
         self.closed = False
+        self._dir_synced = False  # the .part's directory entry is durable
 
-    def append(self, data: bytes, *, init: bool = False) -> None:
-        """Write ``data`` at the end; raises OSError (once) when the disk refuses it."""
+    def append(self, data: bytes, *, init: bool = False, sync: bool = False) -> None:
+        """Write ``data`` at the end (and with ``sync``, make everything written so far
+        durable); raises OSError (once) when the disk refuses it."""
         if self.failed is not None:
             return
         try:
@@ -58,6 +63,8 @@ class SegmentFile:
             while view:
                 n = os.write(self._fd, view)
                 view = view[n:]
+            if sync:
+                self._sync(self._fd)
         except OSError as exc:
             self.failed = exc
             if self._fd is not None:
@@ -70,6 +77,19 @@ class SegmentFile:
         self.good += len(data)
         if init:
             self.init_size = self.good
+
+    def sync(self) -> None:
+        """Make what was written so far durable (nothing to do before the first write)."""
+        if self._fd is not None:
+            self.append(b"", sync=True)
+
+    def _sync(self, fd: int) -> None:
+        # fdatasync: the data and the size, not the times (one journal commit, no inode
+        # time update). The directory entry of the new .part once, so the file itself is there.
+        os.fdatasync(fd)
+        if not self._dir_synced:
+            fsync_dir(self.part.parent)
+            self._dir_synced = True
 
     def rename(self, part: Path, final: Path) -> bool:
         """Give the segment new names (its start was re-timed): the ``.part`` while it is

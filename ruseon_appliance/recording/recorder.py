@@ -4,9 +4,12 @@ Modes: continuous (from start-up) and on demand (:meth:`Recorder.begin` / :meth:
 behind ``POST /api/recording/start|stop``). An on-demand recording begins with the ring's last
 ``preroll_s`` seconds, from a keyframe. Segments are cut at the first IDR after ``segment_s``.
 The event loop only segments (a few µs per access unit) and batches; files are written by one
-worker thread in large sequential writes. A full or read-only disk stops writing with a clear
-state and one journal line; the live view does not notice, and recording resumes by itself
-once the disk takes data again.
+worker thread in large sequential writes. Every ``sync_interval_s`` the batch written is followed
+by ``fdatasync`` on that thread, so whole fragments of the open segment are durable within
+seconds: a power cut loses at most that interval (and the fragment being built), and start-up
+cuts the ``.part`` back to its last whole fragment (:meth:`Archive.repair`). A full or read-only
+disk stops writing with a clear state and one journal line; the live view does not notice, and
+recording resumes by itself once the disk takes data again.
 
 Time (a board without a real-time clock, see ``clock.py``): a segment is placed at the wall time
 of its first frame, but never before the end of what is already recorded: a clock behind the
@@ -84,6 +87,9 @@ class RecorderSettings:
     preroll_s: float = 5.0
     max_bytes: int = 0
     max_age_s: float = 0.0
+    # Whole fragments of the open segment are made durable (fdatasync) at least this often;
+    # 0: only when the segment closes.
+    sync_interval_s: float = 5.0
 
 
 @dataclass
@@ -102,6 +108,8 @@ class _OpenSegment:
     pending_bytes: int = 0
     pending_ticks: int = 0
     last_submit: float = field(default_factory=time.monotonic)
+    last_sync: float = field(default_factory=time.monotonic)  # when a sync was last asked for
+    unsynced: bool = False  # batches were written since then
     written_bytes: int = 0
     written_ticks: int = 0
     has_init: bool = False
@@ -151,6 +159,7 @@ class Recorder:
         self.started_at: float | None = None
         self.bytes_written = 0
         self.writes = 0
+        self.syncs = 0
         self.segments_closed = 0
         self.segments_repaired = 0
         self.segments_set_aside = 0
@@ -331,7 +340,8 @@ class Recorder:
             cur.pending_ticks += f.duration
             cur.media_ticks += f.duration
             cur.next_pts = f.start_pts + f.duration
-            if cur.pending_bytes >= BATCH_BYTES or now - cur.last_submit >= FLUSH_INTERVAL_S:
+            if (cur.pending_bytes >= BATCH_BYTES or now - cur.last_submit >= FLUSH_INTERVAL_S
+                    or self._sync_due(cur, now)):
                 self._submit(cur)
 
     def _open_segment(self, first: Fragment, init: bytes) -> _OpenSegment:
@@ -439,18 +449,32 @@ class Recorder:
             future.add_done_callback(self._inflight.discard)
             future.add_done_callback(renamed)
 
+    def _sync_due(self, cur: _OpenSegment, now: float) -> bool:
+        """Whether the open segment has data that is not durable and its sync interval is up."""
+        interval = self.settings.sync_interval_s
+        return (interval > 0 and (bool(cur.pending) or cur.unsynced)
+                and now - cur.last_sync >= interval)
+
     def _submit(self, cur: _OpenSegment) -> None:
-        cur.last_submit = time.monotonic()
+        now = time.monotonic()
+        sync = self._sync_due(cur, now)
+        cur.last_submit = now
+        if sync:
+            cur.last_sync, cur.unsynced = now, False
         if not cur.pending:
+            if sync:  # written already, not yet durable
+                self._track(self._disk_call(cur.file.sync),
+                            lambda ok: self._written(cur, ok, 0, 0, synced=True))
             return
         data = b"".join(cur.pending)
         ticks = cur.pending_ticks
         cur.pending, cur.pending_bytes, cur.pending_ticks = [], 0, 0
-        self._track(self._disk_call(cur.file.append, data),
-                    lambda ok: self._written(cur, ok, len(data), ticks))
+        cur.unsynced = cur.unsynced or not sync
+        self._track(self._disk_call(cur.file.append, data, sync=sync),
+                    lambda ok: self._written(cur, ok, len(data), ticks, synced=sync))
 
     def _written(self, cur: _OpenSegment, error: BaseException | None, size: int,
-                 ticks: int) -> None:
+                 ticks: int, *, synced: bool = False) -> None:
         if error is not None:
             # Whether or not that segment is still the open one (a batch is often written as
             # its segment closes), the disk refused data: stop until it takes data again.
@@ -461,6 +485,10 @@ class Recorder:
             if current is not None:
                 current.pending.clear()
                 self._close_segment(current)
+            return
+        if synced:
+            self.syncs += 1
+        if not size:
             return
         cur.written_bytes += size
         cur.written_ticks += ticks
@@ -550,7 +578,9 @@ class Recorder:
             # Synchronized since (without a step, or just after one): their times were right.
             self._retime_run()
         cur = self._current
-        if cur is not None and cur.pending and now - cur.last_submit >= FLUSH_INTERVAL_S:
+        flush = cur is not None and bool(cur.pending) and (
+            now - cur.last_submit >= FLUSH_INTERVAL_S)
+        if cur is not None and (flush or self._sync_due(cur, now)):
             self._submit(cur)
         self._disk_free = await loop.run_in_executor(self._disk, free_bytes,
                                                      self.settings.directory)
@@ -689,6 +719,7 @@ class Recorder:
             "write_bytes_per_s": round(self.write_rate(), 1),
             "bytes_written_total": self.bytes_written,
             "writes_total": self.writes,
+            "syncs_total": self.syncs,
             "segments_closed_total": self.segments_closed,
             "segments_repaired_total": self.segments_repaired,
             "segments_set_aside_total": self.segments_set_aside,
@@ -699,6 +730,7 @@ class Recorder:
             "fragments_dropped_total": self.fragments_dropped,
             "disk_free_bytes": self._disk_free if self._disk_free is not None else -1,
             "segment_s": self.settings.segment_s,
+            "sync_interval_s": self.settings.sync_interval_s,
             "preroll_s": self.settings.preroll_s,
             "max_bytes": self.settings.max_bytes,
             "max_age_s": self.settings.max_age_s,

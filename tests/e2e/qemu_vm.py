@@ -78,6 +78,9 @@ section resolv; cat /etc/resolv.conf
 section network; nmcli -t -f DEVICE,TYPE,STATE device
 section ssh; systemctl is-active ssh.service
 section hostkey; cat /etc/ssh/ssh_host_ed25519_key.pub
+section fsck; journalctl -b -o cat --no-pager -u systemd-fsck-root.service
+cat /run/initramfs/fsck.log 2>/dev/null
+section ext4; journalctl -k -b -o cat --no-pager | grep 'EXT4-fs'
 section end
 """
 REPORT_UNIT = """[Unit]

@@ -17,10 +17,14 @@ applied the file (hostname, Wi-Fi keyfile, SSH key: a login with it works, and `
 admin-secret`` prints the secret the service made, which then opens an admin route),
 growfs grew the root partition and filesystem, ruseon.service is READY, the device page,
 ``/healthz``, ``/snapshot.jpg`` and HLS answer, an aiortc viewer decodes frames over WHEP, the
-boot partition is mounted read-only and NetworkManager is the network stack; at the end the
-ACPI power button shuts it down cleanly, the provisioning file is gone from the boot partition
-and its log is there. Boot times are printed and written to ``artifacts/boot-vm-amd64.json``,
-never asserted (a shared machine; emulation).
+boot partition is mounted read-only and NetworkManager is the network stack. Then, recording
+continuously all along, its power is cut (qemu SIGKILLed; the disk has no host cache) at random
+moments of an open segment, ``POWER_CUTS`` times in a row, and it boots again each time: nothing
+closed is lost, the open segment loses at most ``recording.sync_interval_s`` and a fragment,
+the root file system needed only its journal replay and the boot partition is not dirty. At the
+end the ACPI power button shuts it down cleanly, the provisioning file is gone from the boot
+partition and its log is there. Boot times are printed and written to
+``artifacts/boot-vm-amd64.json``, never asserted (a shared machine; emulation).
 
 Inside-the-guest facts come from a report unit the test passes as a systemd credential (see
 tests/e2e/qemu_vm.py); the image is not modified for the test.
@@ -29,8 +33,10 @@ tests/e2e/qemu_vm.py); the image is not modified for the test.
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import json
 import os
+import random
 import re
 import shutil
 import socket
@@ -38,6 +44,7 @@ import subprocess
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -49,6 +56,7 @@ import pytest
 from tests import background_prepare
 from tests.e2e import nspawn, qemu_vm
 from tests.e2e.whep_viewer import watch
+from tests.segmenter.stream import ffmpeg_errors, probe_frames
 from tests.tooling import IN_CI, free_port, require_root
 
 PREPARE = "disk-amd64"
@@ -61,6 +69,15 @@ WIFI_SSID = "Test Net 5"
 WIFI_PSK = "correct horse battery staple"
 IMAGE_USER = "pi"
 GROW_BY = 1 << 30
+# Power cuts while recording (continuous, segments of SEGMENT_S): how many in a row (each one
+# is a boot, a few minutes under emulation), and the slack on "a cut loses at most
+# sync_interval_s and a fragment": between a fragment's arrival and its fdatasync reaching the
+# disk, on an emulated machine sharing 2 cores.
+SEGMENT_S = 20
+POWER_CUTS = int(os.environ.get("RUSEON_VM_POWER_CUTS", "2"))
+FRAGMENT_S = 1.0  # recording/recorder.py FRAGMENT_S
+CUT_SLACK_S = 3.0
+RECORD_DIR = "/var/lib/ruseon/recordings"
 # Under emulation on a loaded 2-core machine the boot took up to a few minutes.
 BOOT_TIMEOUT_S = 900.0
 
@@ -102,6 +119,10 @@ keyframe_interval = 15
 [webrtc]
 listen = "0.0.0.0:{rtc_port}"
 advertise = ["127.0.0.1"]
+
+[recording]
+continuous = true
+segment_s = {SEGMENT_S}
 """
 
 
@@ -184,6 +205,19 @@ def parse_span(text: str) -> float:
     return total
 
 
+def wait_booted(machine: qemu_vm.Machine, http_port: int) -> tuple[dict[str, str], float]:
+    """The machine's report once it has booted, and how long /healthz took to answer."""
+    deadline = time.monotonic() + BOOT_TIMEOUT_S
+    healthz_s = float("nan")
+    while time.monotonic() < deadline and machine.running():
+        with contextlib.suppress(OSError):
+            if http_get(f"http://127.0.0.1:{http_port}/healthz", timeout=5)[0] == 200:
+                healthz_s = time.monotonic() - machine.started
+                break
+        time.sleep(1)
+    return machine.wait_report(max(60.0, deadline - time.monotonic())), healthz_s
+
+
 @pytest.fixture(scope="module")
 def booted() -> Iterator[Booted]:
     image_dir = require_vm_bench()
@@ -214,15 +248,7 @@ def booted() -> Iterator[Booted]:
               + ("unrestricted inside this loopback-only network namespace" if isolated
                  else "restrict=on (not in an isolated namespace: no UDP from the guest)"),
               flush=True)
-        deadline = time.monotonic() + BOOT_TIMEOUT_S
-        healthz_s = float("nan")
-        while time.monotonic() < deadline and machine.running():
-            with contextlib.suppress(OSError):
-                if http_get(f"http://127.0.0.1:{http_port}/healthz", timeout=5)[0] == 200:
-                    healthz_s = time.monotonic() - machine.started
-                    break
-            time.sleep(1)
-        report = machine.wait_report(max(60.0, deadline - time.monotonic()))
+        report, healthz_s = wait_booted(machine, http_port)
         timings = boot_timings(report, healthz_s)
         print(f"[boot-vm] {ARCH} boot times: {json.dumps(timings)}", flush=True)
         print(f"[boot-vm] systemd-analyze: {report['analyze'].splitlines()[0]}", flush=True)
@@ -231,8 +257,10 @@ def booted() -> Iterator[Booted]:
         (artifacts / f"boot-vm-{ARCH}.json").write_text(
             json.dumps({"accel": accel, **timings, "blame": report.get("blame", ""),
                         "critical_chain": report.get("chain", "")}, indent=2) + "\n")
-        yield Booted(machine, work, report, http_port, ssh_port, key, root_size_before, accel,
-                     timings)
+        result = Booted(machine, work, report, http_port, ssh_port, key, root_size_before,
+                        accel, timings)
+        yield result
+        machine = result.machine  # the power-cut test boots the disk again (new machines)
     finally:
         if machine is not None:
             machine.kill()
@@ -356,6 +384,180 @@ def test_boot_partition_read_only_and_network_manager_the_stack(booted: Booted) 
         assert "No such file" not in report["resolv"], report["resolv"]
 
 
+# -- power cuts while recording ------------------------------------------------------------------
+
+
+def guest(booted: Booted, command: str, timeout: float = 120) -> str:
+    result = ssh(booted, command, timeout)
+    assert result.returncode == 0, (command, result.stderr)
+    return result.stdout
+
+
+def guest_bytes(booted: Booted, path: str) -> bytes:
+    """A root-only file of the guest (``sudo cat`` over SSH)."""
+    result = subprocess.run(
+        ["ssh", "-i", str(booted.ssh_key), "-p", str(booted.ssh_port), "-o", "BatchMode=yes",
+         "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+         "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=30", f"{IMAGE_USER}@127.0.0.1",
+         f"sudo -n cat {path}"], capture_output=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def guest_clock_offset(booted: Booted) -> tuple[float, float]:
+    """(guest wall clock - host wall clock, its uncertainty) in seconds: ``date`` over SSH ran
+    somewhere between sending and the answer; the tightest of three."""
+    best = (0.0, float("inf"))
+    for _ in range(3):
+        sent = time.time()
+        guest_now = float(guest(booted, "date +%s.%N"))
+        answered = time.time()
+        if (answered - sent) / 2 < best[1]:
+            best = (guest_now - (sent + answered) / 2, (answered - sent) / 2)
+    return best
+
+
+def recordings(booted: Booted) -> tuple[list[str], dict[str, str], list[str]]:
+    """The guest's archive: file names, sha256 of the closed segments, what was set aside."""
+    out = guest(booted, f"sudo -n sh -c 'cd {RECORD_DIR} && ls -1 && echo == && "
+                        "sha256sum -- *.mp4 && echo == && ls -1 set-aside 2>/dev/null; true'")
+    names, sums, aside = out.split("==\n")
+    digests = {line.split()[1]: line.split()[0] for line in sums.splitlines()}
+    return names.split(), digests, aside.split()
+
+
+def segment_start(name: str) -> dt.datetime:
+    stamp = name.removesuffix(".part").removesuffix(".mp4").removesuffix("~uncertain")
+    return dt.datetime.strptime(stamp, "%Y-%m-%d_%H-%M-%S-%f").replace(tzinfo=dt.UTC)
+
+
+def recording_state(booted: Booted) -> dict[str, object]:
+    status, body, _ = http_get(booted.url + "/api/recording", timeout=30)
+    assert status == 200, body[:300]
+    state: dict[str, object] = json.loads(body)
+    return state
+
+
+def assert_listed_and_clipable(booted: Booted, names: list[str]) -> None:
+    """Each closed segment is in /recordings/list and a clip from its start decodes."""
+    status, body, _ = http_get(booted.url + "/recordings/list", timeout=30)
+    assert status == 200, body[:300]
+    ranges = [(dt.datetime.fromisoformat(r["start"]),
+               dt.datetime.fromisoformat(r["start"]) + dt.timedelta(seconds=r["duration"]))
+              for r in json.loads(body)]
+    for name in names:
+        start = segment_start(name)
+        assert any(lo <= start < hi for lo, hi in ranges), (name, ranges)
+        status, clip, _ = http_get(booted.url + "/recordings/get?" + urllib.parse.urlencode(
+            {"start": start.strftime("%Y-%m-%dT%H:%M:%S.%fZ"), "duration": "3"}), timeout=60)
+        assert status == 200, (name, clip[:300])
+        path = booted.work / "clip.mp4"
+        path.write_bytes(clip)
+        assert ffmpeg_errors(path) == "", name
+        # Pictures from its first keyframe on (how many: the emulated camera on a loaded machine
+        # makes a few per second, not the 15 it is set to).
+        frames = probe_frames(path)
+        assert frames and frames[0][0], (name, frames)
+
+
+def test_power_cuts_while_recording_lose_seconds_and_nothing_closed(booted: Booted) -> None:
+    """The recording machine's power is cut (qemu SIGKILLed, its disk without a host cache) at
+    a random moment of an open segment, POWER_CUTS times in a row, and it boots again each time:
+    the boot partition is not dirty, the root file system needed only its journal replay, no
+    unit failed and the service is READY; every segment closed before the cut is there
+    unchanged, listed and clip-able; the one open at the cut was repaired (or set aside) and
+    counted, and what it kept ends at most sync_interval_s and a fragment before the cut."""
+    # What a clean boot's report says of the root file system (what the cuts' boots must match).
+    assert re.search(r"clean, \d+/\d+ files", booted.report["fsck"]), booted.report["fsck"]
+    assert "EXT4-fs error" not in booted.report["ext4"], booted.report["ext4"]
+    state = recording_state(booted)
+    assert state["state"] == "recording" and state["segment_s"] == SEGMENT_S, state
+    interval = float(state["sync_interval_s"])  # type: ignore[arg-type]
+    assert interval > 0, state
+    closed: dict[str, str] = {}  # every closed segment seen so far -> sha256
+    checked: set[str] = set()
+    figures = []
+    for cut in range(1, POWER_CUTS + 1):
+        names, sums, _ = recordings(booted)
+        for name, digest in closed.items():
+            assert sums.get(name) == digest, f"{name} changed or went away"
+        closed.update(sums)
+        assert_listed_and_clipable(booted, sorted(set(sums) - checked))
+        checked |= set(sums)
+        parts = [n for n in names if n.endswith(".mp4.part")]
+        assert len(parts) == 1, names
+        offset, uncertainty = guest_clock_offset(booted)
+        # A random moment of an open segment, past the point where a lost sync would show: of
+        # this one, or (when it is too old already) of the next.
+        age = random.uniform(interval + FRAGMENT_S + CUT_SLACK_S + 2 * uncertainty + 1,
+                             SEGMENT_S - 1.5)
+        opened = segment_start(parts[0]).timestamp() - offset  # host clock
+        cut_at = opened + age
+        if cut_at < time.time() + 2:
+            cut_at = opened + ((time.time() + 2 - opened) // SEGMENT_S + 1) * SEGMENT_S + 1 + age
+        time.sleep(max(0.0, cut_at - 3 - time.time()))
+        syncs = recording_state(booted)["syncs_total"]
+        time.sleep(max(0.0, cut_at - time.time()))
+        cut_host = time.time()
+        booted.machine.kill()
+        cut_guest = dt.datetime.fromtimestamp(cut_host + offset, dt.UTC)
+        assert_fat_clean(booted.machine.disk, booted.work)
+
+        machine = qemu_vm.Machine(booted.machine.disk, booted.work, arch=ARCH,
+                                  tcp={8080: booted.http_port, 22: booted.ssh_port},
+                                  restrict=booted.machine.restrict)
+        booted.machine = machine
+        machine.start()
+        report, healthz_s = wait_booted(machine, booted.http_port)
+        assert report["state"] == "running" and report["failed"] == "", report
+        assert "ActiveState=active" in report["ruseon"] and "NRestarts=0" in report["ruseon"]
+        # The root file system: its journal was replayed (by the kernel's mount, or by an
+        # initramfs fsck), then the boot's fsck found it clean; no ext4 error since.
+        assert ("recovery complete" in report["ext4"]
+                or "recovering journal" in report["fsck"]), (report["ext4"], report["fsck"])
+        assert "EXT4-fs error" not in report["ext4"], report["ext4"]
+        assert re.search(r"clean, \d+/\d+ files", report["fsck"]), report["fsck"]
+
+        state = recording_state(booted)
+        assert state["segments_repaired_total"] + state["segments_set_aside_total"] == 1, state  # type: ignore[operator]
+        names, sums, aside = recordings(booted)
+        for name, digest in closed.items():
+            assert sums.get(name) == digest, f"{name} changed or went away after cut {cut}"
+        # The segment open at the cut: the newest one that started before it.
+        before = [n for n in [*sums, *aside] if segment_start(n) < cut_guest]
+        victim = max(before, key=segment_start)
+        if state["segments_repaired_total"]:
+            assert victim in sums and victim not in closed, (victim, sorted(sums))
+            data = guest_bytes(booted, f"{RECORD_DIR}/{victim}")
+            local = booted.work / "repaired.mp4"
+            local.write_bytes(data)
+            assert ffmpeg_errors(local) == "", victim
+            frames = probe_frames(local)
+            span = frames[-1][1] - frames[0][1]
+            end = segment_start(victim) + dt.timedelta(seconds=span * len(frames)
+                                                       / max(1, len(frames) - 1))
+            lost = (cut_guest - end).total_seconds()
+        else:
+            lost = (cut_guest - segment_start(victim)).total_seconds()
+        row = {"cut": cut, "open_segment_age_s": round((cut_guest - segment_start(victim))
+                                                      .total_seconds(), 1),
+               "lost_s": round(lost, 2), "clock_uncertainty_s": round(uncertainty, 2),
+               "syncs_before_cut": syncs, "repaired": state["segments_repaired_total"],
+               "set_aside": state["segments_set_aside_total"],
+               "qemu_start_to_healthz_s": round(healthz_s, 1)}
+        figures.append(row)
+        print(f"\n[power-cut] {json.dumps(row)}", flush=True)
+        assert state["segments_repaired_total"] == 1, (row, aside)
+        assert -0.5 - uncertainty <= lost <= (interval + FRAGMENT_S + CUT_SLACK_S
+                                              + uncertainty), row
+    (nspawn.REPO / "artifacts" / f"power-cut-vm-{ARCH}.json").write_text(
+        json.dumps({"sync_interval_s": interval, "segment_s": SEGMENT_S, "cuts": figures},
+                   indent=2) + "\n")
+    # What was closed before the last cut is still clip-able after it.
+    names, sums, _ = recordings(booted)
+    assert_listed_and_clipable(booted, sorted(set(sums) - checked))
+
+
 def test_acpi_power_off_leaves_a_clean_boot_partition(booted: Booted) -> None:
     """Last: the power button shuts the machine down; the card then holds the first-boot log
     and no provisioning file (it had the Wi-Fi password)."""
@@ -367,14 +569,19 @@ def test_acpi_power_off_leaves_a_clean_boot_partition(booted: Booted) -> None:
     assert "applied" in log and HOSTNAME in log, log
     assert WIFI_PSK not in log
     assert {"EFI", "loader", "vmlinuz", "initrd.img"} <= set(files), sorted(files)
-    # The FAT is clean (fsck.fat -n exits 0 and reports no dirty bit).
+    assert_fat_clean(disk, booted.work)
+
+
+def assert_fat_clean(disk: Path, work: Path) -> None:
+    """The FAT boot partition is clean: ``fsck.fat -n`` exits 0 and reports no dirty bit."""
     start = qemu_vm.partitions(disk)[0]
-    fat = booted.work / "boot.fat"
+    fat = work / "boot.fat"
     with disk.open("rb") as src, fat.open("wb") as dst:
         src.seek(start.start)
         dst.write(src.read(start.size))
     fsck = subprocess.run(["fsck.fat", "-n", str(fat)], capture_output=True, text=True,
                           check=False)
+    fat.unlink()
     assert fsck.returncode == 0 and "dirty" not in fsck.stdout.lower(), fsck.stdout
 
 

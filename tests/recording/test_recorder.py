@@ -22,6 +22,7 @@ from ruseon_appliance.recording import Archive, ClipError, Recorder, RecorderSet
 from ruseon_appliance.recording import recorder as recorder_module
 from ruseon_appliance.recording.archive import OPEN_SUFFIX, SET_ASIDE_DIR
 from ruseon_appliance.recording.disk import SegmentFile
+from ruseon_appliance.recording.segment_file import read_segment
 from tests.segmenter.stream import Unit, encode, ffmpeg_errors, probe_frames
 
 FPS, GOP = 30, 15
@@ -191,6 +192,48 @@ async def test_a_crash_leaves_closed_segments_intact_and_the_open_one_repaired_o
     clip = write_clip(tmp_path, archive.segments, archive.segments[0].start_us,
                       archive.segments[-1].end_us)
     assert ffmpeg_errors(clip) == ""
+
+
+async def test_the_open_segment_is_made_durable_every_sync_interval_in_whole_fragments(
+        tmp_path: Path, units: list[Unit], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Frames in real time: with ``sync_interval_s`` 1, fdatasync runs on the open ``.part``
+    about every second, each time with the file ending on a whole fragment (what a power cut
+    then leaves needs no repair); with 0, never while it is open (only the fsync at close)."""
+    calls: list[tuple[str, int, int]] = []
+    real = os.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        real(fd)
+        name = os.readlink(f"/proc/self/fd/{fd}")
+        with open(f"/proc/self/fd/{fd}", "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            calls.append((name, size, read_segment(f, size).valid_end))
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+
+    async def paced(seconds: float, **settings: float) -> Recorder:
+        ring, recorder = await recording(tmp_path / str(settings), segment_s=60.0, **settings)
+        for u in units[:int(seconds * FPS)]:
+            ring.write(AccessUnit(u.data, u.pts, u.keyframe, u.capture_time_us))
+            await asyncio.sleep(1 / FPS)
+        return recorder
+
+    recorder = await paced(4.5, sync_interval_s=1.0)
+    open_syncs = list(calls)
+    stats = recorder.stats()
+    await recorder.end()
+    await recorder.stop()
+    assert len(open_syncs) >= 2, open_syncs
+    assert all(name.endswith(OPEN_SUFFIX) for name, _, _ in open_syncs), open_syncs
+    assert all(size == end for _, size, end in open_syncs), open_syncs  # whole fragments
+    sizes = [size for _, size, _ in open_syncs]
+    assert sizes == sorted(sizes) and sizes[-1] > sizes[0], sizes
+    assert stats["syncs_total"] == len(open_syncs) and stats["sync_interval_s"] == 1.0
+
+    calls.clear()
+    recorder = await paced(3.0, sync_interval_s=0.0)
+    assert calls == [] and recorder.stats()["syncs_total"] == 0
+    await recorder.end()
+    await recorder.stop()
 
 
 async def test_a_download_survives_retention_deleting_its_segments(
