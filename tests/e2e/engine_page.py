@@ -119,14 +119,30 @@ def mbit(text: str) -> float:
     return float(match.group(1)) * 1e6
 
 
-def assert_hls_stats_and_viewers(page: Any, server: Server, key: str) -> dict[str, Any]:
+def viewers_text(counts: dict[str, int]) -> str:
+    """What "Viewers" must say for these counts: the total, then each way that has anyone
+    (just the number when everyone is on WebRTC)."""
+    total = sum(counts.values())
+    if total == counts["webrtc"]:
+        return str(total)
+    names = {"webrtc": "WebRTC", "hls": "HLS", "rtsp": "RTSP",
+             "relays": "relay" if counts["relays"] == 1 else "relays"}
+    parts = [f"{counts[key]} {name}" for key, name in names.items() if counts[key]]
+    return f"{total} ({' · '.join(parts)})"
+
+
+def assert_hls_stats_and_viewers(page: Any, server: Server, key: str, *, rtsp: int = 0,
+                                 relays: int = 0) -> dict[str, Any]:
     """On HLS: "Bitrate" is the stream's (near what the encoder makes, not hls.js's download
     estimate), the latency is named "Live latency" and the buffer "Buffer", and "Viewers"
-    counts this page (an HLS client) as /api/status does. The figures go to
-    artifacts/browser-stats.json under ``key``."""
-    state = wait_state(page, "a media bitrate and the HLS viewer in the stats",
+    counts this page (an HLS client), and the ``rtsp`` RTSP clients and ``relays`` relays the
+    test runs, as /api/status does. The figures go to artifacts/browser-stats.json under
+    ``key``."""
+    state = wait_state(page, "a media bitrate and every viewer in the stats",
                        lambda s: s["stats"]["bitrate"] not in (None, NO_FIGURE)
-                       and (s["viewerCounts"] or {}).get("hls", 0) >= 1)
+                       and (s["viewerCounts"] or {}).get("hls", 0) >= 1
+                       and s["viewerCounts"].get("rtsp") == rtsp
+                       and s["viewerCounts"].get("relays") == relays)
     status = server.status()
     source_bps = status["source"]["bitrate"]
     shown_bps = mbit(state["stats"]["bitrate"])
@@ -139,10 +155,14 @@ def assert_hls_stats_and_viewers(page: Any, server: Server, key: str) -> dict[st
     assert stats["lossName"] == "Buffer", stats
     assert re.fullmatch(r"[0-9.]+ s", stats["loss"]) or stats["loss"] == NO_FIGURE, stats
     counts = state["viewerCounts"]
-    assert counts["webrtc"] == status["viewers"]["count"] == 0, (counts, status["viewers"])
-    assert counts["hls"] >= 1 and status["hls"]["clients"] >= 1, (counts, status["hls"])
-    assert stats["viewers"] == f"{counts['hls']} (0 WebRTC · {counts['hls']} HLS)", stats
-    assert state["viewers"] == counts["hls"], state
+    by = status["viewers"]["by_transport"]
+    assert counts["webrtc"] == by["webrtc"] == status["viewers"]["count"] == 0, (counts, by)
+    assert counts["hls"] >= 1 and by["hls"] >= 1 and status["hls"]["clients"] >= 1, (counts, by)
+    assert by["rtsp"] == rtsp and by["relays"] == relays, by
+    if rtsp:
+        assert status["rtsp"]["playing"] == rtsp, status["rtsp"]
+    assert stats["viewers"] == viewers_text(counts), stats
+    assert state["viewers"] == sum(counts.values()), state
     record_browser_stats(key, {
         "shown_bitrate_bps": shown_bps, "source_bitrate_bps": source_bps,
         "hlsjs_bandwidth_estimate_bps": state["bandwidthEstimate"],
