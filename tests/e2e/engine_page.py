@@ -13,7 +13,13 @@ import time
 from typing import Any
 
 from hil.browser import PAGE_JS, frames_presented
-from tests.e2e.browser_netns import ARTIFACTS, Server, poll_page, record_browser_stats
+from tests.e2e.browser_netns import (
+    ARTIFACTS,
+    Server,
+    poll_page,
+    record_browser_stats,
+    save_screenshot,
+)
 
 NO_FIGURE = "\u2013"  # the page's en dash for a figure it does not have
 
@@ -189,3 +195,44 @@ def visible(page: Any, selector: str) -> bool:
     """The element is there and takes space on the page (not hidden, not display: none)."""
     return bool(page.evaluate(f"""() => {{ const e = document.querySelector(
       {json.dumps(selector)}); return !!e && e.getClientRects().length > 0; }}"""))
+
+
+GRID_JS = """() => {
+  const g = window.ruseonCameras;
+  return {open: !!(g && g.open), mode: g ? g.mode : null,
+          tiles: g ? Array.from(g.tiles.values()).map((t) => ({
+            camera: t.camera, frames: t.frames, tag: t.media.tagName,
+            width: t.media.naturalWidth || 0, live: !!t.client})) : []};
+}"""
+
+
+def check_snapshot_grid(page: Any, server: Server, reason: str, screenshot: str) -> None:
+    """Two cameras ("front", "side") in a browser without (usable) WebRTC: the grid's tiles
+    are refreshed snapshots, the label says so and why; a click on "side" plays it over
+    LL-HLS, moving, never "Reconnecting"; back to the grid, HLS rests; no offer was made."""
+    page.goto(server.url)
+    first = poll_page(page, lambda p: p.evaluate(GRID_JS), "the grid with snapshots",
+                      lambda g: g["open"] and len(g["tiles"]) == 2
+                      and all(t["width"] > 0 for t in g["tiles"]))
+    assert first["mode"] == "snapshot", first
+    assert all(t["tag"] == "IMG" and not t["live"] for t in first["tiles"]), first
+    # The label says what the tiles are, not the resting big picture's transport.
+    shown = page_state(page)
+    assert (shown["label"], shown["labelReason"]) == ("Snapshots", reason), shown
+    assert shown["stateText"] == "Cameras", shown
+    poll_page(page, lambda p: p.evaluate(GRID_JS), "every snapshot refreshed", lambda g: all(
+        t["frames"] > f["frames"] for t, f in zip(g["tiles"], first["tiles"], strict=True)))
+    save_screenshot(page, screenshot)
+
+    click(page, '.cam-tile[data-camera="side"]')
+    playing = assert_moving_hls(page, reason)
+    url = page.evaluate("() => window.ruseonHls.hls.url")
+    assert url.endswith("/hls/side/index.m3u8"), url
+    assert playing["state"] != "reconnecting" and "not reachable" not in playing["veilText"]
+
+    click(page, "#btn-cameras")
+    rested = poll_page(page, page_state, "HLS resting behind the grid",
+                       lambda s: s["mode"] == "resting" and not s["hlsjs"])
+    assert rested["state"] == "grid", rested
+    assert (rested["label"], rested["labelReason"]) == ("Snapshots", reason), rested
+    assert offers_refused(server) == 0 and server.status()["viewers"]["count"] == 0

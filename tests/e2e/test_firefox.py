@@ -30,6 +30,7 @@ from tests.e2e.engine_page import (
     assert_hls_stats_and_viewers,
     assert_moving_hls,
     assert_webrtc_not_offered,
+    check_snapshot_grid,
     offers_refused,
     open_and_time_first_frame,
     page_state,
@@ -142,3 +143,16 @@ def test_firefox_with_h264_listed_tries_webrtc_once_then_stays_on_hls(
         assert offers_refused(server) == 1, server.status()["errors"]
         assert later["mode"] == "hls" and later["stateText"] == "Live", later
         assert_webrtc_not_offered(later, reason)
+
+
+def test_firefox_grid_shows_snapshots_and_a_camera_plays_over_hls(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Several cameras: no H.264 for WebRTC, so the grid's tiles are refreshed snapshots, and a
+    click plays that camera over LL-HLS (:func:`tests.e2e.engine_page.check_snapshot_grid`)."""
+    require_firefox()
+    if not in_browser_netns(request):
+        return
+    args = ["--camera", "front=synthetic", "--camera", "side=synthetic"]
+    with running_server(tmp_path, extra_args=args) as server, firefox() as page:
+        check_snapshot_grid(page, server, NO_H264, "browser-firefox-grid.png")
