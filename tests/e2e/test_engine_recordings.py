@@ -193,6 +193,8 @@ def test_recordings_play_download_and_delete_from_the_timeline(
         assert later["time"] > first["time"] + 0.5 and later["frames"] > first["frames"], later
         assert moved["signature"] != before["signature"], "the recording's picture did not move"
         assert later["codec"] == "H264 \u00b7 recording", later
+        # The label says a recording plays (not the LL-HLS that rests meanwhile).
+        assert (moved["label"], moved["labelReason"]) == ("Recording", ""), moved
         assert visible(page, "#btn-live") and visible(page, "#btn-download")
         save_screenshot(page, f"browser-{engine}-recording-playback.png")
 
