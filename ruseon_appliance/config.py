@@ -140,6 +140,12 @@ class CameraConfig:
         return kind if sep and kind in INDEXED_SOURCE_KINDS and index.isdigit() else self.source
 
     @property
+    def catch_up_frames(self) -> int:
+        """Frames a joining consumer may be sent to catch up: one keyframe-request window (a
+        fresh IDR comes within it), at least 3 (WebRTC viewers, RTSP clients, relays)."""
+        return max(3, -(-self.framerate * self.keyframe_request_interval_ms // 1000))
+
+    @property
     def sensor_index(self) -> int:
         """Which CSI camera ``picamera:N`` / ``rpicam:N`` names (0 without an index): picamera2's
         ``Picamera2(camera_num)``, rpicam-vid's ``--camera N``."""
@@ -164,6 +170,9 @@ class HttpConfig:
     # <hostname>.local (DNS rebinding defence): a reverse proxy's name, a DNS name of the board.
     hosts: tuple[str, ...] = ()
     max_offer_bytes: int = 64 * 1024
+    # The camera the unnamed routes serve (/whep, /snapshot.jpg, /hls/, /api/camera/controls,
+    # rtsp://…/stream, a relay without camera): a camera's name; empty = the first listed.
+    default_camera: str = ""
     # Reverse proxies (addresses or CIDR networks) whose Forwarded / X-Forwarded-For name the
     # client; requests from anywhere else count against their own address.
     trusted_proxies: tuple[str, ...] = ()
@@ -314,7 +323,7 @@ class RelayConfig:
     # Local address of the relay's UDP socket; port 0 = any free port.
     bind: HostPort = HostPort("0.0.0.0", 0)
     payload_type: int = 96
-    # Which camera's stream (a [[camera]] name); empty = the first camera.
+    # Which camera's stream (a [[camera]] name); empty = the default camera (http.default_camera).
     camera: str = ""
 
     @property
@@ -931,6 +940,9 @@ def validate(config: Config) -> None:
     for relay in config.relay:
         _check(not relay.camera or relay.camera in names, f"relay {relay.name!r}: camera",
                relay.camera, "the name of a camera: " + ", ".join(names))
+    _check(not config.http.default_camera or config.http.default_camera in names,
+           "http.default_camera", config.http.default_camera,
+           "the name of a camera: " + ", ".join(names))
     validate_mqtt(config.mqtt)
     validate_webhooks(config.webhook)
 
