@@ -22,6 +22,7 @@ from typing import Any
 import aiohttp
 
 from hil import whep_conformance
+from hil.browser import SAFARI, PageWatch, WebDriverSession, watch_page
 from hil.device import Device, ProcessSample
 from hil.fleet import FleetProgress, run_fleet
 from hil.report import CheckResult, Progress, Report, Verdict, format_ms, percentiles
@@ -29,7 +30,7 @@ from hil.viewer import ViewerPlan, watch
 
 CHECKS = (
     "page", "healthz", "status", "whep", "viewers", "first-frame", "latency", "steady-state",
-    "churn", "restart", "watchdog", "power",
+    "browser", "churn", "restart", "watchdog", "power",
 )
 
 
@@ -87,6 +88,16 @@ class RigOptions:
     # Seconds after the last viewer's planned start before the device's viewer count is compared
     # with the harness's (and only once the workers report every viewer live).
     settle_s: float = 1.0
+    # A real browser in the rig (the browser check): its WebDriver endpoint (safaridriver on a
+    # Mac, through an SSH tunnel), the session's capabilities, the page's address as that
+    # browser reaches it (default: device), what must have played ("webrtc": the page's default
+    # transport; "native-hls": HLS chosen by hand, played by the browser itself) and how long
+    # each transport is watched.
+    webdriver: str | None = None
+    browser_capabilities: dict[str, Any] = field(default_factory=lambda: dict(SAFARI))
+    browser_url: str | None = None
+    browser_expect: frozenset[str] = frozenset()
+    browser_watch_s: float = 5.0
 
 
 def _skip(name: str, reason: str) -> CheckResult:
@@ -116,7 +127,8 @@ class Battery:
             "skip": sorted(o.skip), "clock_shared": o.clock_shared, "glass": o.glass,
             "ssh": o.ssh or "", "power_cmd": o.power_cmd or "",
             "restart_cmd": o.restart_cmd or "", "stop_cmd": o.stop_cmd or "",
-            "simulated": o.simulated,
+            "simulated": o.simulated, "webdriver": o.webdriver or "",
+            "browser_expect": sorted(o.browser_expect),
             "expect": {k: v for k, v in vars(o.expect).items() if v is not None},
         }
         async with Device(o.device, o.token) as device:
@@ -126,6 +138,7 @@ class Battery:
             await self._check("status", self.check_status)
             await self._check("whep", self.check_whep)
             await self._viewer_checks()
+            await self._check("browser", self.check_browser)
             await self._check("churn", self.check_churn)
             await self._check("restart", self.check_restart)
             await self._check("watchdog", self.check_watchdog)
@@ -595,6 +608,49 @@ class Battery:
         if problems:
             return CheckResult(name, Verdict.FAIL, "; ".join(problems) + "; " + reason, figures)
         return CheckResult(name, Verdict.PASS, reason + ", certificate unchanged", figures)
+
+    async def check_browser(self) -> CheckResult:
+        """A real browser in the rig (Safari through ``safaridriver``) plays the device page as
+        a visitor opens it, then with HLS chosen by hand: a moving picture each time, and what
+        played is what ``browser_expect`` asks (Safari: WebRTC H.264, native HLS)."""
+        o = self.opts
+        if not o.webdriver:
+            return _skip("browser", "needs --webdriver URL (safaridriver on a Mac in the rig; "
+                                    "see hil/README.md)")
+        url = o.browser_url or o.device
+        watches: list[PageWatch] = []
+        async with aiohttp.ClientSession() as http:
+            session = await WebDriverSession.open(http, o.webdriver, o.browser_capabilities)
+            try:
+                for asked in ("webrtc", "hls"):
+                    watches.append(await watch_page(session, url, asked,
+                                                    watch_s=o.browser_watch_s))
+                viewers = (await self.device.status()).get("viewers", {})
+            finally:
+                await session.close()
+        problems = []
+        for seen in watches:
+            if seen.problem:
+                problems.append(f"{seen.asked}: {seen.problem}")
+            elif not seen.moving(o.browser_watch_s):
+                problems.append(f"{seen.asked}: the picture did not move "
+                                f"({seen.figures()['frames']} frames presented)")
+        played = {w.asked: w.played for w in watches}
+        reasons = {w.asked: w.last.get("reason") for w in watches}
+        if "webrtc" in o.browser_expect and played["webrtc"] != "webrtc":
+            problems.append(f"WebRTC expected, the page played {played['webrtc'] or 'nothing'}"
+                            f" ({reasons['webrtc']})")
+        if "native-hls" in o.browser_expect and played["hls"] != "native-hls":
+            problems.append(f"native HLS expected, the page played {played['hls'] or 'nothing'}")
+        figures = {"url": url, "capabilities": o.browser_capabilities,
+                   "expect": sorted(o.browser_expect),
+                   "watches": [w.figures() for w in watches],
+                   "device_viewers_during_hls": viewers.get("by_transport")}
+        first = ", ".join(f"{w.played or w.asked} first frame {w.first_frame_s:.2f} s"
+                          for w in watches if w.first_frame_s is not None)
+        if problems:
+            return CheckResult("browser", Verdict.FAIL, "; ".join(problems), figures)
+        return CheckResult("browser", Verdict.PASS, first, figures)
 
     async def check_restart(self) -> CheckResult:
         """``systemctl restart`` (``--restart-cmd``, or over ``--ssh``): time until video is

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import shlex
 import sys
@@ -17,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hil.battery import CHECKS, Battery, Expectation, RigOptions
+from hil.browser import SAFARI
 from hil.fleet import default_workers
 from hil.report import Progress, Report
 
@@ -87,6 +89,22 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--clock-synced", action="store_true",
                      help="device and rig clocks agree (PTP/NTP): judge capture-to-decode latency")
     run.add_argument("--max-latency-ms", type=float, default=400.0)
+    browser = run.add_argument_group("a real browser in the rig (the browser check)")
+    browser.add_argument("--webdriver", metavar="URL",
+                         help="a W3C WebDriver endpoint, e.g. http://127.0.0.1:4444 tunnelled "
+                              "to `safaridriver -p 4444` on a Mac (enables the browser check)")
+    browser.add_argument("--webdriver-capabilities", type=json.loads, metavar="JSON",
+                         default=dict(SAFARI),
+                         help='the session\'s capabilities (default {"browserName": "safari"})')
+    browser.add_argument("--browser-url", metavar="URL",
+                         help="the device page as that browser reaches it (default --device)")
+    browser.add_argument("--browser-expect", nargs="*", choices=("webrtc", "native-hls"),
+                         metavar="WHAT",
+                         help="what must have played: webrtc (as a visitor opens the page), "
+                              "native-hls (HLS chosen by hand, the browser's own player); "
+                              "default both for Safari, none otherwise")
+    browser.add_argument("--browser-watch", type=float, default=5.0, metavar="S",
+                         help="seconds each transport is watched")
     run.add_argument("--churn", type=float, default=10.0, metavar="S", help="churn duration")
     load = commands.add_parser("load", help="load test: N viewers for S seconds, live progress")
     _add_device_flags(load)
@@ -126,6 +144,16 @@ def expectation_from(args: argparse.Namespace) -> Expectation:
     return exp
 
 
+def browser_expect(args: argparse.Namespace) -> frozenset[str]:
+    """``--browser-expect``; by default Safari must play WebRTC and native HLS (what only it,
+    of the engines the project tests, can confirm), any other browser nothing in particular."""
+    if args.browser_expect is not None:
+        return frozenset(args.browser_expect)
+    if args.webdriver_capabilities.get("browserName") == "safari":
+        return frozenset({"webrtc", "native-hls"})
+    return frozenset()
+
+
 def _finish(report: Report, args: argparse.Namespace) -> int:
     print()
     print(report.summary_table())
@@ -158,6 +186,9 @@ def command_run(args: argparse.Namespace) -> int:
         workers=args.workers or default_workers(args.viewers), skip=set(args.skip),
         expect=expectation_from(args), clock_shared=args.clock_synced or args.glass,
         glass=args.glass, max_latency_ms=args.max_latency_ms, churn_s=args.churn,
+        webdriver=args.webdriver, browser_capabilities=args.webdriver_capabilities,
+        browser_url=args.browser_url, browser_expect=browser_expect(args),
+        browser_watch_s=args.browser_watch,
     )
     progress = Progress(quiet=args.quiet)
     report = asyncio.run(Battery(options, progress).run())

@@ -51,13 +51,29 @@ def viewer_status(document: Mapping[str, Any]) -> dict[str, Any]:
     """``document`` as a viewer may see it (see :meth:`DeviceApi.status`)."""
     out = {key: value for key, value in document.items() if key in VIEWER_SECTIONS}
     if "viewers" in out:
-        out["viewers"] = {"count": out["viewers"].get("count", 0)}
+        out["viewers"] = {key: out["viewers"].get(key) for key in ("count", "by_transport")
+                          if key in out["viewers"]}
     if "webrtc" in out:
         out["webrtc"] = {key: out["webrtc"].get(key)
                          for key in ("fingerprint", "udp_port", "max_viewers")}
     if "access" in out:
         out["access"] = {"viewing": out["access"].get("viewing")}
     return out
+
+
+def audience(document: Mapping[str, Any]) -> dict[str, int]:
+    """Everyone watching, by how (counts only: a viewer may see them): WebRTC sessions, HLS
+    clients (an address + user agent seen in the last few seconds), RTSP sessions playing, and
+    relays sending (each one media server; whoever watches behind it is not counted here)."""
+    hls = document.get("hls") or {}
+    rtsp = document.get("rtsp") or {}
+    relays = document.get("relays") or []
+    return {
+        "webrtc": int(document["viewers"]["count"]),
+        "hls": int(hls.get("clients") or 0),
+        "rtsp": int(rtsp.get("playing") or 0),
+        "relays": sum(1 for relay in relays if relay.get("state") == "sending"),
+    }
 
 
 class DeviceApi:
@@ -151,6 +167,7 @@ class DeviceApi:
         )
         for name, section in self.status_sections.items():
             document[name] = _jsonable(section())
+        document["viewers"]["by_transport"] = audience(document)
         return document
 
     async def status(self, request: web.Request) -> web.Response:

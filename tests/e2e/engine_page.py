@@ -12,47 +12,16 @@ import re
 import time
 from typing import Any
 
-from tests.e2e.browser_netns import ARTIFACTS, Server, poll_page, record_browser_stats
+from hil.browser import PAGE_JS, frames_presented
+from tests.e2e.browser_netns import (
+    ARTIFACTS,
+    Server,
+    poll_page,
+    record_browser_stats,
+    save_screenshot,
+)
 
 NO_FIGURE = "\u2013"  # the page's en dash for a figure it does not have
-
-# The page as a person sees it, and what the <video> decodes. ``frames`` counts frames the
-# element presented (getVideoPlaybackQuality); ``signature`` is a coarse sum of the picture's
-# pixels (drawn on a canvas), to tell a moving picture from a frozen one.
-PAGE_JS = """() => {
-  const v = document.getElementById('video');
-  const q = v.getVideoPlaybackQuality ? v.getVideoPlaybackQuality() : null;
-  const h = window.ruseonHls, p = window.ruseon;
-  const text = (id) => { const e = document.getElementById(id); return e ? e.textContent : null; };
-  const name = (id) => { const e = document.getElementById(id);
-                         const dt = e ? e.previousElementSibling : null;
-                         return dt ? dt.textContent : null; };
-  const button = document.getElementById('btn-transport');
-  let signature = null;
-  if (v.videoWidth) {
-    const c = document.createElement('canvas'); c.width = 64; c.height = 36;
-    const g = c.getContext('2d'); g.drawImage(v, 0, 0, 64, 36);
-    const d = g.getImageData(0, 0, 64, 36).data; signature = 0;
-    for (let i = 0; i < d.length; i += 4) signature += d[i] * ((i / 4) % 7 + 1) + d[i + 1];
-  }
-  return {
-    state: p ? p.state : null, transport: p ? p.transport : null,
-    webrtc: p ? p.webrtc : null, viewers: p ? p.viewers : null,
-    viewerCounts: p ? p.viewerCounts : null,
-    mode: h ? h.mode : null, reason: h ? h.reason : null,
-    hlsjs: !!(h && h.hls), bandwidthEstimate: h && h.hls ? h.hls.bandwidthEstimate : null,
-    mediaBitrate: h ? h.bitrate || null : null,
-    label: text('transport'), labelReason: document.getElementById('transport').dataset.reason,
-    stateText: text('state-text'), veilText: text('veil-text'),
-    button: button ? {disabled: button.disabled, title: button.title} : null,
-    stats: {bitrate: text('stat-bitrate'), jitter: text('stat-jitter'), loss: text('stat-loss'),
-            viewers: text('stat-viewers'), fps: text('stat-fps'),
-            jitterName: name('stat-jitter'), lossName: name('stat-loss')},
-    currentTime: v.currentTime, paused: v.paused, videoWidth: v.videoWidth,
-    frames: q ? q.totalVideoFrames : 0, signature,
-  };
-}"""
-
 
 def page_state(page: Any) -> dict[str, Any]:
     """:data:`PAGE_JS` on ``page``."""
@@ -96,7 +65,10 @@ def assert_moving_hls(page: Any, reason: str) -> dict[str, Any]:
     page.wait_for_timeout(2000)
     later = page_state(page)
     assert later["currentTime"] > first["currentTime"] + 1, (first, later)
-    assert later["frames"] > first["frames"] + 10, (first, later)
+    # WebKit counts frames from 0 again after a seek (hls.js jumping a hole after a stall):
+    # then time and pixels judge alone.
+    reset = later["frames"] < first["frames"]
+    assert frames_presented(first, later) > (0 if reset else 10), (first, later)
     assert later["signature"] != first["signature"], "the picture did not change"
     assert later["hlsjs"] and later["videoWidth"] > 0, later
     assert later["label"] == "LL-HLS" and later["reason"] == reason, later
@@ -119,14 +91,30 @@ def mbit(text: str) -> float:
     return float(match.group(1)) * 1e6
 
 
-def assert_hls_stats_and_viewers(page: Any, server: Server, key: str) -> dict[str, Any]:
+def viewers_text(counts: dict[str, int]) -> str:
+    """What "Viewers" must say for these counts: the total, then each way that has anyone
+    (just the number when everyone is on WebRTC)."""
+    total = sum(counts.values())
+    if total == counts["webrtc"]:
+        return str(total)
+    names = {"webrtc": "WebRTC", "hls": "HLS", "rtsp": "RTSP",
+             "relays": "relay" if counts["relays"] == 1 else "relays"}
+    parts = [f"{counts[key]} {name}" for key, name in names.items() if counts[key]]
+    return f"{total} ({' · '.join(parts)})"
+
+
+def assert_hls_stats_and_viewers(page: Any, server: Server, key: str, *, rtsp: int = 0,
+                                 relays: int = 0) -> dict[str, Any]:
     """On HLS: "Bitrate" is the stream's (near what the encoder makes, not hls.js's download
     estimate), the latency is named "Live latency" and the buffer "Buffer", and "Viewers"
-    counts this page (an HLS client) as /api/status does. The figures go to
-    artifacts/browser-stats.json under ``key``."""
-    state = wait_state(page, "a media bitrate and the HLS viewer in the stats",
+    counts this page (an HLS client), and the ``rtsp`` RTSP clients and ``relays`` relays the
+    test runs, as /api/status does. The figures go to artifacts/browser-stats.json under
+    ``key``."""
+    state = wait_state(page, "a media bitrate and every viewer in the stats",
                        lambda s: s["stats"]["bitrate"] not in (None, NO_FIGURE)
-                       and (s["viewerCounts"] or {}).get("hls", 0) >= 1)
+                       and (s["viewerCounts"] or {}).get("hls", 0) >= 1
+                       and s["viewerCounts"].get("rtsp") == rtsp
+                       and s["viewerCounts"].get("relays") == relays)
     status = server.status()
     source_bps = status["source"]["bitrate"]
     shown_bps = mbit(state["stats"]["bitrate"])
@@ -139,10 +127,14 @@ def assert_hls_stats_and_viewers(page: Any, server: Server, key: str) -> dict[st
     assert stats["lossName"] == "Buffer", stats
     assert re.fullmatch(r"[0-9.]+ s", stats["loss"]) or stats["loss"] == NO_FIGURE, stats
     counts = state["viewerCounts"]
-    assert counts["webrtc"] == status["viewers"]["count"] == 0, (counts, status["viewers"])
-    assert counts["hls"] >= 1 and status["hls"]["clients"] >= 1, (counts, status["hls"])
-    assert stats["viewers"] == f"{counts['hls']} (0 WebRTC · {counts['hls']} HLS)", stats
-    assert state["viewers"] == counts["hls"], state
+    by = status["viewers"]["by_transport"]
+    assert counts["webrtc"] == by["webrtc"] == status["viewers"]["count"] == 0, (counts, by)
+    assert counts["hls"] >= 1 and by["hls"] >= 1 and status["hls"]["clients"] >= 1, (counts, by)
+    assert by["rtsp"] == rtsp and by["relays"] == relays, by
+    if rtsp:
+        assert status["rtsp"]["playing"] == rtsp, status["rtsp"]
+    assert stats["viewers"] == viewers_text(counts), stats
+    assert state["viewers"] == sum(counts.values()), state
     record_browser_stats(key, {
         "shown_bitrate_bps": shown_bps, "source_bitrate_bps": source_bps,
         "hlsjs_bandwidth_estimate_bps": state["bandwidthEstimate"],
@@ -154,3 +146,93 @@ def assert_hls_stats_and_viewers(page: Any, server: Server, key: str) -> dict[st
 def offers_refused(server: Server) -> int:
     """How many WHEP offers the server refused so far (all reasons)."""
     return sum(server.status()["errors"]["offers_refused"].values())
+
+
+# Real input, as WebDriver actions (the same JSON in BiDi and classic WebDriver): the page
+# gets the pointer and key events a person's mouse and keyboard make.
+MOUSE = {"type": "pointer", "id": "mouse", "parameters": {"pointerType": "mouse"}}
+DOWN = {"type": "pointerDown", "button": 0}
+UP = {"type": "pointerUp", "button": 0}
+
+
+def move(x: float, y: float) -> dict[str, Any]:
+    """A pointer move to viewport (CSS pixel) coordinates."""
+    return {"type": "pointerMove", "x": round(x), "y": round(y), "origin": "viewport",
+            "duration": 0}
+
+
+def pointer(page: Any, *steps: dict[str, Any]) -> None:
+    """Move, press and release the mouse: ``steps`` from :func:`move`, DOWN, UP."""
+    page.perform([{**MOUSE, "actions": list(steps)}])
+
+
+def centre(page: Any, selector: str) -> tuple[float, float]:
+    """Where the element is on screen (scrolled into view first); it must be visible."""
+    box = page.evaluate(f"""() => {{ const e = document.querySelector({json.dumps(selector)});
+      if (!e) return null; e.scrollIntoView({{block: 'center'}});
+      const r = e.getBoundingClientRect(); return [r.left, r.top, r.width, r.height]; }}""")
+    assert box is not None, f"no {selector} on the page"
+    left, top, width, height = box
+    assert width > 0 and height > 0, f"{selector} is not visible: {box}"
+    return left + width / 2, top + height / 2
+
+
+def click(page: Any, selector: str) -> None:
+    """A mouse click in the middle of the element."""
+    x, y = centre(page, selector)
+    pointer(page, move(x, y), DOWN, UP)
+
+
+def type_text(page: Any, text: str) -> None:
+    """Type ``text`` on the keyboard (into whatever has the focus)."""
+    keys: list[dict[str, Any]] = []
+    for char in text:
+        keys += [{"type": "keyDown", "value": char}, {"type": "keyUp", "value": char}]
+    page.perform([{"type": "key", "id": "keyboard", "actions": keys}])
+
+
+def visible(page: Any, selector: str) -> bool:
+    """The element is there and takes space on the page (not hidden, not display: none)."""
+    return bool(page.evaluate(f"""() => {{ const e = document.querySelector(
+      {json.dumps(selector)}); return !!e && e.getClientRects().length > 0; }}"""))
+
+
+GRID_JS = """() => {
+  const g = window.ruseonCameras;
+  return {open: !!(g && g.open), mode: g ? g.mode : null,
+          tiles: g ? Array.from(g.tiles.values()).map((t) => ({
+            camera: t.camera, frames: t.frames, tag: t.media.tagName,
+            width: t.media.naturalWidth || 0, live: !!t.client})) : []};
+}"""
+
+
+def check_snapshot_grid(page: Any, server: Server, reason: str, screenshot: str) -> None:
+    """Two cameras ("front", "side") in a browser without (usable) WebRTC: the grid's tiles
+    are refreshed snapshots, the label says so and why; a click on "side" plays it over
+    LL-HLS, moving, never "Reconnecting"; back to the grid, HLS rests; no offer was made."""
+    page.goto(server.url)
+    first = poll_page(page, lambda p: p.evaluate(GRID_JS), "the grid with snapshots",
+                      lambda g: g["open"] and len(g["tiles"]) == 2
+                      and all(t["width"] > 0 for t in g["tiles"]))
+    assert first["mode"] == "snapshot", first
+    assert all(t["tag"] == "IMG" and not t["live"] for t in first["tiles"]), first
+    # The label says what the tiles are, not the resting big picture's transport.
+    shown = page_state(page)
+    assert (shown["label"], shown["labelReason"]) == ("Snapshots", reason), shown
+    assert shown["stateText"] == "Cameras", shown
+    poll_page(page, lambda p: p.evaluate(GRID_JS), "every snapshot refreshed", lambda g: all(
+        t["frames"] > f["frames"] for t, f in zip(g["tiles"], first["tiles"], strict=True)))
+    save_screenshot(page, screenshot)
+
+    click(page, '.cam-tile[data-camera="side"]')
+    playing = assert_moving_hls(page, reason)
+    url = page.evaluate("() => window.ruseonHls.hls.url")
+    assert url.endswith("/hls/side/index.m3u8"), url
+    assert playing["state"] != "reconnecting" and "not reachable" not in playing["veilText"]
+
+    click(page, "#btn-cameras")
+    rested = poll_page(page, page_state, "HLS resting behind the grid",
+                       lambda s: s["mode"] == "resting" and not s["hlsjs"])
+    assert rested["state"] == "grid", rested
+    assert (rested["label"], rested["labelReason"]) == ("Snapshots", reason), rested
+    assert offers_refused(server) == 0 and server.status()["viewers"]["count"] == 0

@@ -16,7 +16,6 @@ import contextlib
 import itertools
 import json
 import os
-import re
 import shutil
 import subprocess
 import tempfile
@@ -27,6 +26,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from hil.browser import call_source
 from tests.tooling import IN_CI, free_port
 
 FIREFOX = "/usr/bin/firefox-esr"
@@ -55,6 +55,16 @@ PREFS = {
     "media.autoplay.blocking_policy": 0,
 }
 
+# A download goes straight into the profile's downloads folder, never a question.
+DOWNLOAD_PREFS = {
+    "browser.download.folderList": 2,
+    "browser.download.useDownloadDir": True,
+    "browser.download.always_ask_before_handling_new_types": False,
+    "browser.download.manager.showWhenStarting": False,
+    "browser.download.start_downloads_in_tmp_dir": False,
+    "browser.helperApps.neverAsk.saveToDisk": "video/mp4",
+}
+
 
 def require_firefox() -> None:
     """Skip (fail in CI) without Debian's firefox-esr."""
@@ -64,17 +74,6 @@ def require_firefox() -> None:
         if IN_CI:
             pytest.fail(message)
         pytest.skip(message)
-
-
-def _call_source(source: str) -> str:
-    """JS that evaluates ``source`` (a function's source, called with no argument, or an
-    expression) and resolves to its value as JSON, as Playwright's ``evaluate`` takes it."""
-    stripped = source.strip()
-    if re.match(r"^(async\s*)?(\([^)]*\)|\w+)\s*=>|^(async\s+)?function\b", stripped):
-        value = f"await ({stripped})()"
-    else:
-        value = f"await ({stripped})"
-    return f"(async () => JSON.stringify({value}) ?? 'null')()"
 
 
 class BidiError(RuntimeError):
@@ -91,6 +90,10 @@ class FirefoxPage:
         self._context = context
         self._ids = itertools.count(1)
         self.console: list[str] = []  # what the page logged (console and errors), for failures
+        # The messages of the page's alert/confirm/prompt dialogs, each accepted as it opened
+        # (as a person clicking OK; :meth:`perform` may be what opened it).
+        self.prompts: list[str] = []
+        self.downloads = Path()  # where downloads are saved (set by :func:`firefox`)
 
     def _run(self, coroutine: Any) -> Any:
         return self._loop.run_until_complete(asyncio.wait_for(coroutine, COMMAND_TIMEOUT_S))
@@ -104,7 +107,7 @@ class FirefoxPage:
                 raise BidiError(f"the BiDi socket closed during {method}: {message}")
             data = json.loads(message.data)
             if data.get("type") == "event":
-                self._note_event(data)
+                await self._note_event(data)
                 continue
             if data.get("id") != number:
                 continue
@@ -113,10 +116,17 @@ class FirefoxPage:
             result: dict[str, Any] = data["result"]
             return result
 
-    def _note_event(self, event: dict[str, Any]) -> None:
+    async def _note_event(self, event: dict[str, Any]) -> None:
         if event.get("method") == "log.entryAdded":
             entry = event["params"]
             self.console.append(f"{entry.get('level')}: {entry.get('text')}")
+        elif event.get("method") == "browsingContext.userPromptOpened":
+            # Answered at once, not awaited: the command that opened it (a click) may only
+            # finish once the dialog is closed; its answer is skipped by id.
+            self.prompts.append(event["params"].get("message", ""))
+            await self._socket.send_json({
+                "id": next(self._ids), "method": "browsingContext.handleUserPrompt",
+                "params": {"context": event["params"]["context"], "accept": True}})
 
     def command(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         """Send one BiDi command and return its result (events met meanwhile are noted)."""
@@ -140,7 +150,7 @@ class FirefoxPage:
     def evaluate(self, source: str) -> Any:
         """The value (as JSON) of a function's source (called) or of an expression."""
         result = self.command("script.evaluate", {
-            "expression": _call_source(source), "target": {"context": self._context},
+            "expression": call_source(source), "target": {"context": self._context},
             "awaitPromise": True, "resultOwnership": "none"})
         if result.get("type") == "exception":
             details = result.get("exceptionDetails", {})
@@ -148,8 +158,13 @@ class FirefoxPage:
         return json.loads(result["result"]["value"])
 
     def wait_for_timeout(self, ms: float) -> None:
-        """Let the page run for ``ms`` (the socket is read meanwhile: its log events)."""
+        """Let the page run for ``ms`` (the socket is read meanwhile: its events)."""
         self._loop.run_until_complete(asyncio.sleep(ms / 1000))
+        self._run(self._command("session.status", {}))  # the events that came meanwhile
+
+    def perform(self, actions: list[dict[str, Any]]) -> None:
+        """WebDriver input actions (pointer, key), dispatched as real input events."""
+        self.command("input.performActions", {"context": self._context, "actions": actions})
 
     def screenshot(self, path: str) -> None:
         """A PNG of the viewport."""
@@ -163,8 +178,11 @@ def firefox() -> Iterator[FirefoxPage]:
     browser and its profile are gone on exit, whatever happened."""
     require_firefox()
     profile = Path(tempfile.mkdtemp(prefix="ruseon-firefox-"))
+    downloads = profile / "downloads"
+    downloads.mkdir()
+    prefs = {**PREFS, **DOWNLOAD_PREFS, "browser.download.dir": str(downloads)}
     (profile / "user.js").write_text("".join(
-        f'user_pref("{name}", {json.dumps(value)});\n' for name, value in PREFS.items()))
+        f'user_pref("{name}", {json.dumps(value)});\n' for name, value in prefs.items()))
     port = free_port()
     env = {**os.environ, "HOME": str(profile), "MOZ_CRASHREPORTER_DISABLE": "1"}
     proc = subprocess.Popen(
@@ -177,10 +195,14 @@ def firefox() -> Iterator[FirefoxPage]:
         session, socket = loop.run_until_complete(asyncio.wait_for(
             _connect(port, proc), START_TIMEOUT_S))
         page = FirefoxPage(loop, socket, "")
-        page.command("session.new", {"capabilities": {}})
+        page.downloads = downloads
+        # Dialogs stay open until answered (BiDi's default dismisses them at once).
+        page.command("session.new", {"capabilities": {"alwaysMatch": {
+            "unhandledPromptBehavior": {"default": "ignore"}}}})
         tree = page.command("browsingContext.getTree", {})
         page._context = tree["contexts"][0]["context"]
-        page.command("session.subscribe", {"events": ["log.entryAdded"]})
+        page.command("session.subscribe", {"events": [
+            "log.entryAdded", "browsingContext.userPromptOpened"]})
         yield page
     finally:
         if session is not None:

@@ -77,6 +77,9 @@ def test_grid_plays_every_camera_and_a_click_watches_one(
         assert "no frame from the rtsp source" in {t["camera"]: t for t in later}["gate"]["problem"]
         rows = cameras(server.url)
         assert rows["front"]["viewers"] == rows["side"]["viewers"] == 1
+        # The label names what the tiles are (three cameras: each a live WebRTC viewer).
+        assert page.evaluate("() => { const e = document.getElementById('transport');"
+                             " return [e.textContent, e.dataset.reason]; }") == ["WebRTC", ""]
         save_screenshot(page, "browser-cameras-grid.png")
         # A link to a camera there is not keeps the grid, and its tiles their one session each
         # (a second openGrid started a new session per tile and never closed the first).

@@ -11,6 +11,11 @@ HLS without asking again.
 
 from __future__ import annotations
 
+import contextlib
+import shutil
+import socket
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,6 +30,7 @@ from tests.e2e.engine_page import (
     assert_hls_stats_and_viewers,
     assert_moving_hls,
     assert_webrtc_not_offered,
+    check_snapshot_grid,
     offers_refused,
     open_and_time_first_frame,
     page_state,
@@ -32,6 +38,7 @@ from tests.e2e.engine_page import (
     wait_state,
 )
 from tests.e2e.firefox_bidi import firefox, require_firefox
+from tests.tooling import IN_CI, free_port
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -52,19 +59,54 @@ sessionStorage.setItem('ruseon.transport', 'webrtc');
 """
 
 
+@contextlib.contextmanager
+def rtsp_client(url: str) -> Iterator[subprocess.Popen[bytes]]:
+    """Debian's ffmpeg reading ``url`` over RTSP/TCP (copying, not decoding), as an NVR
+    would; stopped on exit."""
+    ffmpeg = shutil.which("ffmpeg")
+    if ffmpeg is None:
+        if IN_CI:
+            pytest.fail("ffmpeg is not installed (scripts/install-system-deps)")
+        pytest.skip("ffmpeg is not installed")
+    proc = subprocess.Popen([ffmpeg, "-nostdin", "-v", "error", "-rtsp_transport", "tcp",
+                             "-i", url, "-c", "copy", "-f", "null", "-"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
 def test_firefox_plays_ll_hls_at_once_and_offers_no_webrtc(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
+    """...and "Viewers" counts everyone: this page (HLS), an RTSP client and a relay."""
     require_firefox()
     if not in_browser_netns(request):
         print_first_frame("firefox")
         return
-    with running_server(tmp_path) as server, firefox() as page:
+    rtsp_port = free_port()
+    with contextlib.ExitStack() as stack:
+        sink = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
+        sink.bind(("127.0.0.1", 0))  # the relay's media server (nobody reads it)
+        args = ["--rtsp", f"127.0.0.1:{rtsp_port}",
+                "--relay", f"rtp://127.0.0.1:{sink.getsockname()[1]}"]
+        server = stack.enter_context(running_server(tmp_path, extra_args=args))
+        page = stack.enter_context(firefox())
         first_frame_s = open_and_time_first_frame(page, server.url)
         print(f"firefox: first frame {first_frame_s:.2f} s after navigation (LL-HLS, hls.js)")
         state = assert_moving_hls(page, NO_H264)
         assert_webrtc_not_offered(state, NO_H264)
-        stats = assert_hls_stats_and_viewers(page, server, "firefox_hls_stats")
+        stack.enter_context(rtsp_client(f"rtsp://127.0.0.1:{rtsp_port}/"))
+        stats = assert_hls_stats_and_viewers(page, server, "firefox_hls_stats", rtsp=1,
+                                             relays=1)
+        if stats["viewerCounts"]["hls"] == 1:
+            assert stats["stats"]["viewers"] == "3 (1 HLS · 1 RTSP · 1 relay)", stats["stats"]
         save_screenshot(page, "browser-firefox.png")
 
         # The switch cannot be used, and WebRTC chosen by hand earlier in the tab cannot
@@ -101,3 +143,16 @@ def test_firefox_with_h264_listed_tries_webrtc_once_then_stays_on_hls(
         assert offers_refused(server) == 1, server.status()["errors"]
         assert later["mode"] == "hls" and later["stateText"] == "Live", later
         assert_webrtc_not_offered(later, reason)
+
+
+def test_firefox_grid_shows_snapshots_and_a_camera_plays_over_hls(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Several cameras: no H.264 for WebRTC, so the grid's tiles are refreshed snapshots, and a
+    click plays that camera over LL-HLS (:func:`tests.e2e.engine_page.check_snapshot_grid`)."""
+    require_firefox()
+    if not in_browser_netns(request):
+        return
+    args = ["--camera", "front=synthetic", "--camera", "side=synthetic"]
+    with running_server(tmp_path, extra_args=args) as server, firefox() as page:
+        check_snapshot_grid(page, server, NO_H264, "browser-firefox-grid.png")

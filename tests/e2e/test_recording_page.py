@@ -99,11 +99,14 @@ def test_timeline_plays_a_recording_in_the_page_then_live_again(
         assert page.is_visible("#btn-live") and page.is_visible("#btn-download")
         page.wait_for_function(
             "document.getElementById('stat-codec').textContent === 'H264 \u00b7 recording'")
+        # The label says a recording plays, not the WebRTC that rests meanwhile.
+        assert page.text_content("#transport") == "Recording"
         save_screenshot(page, "browser-recording-playback.png")
 
         page.click("#btn-live")
         wait_for_page(page, "live again", lambda s: s["state"] == "live" and s["framesDecoded"] > 0)
         assert playback(page)["transport"] == "webrtc"
+        page.wait_for_function("document.getElementById('transport').textContent === 'WebRTC'")
         assert not page.is_visible("#btn-live")
 
         # Record/Stop and Delete are admin's: the first of them asks for the secret, in the

@@ -16,7 +16,6 @@ import pytest
 
 from tests.e2e.browser_netns import (
     in_browser_netns,
-    poll_page,
     record_browser_stats,
     running_server,
     save_screenshot,
@@ -25,6 +24,7 @@ from tests.e2e.engine_page import (
     assert_hls_stats_and_viewers,
     assert_moving_hls,
     assert_webrtc_not_offered,
+    check_snapshot_grid,
     offers_refused,
     open_and_time_first_frame,
     page_state,
@@ -78,44 +78,15 @@ def test_webkit_plays_ll_hls_and_says_it_has_no_webrtc(
                                         "page": state, "stats": stats["stats"]})
 
 
-GRID_JS = """() => {
-  const g = window.ruseonCameras;
-  return {open: !!(g && g.open), mode: g ? g.mode : null,
-          tiles: g ? Array.from(g.tiles.values()).map((t) => ({
-            camera: t.camera, frames: t.frames, tag: t.media.tagName,
-            width: t.media.naturalWidth || 0, live: !!t.client})) : []};
-}"""
-
-
 def test_webkit_grid_shows_snapshots_and_a_camera_plays_over_hls(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
     """Several cameras: the grid's tiles are refreshed snapshots (a live tile is a WHEP viewer,
     which this browser cannot be); a click plays that camera over LL-HLS; back to the grid,
-    HLS rests."""
+    HLS rests (:func:`tests.e2e.engine_page.check_snapshot_grid`)."""
     require_webkit()
     if not in_browser_netns(request):
         return
     args = ["--camera", "front=synthetic", "--camera", "side=synthetic"]
     with running_server(tmp_path, extra_args=args) as server, webkit() as page:
-        page.goto(server.url)
-        first = poll_page(page, lambda p: p.evaluate(GRID_JS), "the grid with snapshots",
-                          lambda g: g["open"] and len(g["tiles"]) == 2
-                          and all(t["width"] > 0 for t in g["tiles"]))
-        assert first["mode"] == "snapshot", first
-        assert all(t["tag"] == "IMG" and not t["live"] for t in first["tiles"]), first
-        poll_page(page, lambda p: p.evaluate(GRID_JS), "every snapshot refreshed", lambda g: all(
-            t["frames"] > f["frames"] for t, f in zip(g["tiles"], first["tiles"], strict=True)))
-        save_screenshot(page, "browser-webkit-grid.png")
-
-        page.evaluate("() => document.querySelector('.cam-tile[data-camera=\"side\"]').click()")
-        assert_moving_hls(page, NO_WEBRTC)
-        url = page.evaluate("() => window.ruseonHls.hls.url")
-        assert url.endswith("/hls/side/index.m3u8"), url
-        not_reconnecting(page_state(page))
-
-        page.evaluate("() => document.getElementById('btn-cameras').click()")
-        rested = poll_page(page, page_state, "HLS resting behind the grid",
-                           lambda s: s["mode"] == "resting" and not s["hlsjs"])
-        assert rested["state"] == "grid", rested
-        assert offers_refused(server) == 0 and server.status()["viewers"]["count"] == 0
+        check_snapshot_grid(page, server, NO_WEBRTC, "browser-webkit-grid.png")

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.firefox_bidi import _call_source
+from hil.browser import call_source
 from tests.tooling import IN_CI, free_port
 
 WEBDRIVER = "/usr/bin/WebKitWebDriver"
@@ -54,8 +54,12 @@ class WebDriverError(RuntimeError):
 class WebKitPage:
     """The one MiniBrowser window of a WebDriver session."""
 
-    def __init__(self, base: str) -> None:
+    def __init__(self, base: str, downloads: Path) -> None:
         self._base = base  # http://127.0.0.1:PORT/session/ID
+        self.downloads = downloads  # where downloads are saved (the XDG download folder)
+        # The messages of the page's alert/confirm/prompt dialogs, each accepted (as a person
+        # clicking OK) after the input that opened it.
+        self.prompts: list[str] = []
 
     def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         return webdriver_request(f"{self._base}{path}", method, body)
@@ -71,7 +75,7 @@ class WebKitPage:
     def evaluate(self, source: str) -> Any:
         """The value (as JSON) of a function's source (called) or of an expression."""
         script = ("const done = arguments[arguments.length - 1];"
-                  f"{_call_source(source)}.then(done, (e) => done(JSON.stringify("
+                  f"{call_source(source)}.then(done, (e) => done(JSON.stringify("
                   "{__error: String(e && e.stack || e)})));")
         raw = self._request("POST", "/execute/async", {"script": script, "args": []})
         value = json.loads(raw) if isinstance(raw, str) else raw
@@ -82,6 +86,19 @@ class WebKitPage:
     def wait_for_timeout(self, ms: float) -> None:
         """Let the page run for ``ms``."""
         time.sleep(ms / 1000)
+
+    def perform(self, actions: list[dict[str, Any]]) -> None:
+        """WebDriver input actions (pointer, key), dispatched as real input events; a dialog
+        they opened is accepted."""
+        self._request("POST", "/actions", {"actions": actions})
+        try:
+            text = self._request("GET", "/alert/text")
+        except WebDriverError as error:
+            if "no such alert" not in str(error):
+                raise
+            return
+        self.prompts.append(str(text))
+        self._request("POST", "/alert/accept", {})
 
     def screenshot(self, path: str) -> None:
         """A PNG of the window's viewport."""
@@ -111,12 +128,21 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(10)
 
 
+# The session's capabilities: Debian's MiniBrowser, in automation mode.
+CAPABILITIES = {"webkitgtk:browserOptions": {"binary": MINIBROWSER, "args": ["--automation"]}}
+
+
 @contextlib.contextmanager
-def webkit() -> Iterator[WebKitPage]:
-    """MiniBrowser in a fresh Xvfb display, in a WebDriver session (:class:`WebKitPage`);
-    session, browser, driver and display are gone on exit, whatever happened."""
+def webkit_webdriver() -> Iterator[tuple[str, Path]]:
+    """``WebKitWebDriver`` on loopback with a fresh Xvfb display: its base URL (sessions with
+    :data:`CAPABILITIES` open MiniBrowser) and the browser's download folder; driver and
+    display are gone on exit, whatever happened."""
     require_webkit()
     home = Path(tempfile.mkdtemp(prefix="ruseon-webkit-"))
+    downloads = home / "Downloads"
+    downloads.mkdir()
+    (home / ".config").mkdir()
+    (home / ".config" / "user-dirs.dirs").write_text(f'XDG_DOWNLOAD_DIR="{downloads}"\n')
     read_end, write_end = os.pipe()
     xvfb = subprocess.Popen([XVFB, "-displayfd", str(write_end), "-screen", "0", "1280x800x24",
                              "-nolisten", "tcp"], pass_fds=(write_end,),
@@ -124,7 +150,6 @@ def webkit() -> Iterator[WebKitPage]:
                             start_new_session=True)
     os.close(write_end)
     procs = [xvfb]
-    session_url = ""
     try:
         with os.fdopen(read_end) as display_pipe:
             display = display_pipe.readline().strip()  # Xvfb writes it once it accepts clients
@@ -151,18 +176,28 @@ def webkit() -> Iterator[WebKitPage]:
                 if driver.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError("WebKitWebDriver did not start") from None
                 time.sleep(0.2)
-        capabilities = {"capabilities": {"alwaysMatch": {
-            "webkitgtk:browserOptions": {"binary": MINIBROWSER, "args": ["--automation"]}}}}
-        created = webdriver_request(f"{base}/session", "POST", capabilities)
-        session_url = f"{base}/session/{created['sessionId']}"
-        bound_ms = COMMAND_TIMEOUT_S * 1000
-        webdriver_request(f"{session_url}/timeouts", "POST",
-                          {"script": bound_ms, "pageLoad": bound_ms})
-        yield WebKitPage(session_url)
+        yield base, downloads
     finally:
-        if session_url:
-            with contextlib.suppress(OSError, WebDriverError):
-                webdriver_request(session_url, "DELETE")
         for proc in reversed(procs):
             _stop(proc)
         shutil.rmtree(home, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def webkit() -> Iterator[WebKitPage]:
+    """MiniBrowser in a fresh Xvfb display, in a WebDriver session (:class:`WebKitPage`);
+    session, browser, driver and display are gone on exit, whatever happened."""
+    with webkit_webdriver() as (base, downloads):
+        session_url = ""
+        try:
+            created = webdriver_request(f"{base}/session", "POST",
+                                        {"capabilities": {"alwaysMatch": CAPABILITIES}})
+            session_url = f"{base}/session/{created['sessionId']}"
+            bound_ms = COMMAND_TIMEOUT_S * 1000
+            webdriver_request(f"{session_url}/timeouts", "POST",
+                              {"script": bound_ms, "pageLoad": bound_ms})
+            yield WebKitPage(session_url, downloads)
+        finally:
+            if session_url:
+                with contextlib.suppress(OSError, WebDriverError):
+                    webdriver_request(session_url, "DELETE")

@@ -196,7 +196,9 @@ async def test_status_shows_a_stranger_counts_and_the_admin_everything(tmp_path:
         session_id = session_url.rsplit("/", 1)[1]
         text = repr(stranger)
         assert session_id not in text and "127.0.0.1" not in text
-        assert stranger["viewers"] == {"count": 1}
+        # Counts only (tests/web/test_audience.py: each way of watching).
+        assert stranger["viewers"] == {"count": 1, "by_transport": {
+            "webrtc": 1, "hls": 0, "rtsp": 0, "relays": 1}}
         assert stranger["access"] == {"viewing": "open", "role": "none"}
         for admin_only in ("relays", "errors", "integrations", "rtsp"):
             assert admin_only not in stranger, admin_only

@@ -136,6 +136,7 @@ function openGrid() {
   if (p && p.stopWebrtc) p.stopWebrtc(); // the big picture waits while the grid shows
   if (p && p.setState) p.setState("grid", "");
   window.dispatchEvent(new CustomEvent("ruseon:grid")); // hls-fallback.js stops HLS meanwhile
+  labelGrid();
   grid.open = true;
   grid.element.hidden = false;
   $("stage").dataset.view = "grid";
@@ -143,6 +144,21 @@ function openGrid() {
     if (grid.mode === "live") startLive(tile);
     else refreshSnapshot(tile);
   }
+}
+
+// The transport label says what the grid's tiles are while it shows (not the big picture's
+// transport, which rests): live WebRTC tiles, or snapshots and why. hls-fallback.js labels the
+// big picture again when a camera is chosen.
+function labelGrid() {
+  const el = $("transport");
+  if (!el) return;
+  const live = grid.mode === "live";
+  const support = (player() && player().webrtc) || webrtcSupport();
+  const reason = live ? "" : support.ok ? `more than ${LIVE_TILES_MAX} cameras` : support.reason;
+  el.textContent = live ? "WebRTC" : "Snapshots";
+  el.dataset.transport = live ? "webrtc" : "snapshot";
+  el.dataset.reason = reason;
+  el.title = live ? "Every tile plays live over WebRTC" : `Tiles are snapshots, refreshed: ${reason}`;
 }
 
 function closeGrid() {

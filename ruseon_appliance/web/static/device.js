@@ -24,8 +24,8 @@ const player = {
   previous: null,
   lastFrames: 0,
   lastFrameChange: 0,
-  viewers: null, // every viewer the status counts: WebRTC sessions + HLS clients
-  viewerCounts: null, // {webrtc, hls}
+  viewers: null, // every viewer the status counts (showViewers)
+  viewerCounts: null, // {webrtc, hls, rtsp, relays}
   // What this browser can play, decided once before any offer (whep.js webrtcSupport), and
   // learnt from a 406 (no codec in common): {ok} or {ok: false, reason}. Without it the page
   // plays HLS (hls-fallback.js) and never calls the camera unreachable for it.
@@ -287,18 +287,28 @@ async function statsTick() {
   }
 }
 
+// Everyone watching, as /api/status counts them (viewers.by_transport): WebRTC sessions, HLS
+// clients (an address + user agent seen in the last seconds: a page on HLS is one), RTSP clients
+// playing and relays sending. The total, then each way that has anyone ("3 (1 HLS · 1 RTSP ·
+// 1 relay)"); just the number when all of them are on WebRTC.
+const VIEWER_KINDS = [["webrtc", "WebRTC"], ["hls", "HLS"], ["rtsp", "RTSP"], ["relays", "relay"]];
+function showViewers(status) {
+  const by = status.viewers.by_transport || { webrtc: status.viewers.count };
+  const counts = Object.fromEntries(VIEWER_KINDS.map(([key]) => [key, Number.isFinite(by[key]) ? by[key] : 0]));
+  const total = Object.values(counts).reduce((a, b) => a + b, 0);
+  player.viewers = total;
+  player.viewerCounts = counts;
+  const parts = VIEWER_KINDS.filter(([key]) => counts[key] > 0)
+    .map(([key, name]) => `${counts[key]} ${name}${key === "relays" && counts[key] !== 1 ? "s" : ""}`);
+  $("stat-viewers").textContent = total === counts.webrtc ? String(total) : `${total} (${parts.join(" · ")})`;
+}
+
 async function refreshStatus() {
   try {
     const response = await fetch("/api/status", { cache: "no-store" });
     if (!response.ok) return;
     const status = await response.json();
-    // Everyone watching: WebRTC sessions and HLS clients (an address + user agent seen in the
-    // last seconds), each named when HLS has any; a page on HLS is one of the latter.
-    const webrtc = status.viewers.count;
-    const hls = status.hls && Number.isFinite(status.hls.clients) ? status.hls.clients : 0;
-    player.viewers = webrtc + hls;
-    player.viewerCounts = { webrtc, hls };
-    $("stat-viewers").textContent = hls ? `${webrtc + hls} (${webrtc} WebRTC · ${hls} HLS)` : String(webrtc);
+    showViewers(status);
     $("device-name").textContent = status.device.hostname || "";
     document.title = `${status.device.hostname || "RUSEON"} · Camera`;
     // A camera that is down (none detected, unplugged, refusing) says why on the picture.

@@ -262,10 +262,11 @@ function hlsTick() {
 function watch() {
   const p = player();
   if (!p || state.mode !== "webrtc") return;
+  // "grid": cameras.js shows every camera's tile (and labels them); the big picture waits.
+  if (p.state === "grid") { state.notLiveSince = performance.now(); return; }
   // Another module (recordings.js) may hand the video back to WebRTC by setting the mode.
   if ($("transport") && $("transport").dataset.transport !== "webrtc") label("WebRTC");
-  // "grid": cameras.js shows every camera's tile and the big picture waits on purpose.
-  if (p.state === "live" || p.state === "auth" || p.state === "grid" || p.reachable === false) {
+  if (p.state === "live" || p.state === "auth" || p.reachable === false) {
     state.notLiveSince = performance.now();
     return;
   }

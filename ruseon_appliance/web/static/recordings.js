@@ -32,6 +32,7 @@ const rec = {
   renders: 0,
   loads: 0,
   error: null,
+  holesSkipped: 0, // holes in the buffered recording jumped over (jumpHole)
   abort: null,
   codec: "avc1.42e01f",
 };
@@ -152,6 +153,15 @@ function takeVideo() {
   }
   p.transport = "playback"; // device.js neither reconnects nor checks for stalls meanwhile
   p.stopWebrtc();
+  // The label says a recording plays, not the live transport that rests meanwhile; going back
+  // to live, hls-fallback.js labels WebRTC or HLS again.
+  const el = $("transport");
+  if (el) {
+    el.textContent = "Recording";
+    el.dataset.transport = "recording";
+    el.dataset.reason = "";
+    el.title = "A recording from the device plays, not the live picture";
+  }
 }
 
 async function play(at, seconds) {
@@ -233,6 +243,31 @@ video.addEventListener("ended", () => {
   if (p && !p.selected && p.end < p.rangeEnd - 500) play(p.end);
 });
 video.addEventListener("timeupdate", () => { if (rec.playing) render(); });
+
+// A hole in what the browser buffered (WebKitGTK's MSE leaves some in a clip whose fragments
+// are continuous: 0.1-2 s here) stops playback for good at its edge, as a live stream's would
+// (hls.js jumps those): while a recording plays and time stands still at the end of a buffered
+// range, skip to the next one if it starts close ahead.
+const HOLE_MAX_S = 5;
+const STUCK_MS = 1000;
+let stuck = { time: -1, since: 0 };
+function jumpHole() {
+  if (!rec.playing || video.paused || video.seeking) { stuck.time = -1; return; }
+  const now = performance.now();
+  if (video.currentTime !== stuck.time) { stuck = { time: video.currentTime, since: now }; return; }
+  if (now - stuck.since < STUCK_MS) return;
+  const ranges = video.buffered;
+  for (let i = 0; i < ranges.length; i++) {
+    const start = ranges.start(i);
+    if (start > video.currentTime && start - video.currentTime <= HOLE_MAX_S) {
+      rec.holesSkipped = (rec.holesSkipped || 0) + 1;
+      video.currentTime = start + 0.001;
+      stuck.time = -1;
+      return;
+    }
+  }
+}
+setInterval(jumpHole, 250);
 
 function backToLive() {
   if (!rec.playing) return;
