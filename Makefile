@@ -8,7 +8,7 @@ ARGS   ?=
 .PHONY: run test lint bench image system-deps clean
 .DEFAULT_GOAL := run
 
-$(STAMP): pyproject.toml scripts/bootstrap-venv
+$(STAMP): pyproject.toml requirements.lock scripts/bootstrap-venv
 	PYTHON=$(PYTHON) scripts/bootstrap-venv $(VENV)
 	@touch $@
 

@@ -1,12 +1,14 @@
 #!/bin/sh
 # Install the RUSEON appliance on a board (or into an image rootfs, run inside its chroot).
 #
-#   systemd/install.sh [--source PATH] [--wheels DIR] [--prefix /opt/ruseon]
+#   systemd/install.sh [--source PATH] [--wheels DIR] [--lock FILE] [--prefix /opt/ruseon]
 #                      [--socket-activation] [--no-enable] [--no-start]
 #
 # --source PATH        the project to install: a wheel file or a source directory
 #                      (default: the checkout this script is in).
 # --wheels DIR         install offline from the wheels in DIR (pip --no-index --find-links DIR).
+# --lock FILE          the dependencies exactly as FILE pins them (requirements.lock: pip
+#                      --require-hashes --no-deps, then pip check), the project without its deps.
 # --prefix DIR         where the venv goes (default /opt/ruseon). The unit expects /opt/ruseon.
 # --socket-activation  also enable ruseon-http.socket (port 80) and ruseon-rtc.socket (UDP 8189).
 # --no-enable          install only; do not enable the units.
@@ -26,13 +28,14 @@ set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 source_path=$(dirname "$here")
 wheels=""
+lock=""
 prefix=/opt/ruseon
 socket_activation=no
 enable=yes
 start=yes
 
 usage() {
-    sed -n '2,15s/^# \{0,1\}//p' "$0"
+    sed -n '2,17s/^# \{0,1\}//p' "$0"
     exit "${1:-0}"
 }
 
@@ -40,6 +43,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --source) source_path=$2; shift 2 ;;
         --wheels) wheels=$2; shift 2 ;;
+        --lock) lock=$2; shift 2 ;;
         --prefix) prefix=$2; shift 2 ;;
         --socket-activation) socket_activation=yes; shift ;;
         --no-enable) enable=no; shift ;;
@@ -60,6 +64,9 @@ python3 -c 'import ensurepip' 2>/dev/null \
 if [ -n "$wheels" ] && [ ! -d "$wheels" ]; then
     die "--wheels $wheels is not a directory"
 fi
+if [ -n "$lock" ] && [ ! -f "$lock" ]; then
+    die "--lock $lock does not exist"
+fi
 
 # 1. The venv. Re-running python3 -m venv on an existing venv only refreshes its scripts.
 step "venv in $prefix (with system site packages)"
@@ -69,13 +76,29 @@ if [ -n "$wheels" ]; then
 else
     set --
 fi
-step "installing $source_path"
 # PIP_* would otherwise leak in from the caller; keep the install reproducible.
-PIP_DISABLE_PIP_VERSION_CHECK=1 "$prefix/bin/pip" install --quiet --no-cache-dir "$@" \
-    --upgrade "$source_path"
-# Same version number, new code: replace the project itself without touching its dependencies.
-PIP_DISABLE_PIP_VERSION_CHECK=1 "$prefix/bin/pip" install --quiet --no-cache-dir "$@" \
-    --force-reinstall --no-deps "$source_path"
+pip() { PIP_DISABLE_PIP_VERSION_CHECK=1 "$prefix/bin/pip" "$@"; }
+if [ -n "$lock" ]; then
+    # Exactly the locked wheels, each checked against its hash (a pin that an OS package of the
+    # very same version already satisfies, seen through --system-site-packages, stays the OS's).
+    step "installing the dependencies pinned in $(basename "$lock") (hashes checked)"
+    pip install --quiet --no-cache-dir "$@" --require-hashes --no-deps -r "$lock"
+    step "installing $source_path (its dependencies: the lock's)"
+    pip install --quiet --no-cache-dir "$@" --force-reinstall --no-deps "$source_path"
+    # The lock must hold every dependency at a version the project (and what the lock put in)
+    # accepts; what pip check says of the OS's own Python packages is not the lock's business.
+    names=$( { echo ruseon-appliance; sed -n 's/^\([A-Za-z0-9_.-]*\)==.*/\1/p' "$lock"; } \
+        | tr 'A-Z_.' 'a-z--')
+    broken=$(pip check 2>&1 | awk -v names="$names" '
+        BEGIN { n = split(names, list, "\n"); for (i = 1; i <= n; i++) ours[list[i]] = 1 }
+        { name = tolower($1); gsub(/[_.]/, "-", name); if (name in ours) print }') || true
+    [ -z "$broken" ] || die "the lock does not satisfy the project: $broken"
+else
+    step "installing $source_path"
+    pip install --quiet --no-cache-dir "$@" --upgrade "$source_path"
+    # Same version number, new code: replace the project itself without touching its dependencies.
+    pip install --quiet --no-cache-dir "$@" --force-reinstall --no-deps "$source_path"
+fi
 "$prefix/bin/ruseon" --help >/dev/null || die "$prefix/bin/ruseon does not run"
 
 # 2. Units, user, directories.

@@ -2,8 +2,8 @@
 # The appliance layer, applied to a Debian-family rootfs. Both image targets run this:
 # rpi-image-gen's layer (a customize hook) for the Raspberry Pi OS image, and `image/build debian`.
 #
-#   image/layer/apply.sh ROOTFS --wheel FILE [--wheels DIR] [--ssh] [--admin-user NAME]
-#                        [--network-manager]
+#   image/layer/apply.sh ROOTFS --wheel FILE [--wheels DIR] [--lock FILE] [--ssh]
+#                        [--admin-user NAME] [--network-manager]
 #
 # It installs the appliance with the same systemd/install.sh a board uses (run in a chroot, with
 # /proc and /dev already mounted by the caller), then adds the image-only parts: the first-boot
@@ -15,15 +15,19 @@
 # --admin-user NAME  the image's login user (rpi-image-gen's device user1, "pi"): first boot puts
 #                    SSH keys there.
 # --network-manager  make NetworkManager the one network stack (see network-manager.sh).
+# --lock FILE        the pinned, hashed dependency wheels (default: the checkout's
+#                    requirements.lock); install.sh installs exactly those. The image records
+#                    the lock and the project's commit in /etc/ruseon/build-info.
 # It needs python3, python3-venv and systemd in ROOTFS.
 set -eu
 
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(dirname "$(dirname "$here")")
-rootfs=${1:?usage: apply.sh ROOTFS --wheel FILE [--wheels DIR] [--ssh] [--admin-user NAME] [--network-manager]}
+rootfs=${1:?usage: apply.sh ROOTFS --wheel FILE [--wheels DIR] [--lock FILE] [--ssh] [--admin-user NAME] [--network-manager]}
 shift
 wheel=""
 wheels=""
+lock=$repo/requirements.lock
 ssh=no
 admin_user=""
 network_manager=no
@@ -31,6 +35,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --wheel) wheel=$2; shift 2 ;;
         --wheels) wheels=$2; shift 2 ;;
+        --lock) lock=$2; shift 2 ;;
         --ssh) ssh=yes; shift ;;
         --admin-user) admin_user=$2; shift 2 ;;
         --network-manager) network_manager=yes; shift ;;
@@ -39,6 +44,7 @@ while [ $# -gt 0 ]; do
 done
 [ -d "$rootfs/etc" ] || { echo "apply.sh: $rootfs is not a rootfs" >&2; exit 1; }
 [ -f "$wheel" ] || { echo "apply.sh: --wheel FILE is required (got '$wheel')" >&2; exit 1; }
+[ -f "$lock" ] || { echo "apply.sh: no lock file $lock (image/build lock writes it)" >&2; exit 1; }
 if [ -n "$admin_user" ] && ! chroot "$rootfs" getent passwd "$admin_user" >/dev/null; then
     echo "apply.sh: --admin-user $admin_user has no account in $rootfs" >&2; exit 1
 fi
@@ -51,7 +57,9 @@ rm -rf "$stage"
 mkdir -p "$stage/dist"
 cp -r "$repo/systemd" "$stage/systemd"
 cp "$wheel" "$stage/dist/"
-set -- --source "/tmp/ruseon-install/dist/$(basename "$wheel")" --no-start
+cp "$lock" "$stage/requirements.lock"
+set -- --source "/tmp/ruseon-install/dist/$(basename "$wheel")" --no-start \
+    --lock /tmp/ruseon-install/requirements.lock
 if [ -n "$wheels" ]; then
     cp -r "$wheels" "$stage/wheels"
     set -- "$@" --wheels /tmp/ruseon-install/wheels
@@ -59,6 +67,39 @@ fi
 say "running systemd/install.sh in the rootfs"
 chroot "$rootfs" /bin/sh /tmp/ruseon-install/systemd/install.sh "$@"
 rm -rf "$stage"
+
+# What the image was built from: the project's version and commit, and the lock (kept whole
+# beside it) with the versions it pinned. Read by the service: /api/status shows it to admin.
+say "build info: /etc/ruseon/build-info"
+install -d "$rootfs/usr/lib/ruseon"
+install -m 0644 "$lock" "$rootfs/usr/lib/ruseon/requirements.lock"
+commit=$(git -C "$repo" rev-parse HEAD 2>/dev/null) || commit=unknown
+dirty=false
+if [ "$commit" != unknown ] && [ -n "$(git -C "$repo" status --porcelain --untracked-files=no 2>/dev/null)" ]; then
+    dirty=true
+fi
+{
+    echo "# What this image was built from (image/layer/apply.sh); /api/status shows it to admin."
+    printf 'version = "%s"
+' "$(basename "$wheel" | cut -d- -f2)"
+    printf 'commit = "%s"
+' "$commit"
+    echo "# Uncommitted changes to tracked files were in the build."
+    printf 'commit_dirty = %s
+' "$dirty"
+    printf 'built = "%s"
+' "$(date -u ${SOURCE_DATE_EPOCH:+-d "@$SOURCE_DATE_EPOCH"} +%Y-%m-%dT%H:%M:%SZ)"
+    printf 'arch = "%s"
+' "$(chroot "$rootfs" dpkg --print-architecture)"
+    echo 'lock = "/usr/lib/ruseon/requirements.lock"'
+    printf 'lock_sha256 = "%s"
+' "$(sha256sum "$lock" | cut -d' ' -f1)"
+    echo
+    echo "# The dependency versions the lock pinned (the wheels in /opt/ruseon)."
+    echo "[packages]"
+    sed -n 's/^\([A-Za-z0-9_.-]*\)==\([^ ]*\).*/\1 = "\2"/p' "$lock"
+} > "$rootfs/etc/ruseon/build-info"
+chmod 0644 "$rootfs/etc/ruseon/build-info"
 
 say "first-boot hook, root growth, mDNS announcement, console URL, volatile journal"
 install -d "$rootfs/usr/lib/ruseon" "$rootfs/boot/firmware" "$rootfs/etc/issue.d" \

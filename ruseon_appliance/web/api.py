@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from ruseon_appliance import __version__
+from ruseon_appliance import __version__, build_info
 from ruseon_appliance.access.policy import Role
 from ruseon_appliance.capture.liveness import stale_after_s
 from ruseon_appliance.web import metrics
@@ -163,6 +163,8 @@ class DeviceApi:
                     "http": {str(k): v for k, v in sorted(self.http_errors.items())},
                     "offers_refused": dict(self.web_metrics.offers_refused),
                 },
+                # The image's commit and locked wheels (admin only: not in VIEWER_SECTIONS).
+                "build": build_info.read_build_info(),
             }
         )
         for name, section in self.status_sections.items():

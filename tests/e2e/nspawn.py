@@ -5,8 +5,9 @@ Shared by the systemd e2e test and the image test. Three layers, each cached or 
 1. :func:`base_rootfs` — ``mmdebstrap`` of the packages in ``image/debian/packages``, built once
    into ``.cache/rootfs-<hash>`` (the hash covers the package list, suite, mirror and arch). It is
    never modified afterwards.
-2. :func:`wheels_dir` — the dependencies' wheels (plus setuptools and wheel for building the
-   project offline) in ``.cache/wheels-<hash>``, built with the host venv's pip.
+2. :func:`wheels_dir` — the dependencies' wheels exactly as ``requirements.lock`` pins them
+   (plus setuptools and wheel for building the project offline) in ``.cache/wheels-<hash>``,
+   downloaded with the host venv's pip, hashes checked.
 3. :class:`Overlay` — a writable overlayfs over the base for one test run; the project is
    installed into it with the same ``systemd/install.sh`` a board uses, offline from the wheels.
 
@@ -41,6 +42,8 @@ PACKAGES_FILE = REPO / "image" / "debian" / "packages"
 # What `image/build debian --disk` adds for a machine (kernel, NetworkManager, growpart, ...).
 MACHINE_PACKAGES_FILE = REPO / "image" / "debian" / "packages-machine"
 INSTALL_SCRIPT = REPO / "systemd" / "install.sh"
+# The wheels every image installs, pinned with hashes (image/build lock writes it).
+LOCK_FILE = REPO / "requirements.lock"
 # The product's suite and its Python (image/build fetches the wheels for the same pair).
 SUITE = "trixie"
 PYTHON = "3.13"
@@ -154,26 +157,21 @@ def _build_base_rootfs(arch: str, path: Path, packages: list[str]) -> None:
     partial.rename(path)
 
 
-def _project_dependencies() -> list[str]:
-    with (REPO / "pyproject.toml").open("rb") as fh:
-        project = tomllib.load(fh)["project"]
-    deps: list[str] = list(project["dependencies"])
-    return deps
-
-
 # Built into the wheel cache so the project itself can be built offline (build isolation).
 BUILD_REQUIREMENTS = ["setuptools>=68", "wheel"]
 
 
 def wheels_dir_name(arch: str) -> str:
-    """The cache directory name of :func:`wheels_dir` (keyed on the dependencies)."""
-    key = _digest(RECIPE, PYTHON, arch, *_project_dependencies(), *BUILD_REQUIREMENTS)
+    """The cache directory name of :func:`wheels_dir` (keyed on the lock)."""
+    key = _digest(RECIPE, PYTHON, arch, LOCK_FILE.read_text(encoding="utf-8"),
+                  *BUILD_REQUIREMENTS)
     return f"wheels-{arch}-{key}"
 
 
 def wheels_dir(arch: str = HOST_ARCH, *, build: bool = True) -> Path:
-    """Binary wheels of the project's dependencies for the rootfs's Python on ``arch`` (cached),
-    downloaded on the host by ``image/build wheels``; plus the host's build requirements."""
+    """The locked wheels of the project's dependencies for the rootfs's Python on ``arch``
+    (cached), downloaded on the host by ``image/build wheels``; plus the host's build
+    requirements."""
     path = CACHE / wheels_dir_name(arch)
     if (path / ".complete").exists():
         return path
@@ -190,16 +188,20 @@ def wheels_dir(arch: str = HOST_ARCH, *, build: bool = True) -> Path:
 def _download_wheels(arch: str, path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
     path.mkdir(parents=True)
-    _log(f"downloading {path.name}: {' '.join(_project_dependencies())}")
+    _log(f"downloading {path.name}: the wheels {LOCK_FILE.name} pins")
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
     # setuptools and wheel (pure Python) build the project on the host, offline.
     subprocess.run([*pip, "download", "-q", "-d", str(path), *BUILD_REQUIREMENTS], check=True)
-    dist = path / ".dist"
-    project = project_wheel(dist, wheels=path)
-    subprocess.run([str(REPO / "image/build"), "wheels", "--arch", arch, "--out", str(path),
-                    "--wheel", str(project)], check=True)
-    shutil.rmtree(dist)
+    subprocess.run([str(REPO / "image/build"), "wheels", "--arch", arch, "--out", str(path)],
+                   check=True)
     (path / ".complete").touch()
+
+
+def project_version() -> str:
+    """pyproject.toml's version (the wheel's and build-info's)."""
+    with (REPO / "pyproject.toml").open("rb") as fh:
+        version: str = tomllib.load(fh)["project"]["version"]
+    return version
 
 
 def project_wheel(out_dir: Path, *, wheels: Path | None = None) -> Path:
@@ -464,13 +466,14 @@ def run_in_rootfs(
 
 
 def install_appliance(rootfs: Path, wheel: Path, *extra_args: str) -> str:
-    """Run ``systemd/install.sh`` inside ``rootfs`` with ``wheel``, offline; return its output."""
+    """Run ``systemd/install.sh`` inside ``rootfs`` with ``wheel``, offline, the dependencies as
+    the lock pins them (as the image installs them); return its output."""
     wheels = wheels_dir(build=False)
     result = run_in_rootfs(
         rootfs,
         [
             "/mnt/src/systemd/install.sh", "--source", f"/mnt/dist/{wheel.name}",
-            "--wheels", "/mnt/wheels", *extra_args,
+            "--wheels", "/mnt/wheels", "--lock", f"/mnt/src/{LOCK_FILE.name}", *extra_args,
         ],
         binds_ro=[(REPO, "/mnt/src"), (wheel.parent, "/mnt/dist"), (wheels, "/mnt/wheels")],
     )

@@ -7,20 +7,27 @@ it takes seconds, not minutes. The container shares the test's private network n
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 import socket
 import subprocess
 import tempfile
+import tomllib
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import aioice.ice
 import pytest
+from packaging.utils import canonicalize_name
 
 from tests.e2e import nspawn
 from tests.e2e.whep_viewer import WhepRefused, watch
+from tests.test_lock import locked
 from tests.tooling import free_port, require_root, require_tool
 
 pytestmark = [pytest.mark.container, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -498,3 +505,55 @@ def test_the_built_image_has_timesyncd_enabled_and_its_clock_file(
     owner = booted_image.container.run(
         "stat", "-c", "%U", "/var/lib/systemd/timesync/clock").stdout.strip()
     assert owner == "systemd-timesync", owner
+
+
+def test_the_image_installs_exactly_the_lock_and_records_it_with_the_commit(
+        booted_image: BootedImage) -> None:
+    """install.sh --lock: every locked wheel, hashes checked; numpy is the venv's locked wheel,
+    not the OS's python3-numpy. /etc/ruseon/build-info names the commit and the lock."""
+    assert "install.sh: installing the dependencies pinned in requirements.lock (hashes checked)" \
+        in booted_image.build_log, booted_image.build_log
+    pins = {name: version for name, (version, _) in locked().items()}
+    listed = booted_image.container.run("/opt/ruseon/bin/pip", "list", "--format=json",
+                                        "--disable-pip-version-check").stdout
+    installed = {canonicalize_name(p["name"]): p["version"] for p in json.loads(listed)}
+    wrong = {name: (installed.get(name), version) for name, version in pins.items()
+             if installed.get(name) != version}
+    assert not wrong, f"image venv vs lock: {wrong}"
+    numpy = booted_image.container.run("/opt/ruseon/bin/python", "-c",
+                                       "import numpy; print(numpy.__file__)").stdout
+    assert numpy.startswith("/opt/ruseon/lib/"), numpy
+    rootfs = booted_image.rootfs
+    lock = nspawn.LOCK_FILE.read_bytes()
+    assert (rootfs / "usr/lib/ruseon/requirements.lock").read_bytes() == lock
+    info = tomllib.loads((rootfs / "etc/ruseon/build-info").read_text())
+    git = ["git", "-C", str(REPO)]
+    commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True,
+                            check=True).stdout.strip()
+    dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True, check=True).stdout.strip() != ""
+    assert (info["commit"], info["commit_dirty"]) == (commit, dirty)
+    assert info["lock_sha256"] == hashlib.sha256(lock).hexdigest()
+    assert info["arch"] == "amd64" and info["version"] == nspawn.project_version()
+    assert {canonicalize_name(n): v for n, v in info["packages"].items()} == pins
+
+
+def test_status_shows_the_build_to_the_admin_and_not_to_a_stranger(
+        booted_image: BootedImage) -> None:
+    """From outside the machine: /api/status without a credential is refused and says nothing
+    of the build; with the admin secret (auth.token here) it has the image's commit."""
+    c = booted_image.container
+    nspawn.wait_for(lambda: c.show("ruseon", "ActiveState")["ActiveState"] == "active", 60,
+                    "ruseon.service active")
+    commit = tomllib.loads((booted_image.rootfs / "etc/ruseon/build-info").read_text())["commit"]
+    url = booted_image.url + "/api/status"
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(url, timeout=10)
+    assert refused.value.code == 401
+    assert commit not in refused.value.read().decode()
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {TOKEN}"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        status = json.load(response)
+    assert status["access"]["role"] == "admin"
+    assert status["build"]["commit"] == commit
+    assert status["build"]["packages"]["aiortc"] == locked()["aiortc"][0]
