@@ -341,7 +341,8 @@ class Appliance:
                 "up": camera.problem() is None,
                 "stalled": bool(camera.stall_watcher and camera.stall_watcher.stalled),
                 "recording": bool(recorder and recorder.active),
-                "recording_state": recorder.state if recorder else "stopped"}
+                "recording_state": recorder.state if recorder else "stopped",
+                "motion": bool(camera.motion and camera.motion.active)}
         return out
 
     async def _toggle_recording(self, camera: str = "") -> None:

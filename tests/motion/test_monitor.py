@@ -14,7 +14,9 @@ import pytest
 from ruseon_appliance.capture.access_unit import AccessUnit
 from ruseon_appliance.capture.ring import RingBuffer
 from ruseon_appliance.events import EventBus
-from ruseon_appliance.motion import EventStore, MotionMonitor, MotionSettings
+from ruseon_appliance.motion.detector import MotionSettings
+from ruseon_appliance.motion.monitor import MotionMonitor
+from ruseon_appliance.motion.store import EventStore
 from tests.motion.scenes import Scene, Unit, encode, seconds_of
 
 W, H = 320, 180
