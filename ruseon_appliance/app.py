@@ -320,7 +320,7 @@ class Appliance:
         return {
             "viewers": len(self.engine.sessions) if self.engine else 0,
             **{key: default[key] for key in ("fps", "bitrate", "keyframe_age_s", "stalled",
-                                             "recording", "recording_state")},
+                                             "recording", "recording_state", "motion")},
             "clock_unsynchronized": not self.clock.synchronized,
             "cameras": cameras,
         }

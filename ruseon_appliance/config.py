@@ -350,7 +350,8 @@ class RelayConfig:
 MQTT_SCHEMES = ("mqtt", "mqtts")
 # What a [[webhook]] may subscribe to (the event bus's names, ruseon_appliance/events).
 WEBHOOK_EVENTS = ("viewer_joined", "viewer_left", "camera_stalled", "camera_recovered",
-                  "recording_started", "recording_stopped", "controls_changed")
+                  "recording_started", "recording_stopped", "controls_changed",
+                  "motion_started", "motion_ended")
 
 
 @dataclass(frozen=True, slots=True)
