@@ -6,7 +6,6 @@ listed after a restart."""
 
 from __future__ import annotations
 
-import asyncio
 import io
 import json
 from pathlib import Path
@@ -28,12 +27,14 @@ from ruseon_appliance.config import (
     HttpConfig,
     MqttConfig,
     StateConfig,
+    WebhookConfig,
     WebRtcConfig,
 )
 from tests.motion.scenes import Scene, encode
 from tests.mqtt.broker import Mosquitto, Recorder
 from tests.mqtt.test_home_assistant import REQUIRED, discovery
 from tests.tooling import free_port
+from tests.webhooks.test_webhooks import SECRET, Receiver, serve
 
 pytestmark = pytest.mark.slow
 
@@ -49,7 +50,7 @@ def write_clip(path: Path) -> None:
     path.write_bytes(b"".join(u.data for u in units))
 
 
-def config_for(tmp_path: Path, clip: Path, broker_port: int) -> Config:
+def config_for(tmp_path: Path, clip: Path, broker_port: int, hook: str) -> Config:
     return Config(
         cameras=(CameraConfig(name="porch", source=f"file:{clip}", width=W, height=H,
                               framerate=30, keyframe_interval=30,
@@ -61,6 +62,8 @@ def config_for(tmp_path: Path, clip: Path, broker_port: int) -> Config:
         hls=HlsConfig(enable=False),
         mqtt=MqttConfig(url=f"mqtt://127.0.0.1:{broker_port}", state_interval_s=30,
                         device_id="dev1"),
+        webhook=(WebhookConfig(url=hook, secret=SECRET,
+                               events=("motion_started", "motion_ended")),),
     )
 
 
@@ -72,11 +75,25 @@ async def get_json(http: aiohttp.ClientSession, url: str, status: int = 200) -> 
 
 
 async def test_an_event_through_the_appliance_api_mqtt_and_a_restart(tmp_path: Path) -> None:
+    receiver = Receiver(fail_first=0)
+    async with serve(receiver.handle) as hook:
+        await scenario(tmp_path, receiver, hook)
+
+
+async def scenario(tmp_path: Path, receiver: Receiver, hook: str) -> None:
+    """The file camera, the broker and the webhook receiver at ``hook``."""
     clip = tmp_path / "crossing.h264"
     write_clip(clip)
     broker = Mosquitto(tmp_path, free_port())
     broker.start()
-    config = config_for(tmp_path, clip, broker.port)
+    try:
+        await run(config_for(tmp_path, clip, broker.port, hook), broker, receiver)
+    finally:
+        broker.stop()
+
+
+async def run(config: Config, broker: Mosquitto, receiver: Receiver) -> None:
+    """First run: the event as it happens; second run: the event kept."""
     base = f"http://127.0.0.1:{config.http.listen.port}"
     app = Appliance(config)
     bus: list[Any] = []
@@ -115,6 +132,11 @@ async def test_an_event_through_the_appliance_api_mqtt_and_a_restart(tmp_path: P
             assert names == [("motion_started", event["id"]), ("motion_ended", event["id"])]
             ended = bus[[e.name for e in bus].index("motion_ended")]
             assert ended.data["snapshot"] == event["snapshot"]
+            # Webhooks got both, signed, with the event id and the snapshot URL.
+            await receiver.wait_for(lambda: len(receiver.accepted) >= 2, "two motion webhooks")
+            assert [(d["event"], d["event_id"], signed) for d, signed in receiver.accepted] == [
+                ("motion_started", event["id"], True), ("motion_ended", event["id"], True)]
+            assert receiver.accepted[1][0]["snapshot"] == event["snapshot"]
 
             async with http.get(base + event["snapshot"], headers=AUTH) as resp:
                 assert resp.status == 200 and resp.content_type == "image/jpeg"
@@ -161,5 +183,3 @@ async def test_an_event_through_the_appliance_api_mqtt_and_a_restart(tmp_path: P
                 assert resp.status == 200 and await resp.read() == jpeg
     finally:
         await again.stop()
-        broker.stop()
-    await asyncio.sleep(0)
