@@ -330,7 +330,7 @@ class Appliance:
         return {
             "viewers": len(self.engine.sessions) if self.engine else 0,
             **{key: default[key] for key in ("fps", "bitrate", "keyframe_age_s", "stalled",
-                                             "recording", "recording_state")},
+                                             "recording", "recording_state", "motion")},
             "clock_unsynchronized": not self.clock.synchronized,
             "cameras": cameras,
         }
@@ -351,7 +351,8 @@ class Appliance:
                 "up": camera.problem() is None,
                 "stalled": bool(camera.stall_watcher and camera.stall_watcher.stalled),
                 "recording": bool(recorder and recorder.active),
-                "recording_state": recorder.state if recorder else "stopped"}
+                "recording_state": recorder.state if recorder else "stopped",
+                "motion": bool(camera.motion and camera.motion.active)}
         return out
 
     async def _toggle_recording(self, camera: str = "") -> None:

@@ -119,6 +119,17 @@ class CameraConfig:
     max_frame_bytes: int = 1024 * 1024
     # rpicam-vid executable (for source = rpicam).
     rpicam_command: str = "rpicam-vid"
+    # Motion detection (ruseon_appliance/motion/), on by default: sensitivity 0 to 100; motion
+    # must last min_duration_s to start an event, which ends off_delay_s after the last motion;
+    # the next starts min_gap_s after it at the soonest. Zones are polygons "x,y x,y x,y ..."
+    # in picture coordinates from 0 to 1 (y down): include (look only there), exclude (masks).
+    motion: bool = True
+    motion_sensitivity: int = 50
+    motion_min_duration_s: float = 0.3
+    motion_off_delay_s: float = 10.0
+    motion_min_gap_s: float = 5.0
+    motion_include: tuple[str, ...] = ()
+    motion_exclude: tuple[str, ...] = ()
 
     @property
     def ring_arena_bytes(self) -> int:
@@ -339,7 +350,8 @@ class RelayConfig:
 MQTT_SCHEMES = ("mqtt", "mqtts")
 # What a [[webhook]] may subscribe to (the event bus's names, ruseon_appliance/events).
 WEBHOOK_EVENTS = ("viewer_joined", "viewer_left", "camera_stalled", "camera_recovered",
-                  "recording_started", "recording_stopped", "controls_changed")
+                  "recording_started", "recording_stopped", "controls_changed",
+                  "motion_started", "motion_ended")
 
 
 @dataclass(frozen=True, slots=True)
@@ -1013,6 +1025,28 @@ def validate_camera(cam: CameraConfig, key: str = "camera") -> None:
         cam.max_frame_bytes,
         f"16 KiB up to the ring arena ({cam.ring_arena_bytes} bytes, camera.ring_bytes)",
     )
+    validate_motion(cam, key)
+
+
+def validate_motion(cam: CameraConfig, key: str = "camera") -> None:
+    """One camera's ``motion_*`` values (zones parsed as the detector will)."""
+    from .motion.zones import parse_polygon
+
+    _check(0 <= cam.motion_sensitivity <= 100, f"{key}.motion_sensitivity",
+           cam.motion_sensitivity, "0 to 100")
+    _check(0 <= cam.motion_min_duration_s <= 60, f"{key}.motion_min_duration_s",
+           cam.motion_min_duration_s, "0 to 60 seconds")
+    _check(0 <= cam.motion_off_delay_s <= 3600, f"{key}.motion_off_delay_s",
+           cam.motion_off_delay_s, "0 to 3600 seconds")
+    _check(0 <= cam.motion_min_gap_s <= 3600, f"{key}.motion_min_gap_s",
+           cam.motion_min_gap_s, "0 to 3600 seconds")
+    for name in ("motion_include", "motion_exclude"):
+        for text in getattr(cam, name):
+            try:
+                parse_polygon(text)
+            except ValueError as exc:
+                raise ConfigError(f"{key}.{name} = {text!r} is not valid: {exc} (a zone is "
+                                  "\"x,y x,y x,y ...\", coordinates 0 to 1)") from None
 
 
 def _network_host(url: str) -> str:

@@ -203,3 +203,21 @@ def test_trusted_proxies_are_networks(tmp_path: Path) -> None:
         "192.0.2.10/32", "10.0.0.0/8", "fd00::/8"]
     env = {"RUSEON_HTTP_TRUSTED_PROXIES": "127.0.0.2,::1"}
     assert load_config(tmp_path / "x.toml", env=env).http.trusted_proxies == ("127.0.0.2", "::1")
+
+
+def test_motion_is_on_by_default_and_its_zones_are_checked(tmp_path: Path) -> None:
+    from ruseon_appliance.config import ConfigError, load_config
+
+    path = tmp_path / "ruseon.toml"
+    path.write_text('[[camera]]\nname = "a"\n\n[[camera]]\nname = "b"\nmotion = false\n'
+                    'motion_sensitivity = 80\nmotion_exclude = ["0,0 0.5,0 0.5,1"]\n')
+    a, b = load_config(path, env={}).all_cameras
+    assert a.motion and a.motion_sensitivity == 50
+    assert not b.motion and b.motion_sensitivity == 80
+    assert b.motion_exclude == ("0,0 0.5,0 0.5,1",)
+    path.write_text('[camera]\nmotion_include = ["0,0 1,0"]\n')
+    with pytest.raises(ConfigError, match=r"camera\.motion_include.*at least 3"):
+        load_config(path, env={})
+    path.write_text('[camera]\nmotion_sensitivity = 101\n')
+    with pytest.raises(ConfigError, match=r"camera\.motion_sensitivity"):
+        load_config(path, env={})

@@ -58,6 +58,8 @@ HTTP_ROUTES: tuple[tuple[frozenset[str], str, Access], ...] = tuple(
         ("GET,HEAD", "/recordings/list", Access.VIEW),
         ("GET,HEAD", "/recordings/get", Access.VIEW),
         ("GET,HEAD", "/api/recording", Access.VIEW),
+        ("GET,HEAD", "/api/events", Access.VIEW),  # motion events: when, how much, a picture
+        ("GET,HEAD", "/api/events/*/snapshot.jpg", Access.VIEW),
         # Everything that changes state or reveals what is not the picture.
         ("DELETE", "/recordings", Access.ADMIN),
         ("POST", "/api/recording/start", Access.ADMIN),

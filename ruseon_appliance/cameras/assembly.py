@@ -9,6 +9,10 @@ from ..clock import WallClock
 from ..config import CameraConfig, Config
 from ..events import EventBus, RecordingWatcher, StallWatcher
 from ..hls import HlsStream
+from ..motion.detector import MotionSettings
+from ..motion.monitor import MotionMonitor
+from ..motion.store import EventStore
+from ..motion.zones import Zone
 from ..recording import Recorder, RecorderSettings
 from .camera import Camera, CameraSet
 from .layout import camera_dir
@@ -18,7 +22,8 @@ def assemble_cameras(config: Config, *, clock: WallClock, events: EventBus) -> C
     """One :class:`Camera` per configured camera, each with its controls (saved under
     ``<state>/cameras/<name>/``), recorder (``<recording.dir>/cameras/<name>/``, its share of
     ``recording.max_bytes``), HLS stream (``[hls] enable``) and watchers; the default camera
-    is ``http.default_camera`` (else the first listed)."""
+    is ``http.default_camera`` (else the first listed). A camera with ``motion`` (the
+    default) gets its detector, its events kept in ``<recording.dir>/cameras/<name>/events/``."""
     configs = config.cameras
     rec = config.recording
     # recording.max_bytes bounds the whole recording disk: each camera keeps its share.
@@ -53,3 +58,18 @@ def _equip(camera: Camera, cam: CameraConfig, config: Config, *, archive: Path, 
         source=pipeline.source_kind, camera=camera.name)
     camera.recording_watcher = RecordingWatcher(
         events, lambda: recorder.active, lambda: recorder.state, camera=camera.name)
+    if cam.motion:
+        camera.motion = MotionMonitor(
+            pipeline.ring, motion_settings(cam), camera=camera.name, publish=events.publish,
+            store=EventStore(archive / "events", camera.name,
+                             max_age_s=rec.max_age_hours * 3600))
+
+
+def motion_settings(cam: CameraConfig) -> MotionSettings:
+    """The detector's settings from the camera's ``motion_*`` keys."""
+    zones = tuple(Zone.parse(text, include=True) for text in cam.motion_include) + tuple(
+        Zone.parse(text, include=False) for text in cam.motion_exclude)
+    return MotionSettings(sensitivity=cam.motion_sensitivity,
+                          min_duration_s=cam.motion_min_duration_s,
+                          off_delay_s=cam.motion_off_delay_s, min_gap_s=cam.motion_min_gap_s,
+                          zones=zones)

@@ -18,6 +18,7 @@ from ..capture.sources.rtsp import redact
 from ..config import CameraConfig
 from ..events import RecordingWatcher, StallWatcher
 from ..hls import HlsStream
+from ..motion.monitor import MotionMonitor
 from ..recording import Recorder
 from ..tasks import cancel_and_wait
 
@@ -82,6 +83,7 @@ class Camera:
     hls: HlsStream | None = None
     stall_watcher: StallWatcher | None = None
     recording_watcher: RecordingWatcher | None = None
+    motion: MotionMonitor | None = None
 
     def __init__(self, config: CameraConfig, *, pipeline: CapturePipeline | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -124,6 +126,8 @@ class Camera:
             await self.recorder.start()
         if self.hls is not None:
             await self.hls.start()
+        if self.motion is not None:
+            await self.motion.start()  # reads the ring like the recorder, from its first frame
         return started
 
     def start_watching(self) -> None:
@@ -222,9 +226,12 @@ class Camera:
         return busy is not None and self._clock() - busy > STUCK_S
 
     async def stop(self) -> None:
-        """Stop everything of this camera: :meth:`quiesce` if it was not, the recorder (it
-        closes its segment), the controls' pending write, the supervision and the source."""
+        """Stop everything of this camera: :meth:`quiesce` if it was not, motion detection, the
+        recorder (it closes its segment), the controls' pending write, the supervision and the
+        source."""
         await self.quiesce()
+        if self.motion is not None:
+            await self.motion.stop()  # a lasting event ends (kept, announced)
         if self.recorder is not None:
             await self.recorder.stop()
         if self.controls is not None:
@@ -285,6 +292,7 @@ class Camera:
             "frames_in": stats.get("frames_in"),
             "frames_dropped": stats.get("frames_dropped"),
             "viewers": viewers,
+            "motion": self.motion.stats() if self.motion is not None else None,
         }
 
 

@@ -154,6 +154,8 @@ class Discovery:
                     device_class="duration", state_class="measurement",
                     entity_category="diagnostic"),
             _binary("stalled", "Camera stalled", "problem"),
+            # ON from the first motion of an event, OFF when it ends (its off-delay after).
+            _binary("motion", "Motion", "motion"),
             Entity("button", "snapshot", {"name": "Snapshot", "icon": "mdi:camera",
                                           "command_topic": topics.command("snapshot"),
                                           "payload_press": PRESS}),
@@ -217,6 +219,9 @@ class Discovery:
                 "name": f"{camera} down", "device_class": "problem", "payload_on": "ON",
                 "payload_off": "OFF", "value_template":
                 f"{{{{ 'OFF' if value_json.cameras['{camera}'].up else 'ON' }}}}"}),
+            Entity("binary_sensor", f"{camera}_motion", {
+                "name": f"{camera} motion", "device_class": "motion", "payload_on": "ON",
+                "payload_off": "OFF", "value_template": flag("motion")}),
             Entity("binary_sensor", f"{camera}_stalled", {
                 "name": f"{camera} stalled", "device_class": "problem", "payload_on": "ON",
                 "payload_off": "OFF", "value_template": flag("stalled")}),

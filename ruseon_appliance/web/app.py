@@ -25,6 +25,7 @@ from ruseon_appliance.web.api import DeviceApi
 from ruseon_appliance.web.cameras import CamerasResource
 from ruseon_appliance.web.controls import ControlsResource
 from ruseon_appliance.web.cors import cors_middleware
+from ruseon_appliance.web.events import EventsResource
 from ruseon_appliance.web.hls import HlsMetrics, HlsResource
 from ruseon_appliance.web.metrics import Families, WebMetrics
 from ruseon_appliance.web.problem import ERROR_COUNTS, MAX_BODY_BYTES, problem_middleware
@@ -149,6 +150,12 @@ def make_app(
         api.metrics_sections.append(relay_resource.metrics)
 
     _add_camera_routes(app, api, config, cameras, credentials)
+    events = EventsResource({c.name: c.motion for c in cameras if c.motion is not None},
+                            cameras.names)
+    events.add_routes(app)
+    if events.monitors:
+        api.status_sections["motion"] = events.status
+        api.metrics_sections.append(events.metrics)
     api.status_sections["access"] = credentials.stats
     api.metrics_sections.append(lambda: access_metrics(credentials))
     app.router.add_get("/", _device_page)

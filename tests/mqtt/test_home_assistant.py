@@ -31,10 +31,10 @@ REQUIRED = {
     "switch": {"command_topic"},
     "select": {"command_topic", "options"},
 }
-# Camera, 4 sensors + recording state, 3 binary sensors (stalled, recording, clock not
+# Camera, 4 sensors + recording state, 4 binary sensors (stalled, motion, recording, clock not
 # synchronized), 2 buttons, and the synthetic source's 8 camera controls (5 numbers/switches
 # live, bitrate, framerate, resolution).
-ENTITIES = 11 + 8
+ENTITIES = 12 + 8
 DISCOVERY_TOPIC = re.compile(
     r"^homeassistant/(?P<component>[a-z_]+)/(?P<node>[A-Za-z0-9_-]+)/"
     r"(?P<object>[A-Za-z0-9_-]+)/config$")

@@ -1,0 +1,265 @@
+"""One camera's motion detection at run time: a reader of the camera's ring (like any other
+consumer), a worker thread that decodes and analyses (:class:`DecodeAnalyser`), the event
+store, and the bus events ``motion_started`` / ``motion_ended``.
+
+The live path never waits for the detector: the ring reader copies each access unit into a
+bounded backlog and returns to the loop; when the worker falls behind by more than the
+backlog, what is queued is dropped, the frames up to the next keyframe are skipped (a
+P-frame without its references would decode to garbage) and all of them are counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from .analyser import DecodeAnalyser
+from .detector import MotionSettings
+from .store import EventStore, StoredEvent
+from .tracker import MotionEvent, Transition
+
+if TYPE_CHECKING:
+    from ..capture.ring import RingBuffer
+
+log = logging.getLogger(__name__)
+
+# Access units the worker may be behind before frames are skipped (one second at 30 fps).
+MAX_BACKLOG = 30
+# The window the analysed frame rate is measured over.
+FPS_WINDOW_S = 5.0
+
+Publish = Callable[..., Any]  # EventBus.publish(name, **data)
+
+
+@dataclass(slots=True)
+class _Unit:
+    data: bytes
+    keyframe: bool
+    capture_time_us: int
+    after_gap: bool
+
+
+def event_id(start: float, camera: str) -> str:
+    """``<start in ms>-<camera>``: unique per camera, sortable, URL-safe."""
+    return f"{int(start * 1000):013d}-{camera}"
+
+
+class MotionMonitor:
+    """Motion detection for the camera whose ring is ``ring`` (named ``camera``)."""
+
+    def __init__(self, ring: RingBuffer, settings: MotionSettings, *, camera: str,
+                 store: EventStore | None = None, publish: Publish | None = None,
+                 max_backlog: int = MAX_BACKLOG) -> None:
+        self.ring = ring
+        self.camera = camera
+        self.store = store
+        self._publish = publish
+        self.max_backlog = max_backlog
+        self.analyser = DecodeAnalyser(settings, self._on_transition)
+        self._queue: collections.deque[_Unit] = collections.deque()
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._waiting_keyframe = False
+        self._thread: threading.Thread | None = None
+        self._reader_task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ids: dict[int, str] = {}
+        self._analysed_at: collections.deque[float] = collections.deque()
+        self.fed = 0  # access units the worker took
+        self.skipped = 0
+        self.overruns = 0
+        self.cpu_s = 0.0
+        self.current_event: str | None = None
+
+    @property
+    def settings(self) -> MotionSettings:
+        """The settings in force."""
+        return self.analyser.settings
+
+    def set_sensitivity(self, sensitivity: int) -> None:
+        """Change the sensitivity while running (the next analysed frame uses it)."""
+        settings = replace(self.settings, sensitivity=sensitivity)
+        self.analyser.detector.settings = settings
+        self.analyser.tracker.settings = settings
+
+    async def start(self) -> None:
+        """Load the stored events, start the worker thread and the ring reader."""
+        if self.store is not None:
+            count = await asyncio.to_thread(self.store.load)
+            log.debug("camera %s: %d motion events loaded", self.camera, count)
+        self._loop = asyncio.get_running_loop()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._work, name=f"motion-{self.camera}",
+                                        daemon=True)
+        self._thread.start()
+        self._reader_task = asyncio.create_task(self._read(), name=f"motion-{self.camera}")
+
+    async def stop(self) -> None:
+        """Stop reading, let the worker finish what it holds, end a lasting event."""
+        task, self._reader_task = self._reader_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            await asyncio.to_thread(thread.join)
+        await asyncio.to_thread(self.analyser.finish)
+
+    async def _read(self) -> None:
+        reader = self.ring.reader("keyframe")
+        overruns = 0
+        gap = False
+        try:
+            while True:
+                view = await reader.next()
+                if reader.overruns != overruns:  # lapped: the reader jumped to a keyframe
+                    self.overruns += reader.overruns - overruns
+                    overruns = reader.overruns
+                    gap = True
+                self._offer(_Unit(bytes(view.data), view.keyframe, view.capture_time_us, gap))
+                gap = False
+        finally:
+            reader.close()
+
+    def _offer(self, unit: _Unit) -> None:
+        """Queue ``unit`` for the worker, or skip it (counted) when the worker is behind."""
+        with self._cond:
+            if self._waiting_keyframe:
+                if not unit.keyframe:
+                    self.skipped += 1
+                    return
+                self._waiting_keyframe = False
+                unit.after_gap = True
+            elif len(self._queue) >= self.max_backlog:
+                self.skipped += len(self._queue)
+                self._queue.clear()
+                if not unit.keyframe:
+                    self.skipped += 1
+                    self._waiting_keyframe = True
+                    return
+                unit.after_gap = True
+            self._queue.append(unit)
+            self._cond.notify()
+
+    def _work(self) -> None:
+        analyser = self.analyser
+        while True:
+            with self._cond:
+                while not self._queue and not self._stopping:
+                    self._cond.wait()
+                if not self._queue:
+                    return
+                unit = self._queue.popleft()
+            self.fed += 1
+            if unit.after_gap:
+                analyser.restart()
+            try:
+                result = analyser.feed(unit.data, unit.keyframe, unit.capture_time_us)
+            except Exception:  # a detector bug must not end detection for good
+                log.exception("camera %s: motion analysis failed", self.camera)
+                analyser.restart()
+                result = None
+            if result is not None:
+                now = time.monotonic()
+                self._analysed_at.append(now)
+                while self._analysed_at and self._analysed_at[0] < now - FPS_WINDOW_S:
+                    self._analysed_at.popleft()
+            self.cpu_s = time.thread_time()
+
+    def _on_transition(self, transition: Transition,
+                       snapshot: Callable[[], bytes] | None) -> None:
+        """In the worker thread: keep the event (and its peak picture) and announce it."""
+        if transition.kind == "peak":
+            return
+        event = transition.event
+        key = id(event)
+        if transition.kind == "started":
+            self._ids[key] = event_id(event.start, self.camera)
+        name = self._ids.get(key) or event_id(event.start, self.camera)
+        if transition.kind == "ended":
+            self._ids.pop(key, None)
+        jpeg = b""
+        if snapshot is not None:
+            try:
+                jpeg = snapshot()
+            except Exception:  # a picture that does not encode loses the snapshot only
+                log.exception("camera %s: motion snapshot failed", self.camera)
+        stored = self._stored(name, event, has_snapshot=bool(jpeg) or self._had_snapshot(name))
+        if self.store is not None:
+            self.store.put(stored, jpeg or None)
+        self.current_event = name if transition.kind == "started" else None
+        data = {"camera": self.camera, "event_id": name,
+                "score": round(event.peak_score, 4), "start": round(event.start, 3),
+                "snapshot": stored.to_json()["snapshot"]}
+        if event.end is not None:
+            data["end"] = round(event.end, 3)
+        self._announce(f"motion_{transition.kind}", data)
+
+    def _had_snapshot(self, name: str) -> bool:
+        known = self.store.get(name) if self.store is not None else None
+        return bool(known and known.snapshot)
+
+    def _stored(self, name: str, event: MotionEvent, *, has_snapshot: bool) -> StoredEvent:
+        return StoredEvent(id=name, camera=self.camera, kind="motion",
+                           start=round(event.start, 3),
+                           end=None if event.end is None else round(event.end, 3),
+                           peak_score=round(event.peak_score, 4),
+                           peak_time=round(event.peak_time, 3), snapshot=has_snapshot)
+
+    def _announce(self, name: str, data: dict[str, Any]) -> None:
+        if self._publish is None:
+            return
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        publish = self._publish
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            publish(name, **data)
+            return
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody to tell
+            loop.call_soon_threadsafe(lambda: publish(name, **data))
+
+    @property
+    def active(self) -> bool:
+        """Whether an event lasts."""
+        return self.analyser.tracker.event is not None
+
+    def stats(self) -> dict[str, Any]:
+        """Counters and state for ``/api/status``, ``/metrics`` and MQTT."""
+        analyser = self.analyser
+        now = time.monotonic()
+        recent = [t for t in list(self._analysed_at) if t >= now - FPS_WINDOW_S]
+        return {
+            "active": self.active,
+            "event": self.current_event,
+            "score": round(analyser.detector.score, 4),
+            "sensitivity": self.settings.sensitivity,
+            "fps": round(len(recent) / FPS_WINDOW_S, 2),
+            "fed": self.fed,
+            "decoded": analyser.decoded,
+            "analysed": analyser.analysed,
+            "skipped": self.skipped,
+            "overruns": self.overruns,
+            "decode_errors": analyser.decode_errors,
+            "suppressed": analyser.detector.suppressed,
+            "events": analyser.tracker.events,
+            "storm_held": analyser.tracker.storm_held,
+            "stored_events": len(self.store) if self.store is not None else 0,
+            "cpu_seconds": round(self.cpu_s, 3),
+            "backlog": len(self._queue),
+        }

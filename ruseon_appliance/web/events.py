@@ -1,0 +1,131 @@
+"""``/api/events`` and ``/api/events/<id>/snapshot.jpg``: the motion events every camera's
+detector kept (motion/store.py), and their part of ``/api/status`` and ``/metrics``."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+from aiohttp import web
+
+from ruseon_appliance.motion.monitor import MotionMonitor
+from ruseon_appliance.motion.store import StoredEvent, is_event_id
+from ruseon_appliance.recording import rfc3339
+from ruseon_appliance.web.metrics import Exposition
+from ruseon_appliance.web.problem import Problem
+from ruseon_appliance.web.recordings import MAX_PARAM_CHARS, parse_time
+
+KINDS = ("motion",)
+# At most this many events in one answer (the newest); ?limit= asks for fewer.
+MAX_EVENTS = 1000
+
+# (stats key, metric suffix, kind, help)
+MOTION_METRICS = (
+    ("fps", "analysed_fps", "gauge", "Frames the motion detector analysed per second."),
+    ("decoded", "decoded_frames_total", "counter", "Frames the motion detector decoded."),
+    ("analysed", "analysed_frames_total", "counter", "Frames the motion detector analysed."),
+    ("skipped", "skipped_frames_total", "counter",
+     "Frames the motion detector could not keep up with (skipped to the next keyframe)."),
+    ("suppressed", "suppressed_frames_total", "counter",
+     "Frames where most of the picture changed at once (a light switch), not motion."),
+    ("events", "events_total", "counter", "Motion events started."),
+    ("storm_held", "storm_held_total", "counter",
+     "Motion that came within motion_min_gap_s of the previous event and started none."),
+    ("score", "score", "gauge", "The changed share of the looked-at picture (0 to 1), now."),
+    ("active", "active", "gauge", "1 while a motion event lasts."),
+    ("cpu_seconds", "cpu_seconds_total", "counter", "CPU time of the detector's thread."),
+)
+
+
+def _parse_when(name: str, text: str | None) -> float | None:
+    """``since``/``until``: Unix seconds or an RFC 3339 time; None when absent."""
+    if text is None or text == "":
+        return None
+    if len(text) > MAX_PARAM_CHARS:
+        raise Problem(400, f"{name} is too long")
+    try:
+        return float(text)
+    except ValueError:
+        return parse_time(name, text) / 1e6
+
+
+def event_json(event: StoredEvent) -> dict[str, Any]:
+    """An event as ``/api/events`` lists it (RFC 3339 times beside the Unix seconds)."""
+    out = event.to_json()
+    out["start_time"] = rfc3339(round(event.start * 1e6))
+    out["end_time"] = rfc3339(round(event.end * 1e6)) if event.end is not None else None
+    return out
+
+
+class EventsResource:
+    """The events of ``monitors`` (camera name -> its detector), in camera order."""
+
+    def __init__(self, monitors: Mapping[str, MotionMonitor], cameras: list[str]) -> None:
+        self.monitors = dict(monitors)
+        self.cameras = cameras  # every camera's name (one without motion lists nothing)
+
+    def add_routes(self, app: web.Application) -> None:
+        """``GET /api/events``, ``GET /api/events/{id}/snapshot.jpg``."""
+        app.router.add_get("/api/events", self.list_events)
+        app.router.add_get("/api/events/{id}/snapshot.jpg", self.snapshot)
+
+    async def list_events(self, request: web.Request) -> web.Response:
+        """``?camera=&since=&until=&kind=&limit=``: events overlapping [since, until]."""
+        query = request.query
+        camera = query.get("camera", "")
+        if camera and camera not in self.cameras:
+            raise Problem(404, f"no camera {camera!r}; cameras: {', '.join(self.cameras)}")
+        kind = query.get("kind", "")
+        if kind and kind not in KINDS:
+            raise Problem(400, f"kind = {kind!r} is not a kind of event: {', '.join(KINDS)}")
+        since = _parse_when("since", query.get("since"))
+        until = _parse_when("until", query.get("until"))
+        if since is not None and until is not None and until < since:
+            raise Problem(400, "until is before since")
+        limit_text = query.get("limit", "")
+        limit = MAX_EVENTS
+        if limit_text:
+            if not limit_text.isdigit() or not 1 <= int(limit_text) <= MAX_EVENTS:
+                raise Problem(400, f"limit = {limit_text!r} must be 1 to {MAX_EVENTS}")
+            limit = int(limit_text)
+        events: list[StoredEvent] = []
+        for name, monitor in self.monitors.items():
+            if (camera and name != camera) or monitor.store is None:
+                continue
+            events += monitor.store.query(since=since, until=until)
+        events.sort(key=lambda e: e.start)
+        return web.json_response({"events": [event_json(e) for e in events[-limit:]]})
+
+    async def snapshot(self, request: web.Request) -> web.Response:
+        """The JPEG of the event's frame of peak motion."""
+        event_id = request.match_info["id"]
+        if not is_event_id(event_id):
+            raise Problem(404, f"{event_id!r} is not an event id")
+        for monitor in self.monitors.values():
+            store = monitor.store
+            event = store.get(event_id) if store is not None else None
+            if store is None or event is None:
+                continue
+            if not event.snapshot:
+                break
+            try:
+                jpeg = await asyncio.to_thread(store.snapshot_path(event_id).read_bytes)
+            except OSError:
+                break
+            return web.Response(body=jpeg, content_type="image/jpeg",
+                                headers={"Cache-Control": "no-cache"})
+        raise Problem(404, f"no snapshot for event {event_id}")
+
+    def status(self) -> dict[str, Any]:
+        """``/api/status`` ``motion``: every detector's figures by camera."""
+        return {name: monitor.stats() for name, monitor in self.monitors.items()}
+
+    def metrics(self) -> str:
+        """``ruseon_motion_*{camera=...}``."""
+        out = Exposition()
+        stats = {name: monitor.stats() for name, monitor in self.monitors.items()}
+        for key, suffix, kind, help_text in MOTION_METRICS:
+            out.family(f"ruseon_motion_{suffix}", kind, help_text,
+                       [(f'{{camera="{name}"}}', float(s[key])) for name, s in stats.items()])
+        return out.text()
