@@ -211,7 +211,7 @@ def test_motion_is_on_by_default_and_its_zones_are_checked(tmp_path: Path) -> No
     path = tmp_path / "ruseon.toml"
     path.write_text('[[camera]]\nname = "a"\n\n[[camera]]\nname = "b"\nmotion = false\n'
                     'motion_sensitivity = 80\nmotion_exclude = ["0,0 0.5,0 0.5,1"]\n')
-    a, b = load_config(path, env={}).all_cameras
+    a, b = load_config(path, env={}).cameras
     assert a.motion and a.motion_sensitivity == 50
     assert not b.motion and b.motion_sensitivity == 80
     assert b.motion_exclude == ("0,0 0.5,0 0.5,1",)

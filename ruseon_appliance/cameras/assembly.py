@@ -46,7 +46,8 @@ def _equip(camera: Camera, cam: CameraConfig, config: Config, *, archive: Path, 
     camera.controls = CameraControls(pipeline.source, cam, state)
     recorder = camera.recorder = Recorder(RecorderSettings(
         directory=archive, continuous=rec.continuous, segment_s=rec.segment_s,
-        preroll_s=rec.preroll_s, max_bytes=share, max_age_s=rec.max_age_hours * 3600),
+        preroll_s=rec.preroll_s, max_bytes=share, max_age_s=rec.max_age_hours * 3600,
+        sync_interval_s=rec.sync_interval_s),
         pipeline.ring, clock=clock)
     if config.hls.enable:
         camera.hls = HlsStream(

@@ -4,17 +4,20 @@ detector kept (motion/store.py), and their part of ``/api/status`` and ``/metric
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from ruseon_appliance.motion.monitor import MotionMonitor
 from ruseon_appliance.motion.store import StoredEvent, is_event_id
 from ruseon_appliance.recording import rfc3339
-from ruseon_appliance.web.metrics import Exposition
+from ruseon_appliance.web.metrics import Families
 from ruseon_appliance.web.problem import Problem
 from ruseon_appliance.web.recordings import MAX_PARAM_CHARS, parse_time
+
+if TYPE_CHECKING:
+    from prometheus_client.core import Metric
 
 KINDS = ("motion",)
 # At most this many events in one answer (the newest); ?limit= asks for fewer.
@@ -121,11 +124,14 @@ class EventsResource:
         """``/api/status`` ``motion``: every detector's figures by camera."""
         return {name: monitor.stats() for name, monitor in self.monitors.items()}
 
-    def metrics(self) -> str:
+    def metrics(self) -> Iterator[Metric]:
         """``ruseon_motion_*{camera=...}``."""
-        out = Exposition()
+        out = Families()
         stats = {name: monitor.stats() for name, monitor in self.monitors.items()}
         for key, suffix, kind, help_text in MOTION_METRICS:
-            out.family(f"ruseon_motion_{suffix}", kind, help_text,
-                       [(f'{{camera="{name}"}}', float(s[key])) for name, s in stats.items()])
-        return out.text()
+            name = f"ruseon_motion_{suffix}"
+            family = (out.counter(name, help_text, ["camera"]) if kind == "counter"
+                      else out.gauge(name, help_text, ["camera"]))
+            for camera, figures in stats.items():
+                family.add_metric([camera], float(figures[key]))
+        return out.collect()
