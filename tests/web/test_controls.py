@@ -305,7 +305,7 @@ async def test_a_value_the_camera_refuses_is_422_and_the_old_values_run(
     from tests.capture.test_sources import fake_rpicam_camera
 
     camera = fake_rpicam_camera(tmp_path, monkeypatch, FAKE_RPICAM_REJECT="--width=1280")
-    config = dataclasses.replace(config_for(tmp_path), camera=camera)
+    config = dataclasses.replace(config_for(tmp_path), cameras=(camera,))
     async with appliance_at(config) as (appliance, http, url):
         await patch(http, url, {"bitrate": 400_000})
         await controls_of(appliance).flush()
