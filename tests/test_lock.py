@@ -19,6 +19,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from ruseon_appliance.engine import aiortc_internals
+from ruseon_appliance.stream import srtp
 
 REPO = Path(__file__).resolve().parents[1]
 LOCK = REPO / "requirements.lock"
@@ -80,7 +81,7 @@ def test_the_lock_pins_what_the_aiortc_guard_tests_were_written_for() -> None:
     pins = locked()
     assert pins["aiortc"][0] == aiortc_internals.AIORTC_VERSION
     assert pins["aioice"][0] == aiortc_internals.AIOICE_VERSION
-    assert pins["pylibsrtp"][0] == aiortc_internals.PYLIBSRTP_VERSION
+    assert pins["pylibsrtp"][0] == srtp.PYLIBSRTP_VERSION
 
 
 def test_the_dev_venv_runs_the_locked_versions() -> None:
