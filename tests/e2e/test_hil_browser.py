@@ -29,7 +29,7 @@ def hil_browser_check(device: str, webdriver: str, report: Path, *expect: str) -
     skip = [name for name in CHECKS if name != "browser"]
     command = [sys.executable, "-m", "hil", "run", "--device", device, "--quiet",
                "--webdriver", webdriver, "--webdriver-capabilities", json.dumps(CAPABILITIES),
-               "--browser-watch", "3", "--report", str(report), "--skip", *skip,
+               "--browser-watch", "4", "--report", str(report), "--skip", *skip,
                "--browser-expect", *expect]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=240,
                           check=False)
@@ -62,6 +62,7 @@ def test_hil_browser_check_drives_a_webdriver_browser_and_judges_what_played(
         status, result = hil_browser_check(device, driver, tmp_path / "safari.json",
                                            "webrtc", "native-hls")
         assert status == 1 and result["verdict"] == "fail", result
-        assert result["reason"] == (
+        # (A picture that stalled meanwhile would be named before these.)
+        assert result["reason"].endswith(
             "WebRTC expected, the page played hls.js (this browser has no WebRTC); "
             "native HLS expected, the page played hls.js"), result["reason"]

@@ -33,6 +33,7 @@ const rec = {
   loads: 0,
   error: null,
   holesSkipped: 0, // holes in the buffered recording jumped over (jumpHole)
+  sourceBuffer: null, // the playing clip's SourceBuffer
   abort: null,
   codec: "avc1.42e01f",
 };
@@ -196,6 +197,7 @@ async function play(at, seconds) {
     rec.playing.clipStart = start;
     const type = `video/mp4; codecs="${rec.codec}"`;
     const sb = ms.addSourceBuffer(MediaSource.isTypeSupported(type) ? type : 'video/mp4; codecs="avc1.42e01f"');
+    rec.sourceBuffer = sb; // for diagnostics and the end-to-end tests
     const append = (bytes) => new Promise((resolve, reject) => {
       sb.addEventListener("updateend", resolve, { once: true });
       sb.addEventListener("error", () => reject(new Error("the browser could not decode the recording")), { once: true });
