@@ -279,7 +279,8 @@ class Appliance:
             hostname=hostname(), hardware=board_model())
         rtsp = self.rtsp
         self.onvif = OnvifDevice(self.config, self.cameras, self.credentials, identity,
-                                 rtsp_port=lambda: rtsp.port if rtsp is not None else None)
+                                 rtsp_port=lambda: rtsp.port if rtsp is not None else None,
+                                 clock_synchronized=self.clock.synchronized)
         self.onvif.add_routes(app)
         app[DEVICE_API].status_sections["onvif"] = self._onvif_status
         if rtsp is None:

@@ -96,14 +96,16 @@ class OnvifDevice:
 
     def __init__(self, config: Config, cameras: Iterable[Camera], credentials: Credentials,
                  identity: Identity, *, rtsp_port: Callable[[], int | None],
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 clock_synchronized: Callable[[], bool] = lambda: True) -> None:
         self.config = config
         self.cameras = list(cameras)
         self.credentials = credentials
         self.identity = identity
         self.rtsp_port = rtsp_port
         self.clock = clock
-        self.verifier = UsernameTokenVerifier(self.accounts, clock=clock)
+        self.verifier = UsernameTokenVerifier(self.accounts, clock=clock,
+                                              synchronized=clock_synchronized)
         self.interface: Interface = interface_for(config.http.listen.host, identity.serial)
         self.requests: dict[str, int] = {}
         self.faults: dict[str, int] = {}

@@ -2,10 +2,18 @@
 
 ``PasswordDigest`` is Base64(SHA-1(nonce + created + password)) with the nonce's raw bytes;
 ``PasswordText`` is the password itself (the client's choice; over plain HTTP it is as good
-as Basic). ``Created`` must be within :data:`CLOCK_SKEW_S` of this device's clock: clients
-that care (onvif-zeep-async, so Home Assistant and Frigate; ONVIF Device Manager) first ask
-``GetSystemDateAndTime`` unauthenticated and write ``Created`` in the device's time, so a Pi
-whose clock is hours off is still reached; a nonce seen within the window is a replay.
+as Basic).
+
+``Created`` must be within :data:`CLOCK_SKEW_S` of this device's clock while that clock is
+synchronized (NTP). Home Assistant does *not* correct its ``Created`` by the device's
+``GetSystemDateAndTime`` (its ``ONVIFCamera`` runs with ``adjust_time`` off; it only warns
+"this could lead to authentication issues" when the clocks differ by 5 s or more, and sets the
+camera's clock only when it says ``DateTimeType = Manual``, which this device never does), so
+a Pi that booted without a network time source, hours or days off, would refuse Home
+Assistant for as long as it stays unsynchronized. There ``Created`` is not judged. Either
+way a nonce seen before (kept for twice the window, at most :data:`MAX_NONCES`) is a replay
+and refused; and no ONVIF operation here changes anything, so a replayed request could only
+read again what it read.
 """
 
 from __future__ import annotations
@@ -53,9 +61,11 @@ class UsernameTokenVerifier:
 
     def __init__(self, accounts: Callable[[], Sequence[Account]], *,
                  clock: Callable[[], float] = time.time,
+                 synchronized: Callable[[], bool] = lambda: True,
                  skew_s: float = CLOCK_SKEW_S) -> None:
         self.accounts = accounts
         self.clock = clock
+        self.synchronized = synchronized
         self.skew_s = skew_s
         self._nonces: OrderedDict[bytes, float] = OrderedDict()
 
@@ -89,7 +99,7 @@ class UsernameTokenVerifier:
         except (binascii.Error, ValueError):
             raise _refused("the UsernameToken's Nonce or Created cannot be read") from None
         now = self.clock()
-        if not nonce or abs(now - created_at) > self.skew_s:
+        if not nonce or (abs(now - created_at) > self.skew_s and self.synchronized()):
             raise _refused("the UsernameToken's Created is too far from this device's clock "
                            "(ask GetSystemDateAndTime and write Created in its time)")
         for account in accounts:
