@@ -280,7 +280,7 @@ class Appliance:
         rtsp = self.rtsp
         self.onvif = OnvifDevice(self.config, self.cameras, self.credentials, identity,
                                  rtsp_port=lambda: rtsp.port if rtsp is not None else None,
-                                 clock_synchronized=self.clock.synchronized)
+                                 clock_synchronized=self.clock.refresh)
         self.onvif.add_routes(app)
         app[DEVICE_API].status_sections["onvif"] = self._onvif_status
         if rtsp is None:
