@@ -5,20 +5,23 @@ on a running Appliance, and the verifier alone for the clock rules."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import datetime as dt
 import hashlib
 import os
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import aiohttp
 import pytest
 
 from ruseon_appliance.access.policy import Access, Role
 from ruseon_appliance.app import Appliance
+from ruseon_appliance.config import ConfigError, OnvifConfig, load_config
 from ruseon_appliance.onvif.operations import DEVICE, MEDIA, OPERATIONS, answered
 from ruseon_appliance.onvif.security import CLOCK_SKEW_S, Account, UsernameTokenVerifier
 from ruseon_appliance.onvif.soap import MAX_BODY_BYTES, NAMESPACES, SOAP_ENV
-from tests.onvif.conftest import SECRET
+from tests.onvif.conftest import SECRET, appliance_config
 
 ENV = (f'<s:Envelope xmlns:s="{SOAP_ENV}" xmlns:tds="{DEVICE}" xmlns:trt="{MEDIA}">'
        "{header}<s:Body>{body}</s:Body></s:Envelope>")
@@ -145,3 +148,31 @@ def test_the_clock_window_holds_while_the_device_clock_is_synchronized() -> None
     with pytest.raises(Exception, match="wrong user name or password"):
         unsynced.role_of(_header(token("not-it")))
     assert unsynced.role_of(_header("<s:Header/>")) == (None, "")
+
+
+def test_onvif_is_off_by_default_and_read_from_toml(tmp_path: Path) -> None:
+    assert load_config(tmp_path / "absent.toml", env={}).onvif == OnvifConfig()
+    assert OnvifConfig().enable is False
+    secret = tmp_path / "onvif-password"
+    secret.write_text("from-a-file\n")
+    path = tmp_path / "ruseon.toml"
+    path.write_text(f'[onvif]\nenable = true\nusername = "nvr"\npassword_file = "{secret}"\n')
+    config = load_config(path, env={})
+    assert config.onvif.enable and config.onvif.username == "nvr"
+    assert config.onvif.resolve_password() == "from-a-file"
+    path.write_text("[onvif]\nport = 80\n")
+    with pytest.raises(ConfigError, match=r"onvif\.port"):
+        load_config(path, env={})
+
+
+async def test_onvif_routes_exist_only_when_enabled(tmp_path: Path) -> None:
+    config = appliance_config(tmp_path, rtsp=False)
+    app = Appliance(dataclasses.replace(config, onvif=OnvifConfig()))
+    await app.start()
+    try:
+        assert app.onvif is None
+        url = f"http://127.0.0.1:{config.http.listen.port}/onvif/device_service"
+        async with aiohttp.ClientSession() as http, http.post(url, data=b"<x/>") as response:
+            assert response.status in (404, 405)
+    finally:
+        await app.stop()
