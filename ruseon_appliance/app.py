@@ -283,6 +283,9 @@ class Appliance:
                                  clock_synchronized=self.clock.refresh)
         self.onvif.add_routes(app)
         app[DEVICE_API].status_sections["onvif"] = self._onvif_status
+        log.info("onvif: device service at /onvif/device_service (user %s), profiles %s",
+                 self.config.onvif.username or "admin", ", ".join(self.cameras.names),
+                 extra={"EVENT": "onvif", "MAC": self.onvif.interface.mac})
         if rtsp is None:
             log.warning("onvif: RTSP is off, so ONVIF clients get no stream URI (GetStreamUri "
                         "answers a fault): set [rtsp] enable = true",

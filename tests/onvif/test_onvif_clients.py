@@ -84,7 +84,10 @@ async def test_home_assistant_config_flow_adopts_every_camera(appliance: Applian
         # FFmpeg decodes the stream URI over RTSP/TCP, at the profile's size.
         result = await asyncio.to_thread(_decode_size, uri.Uri)
         assert result == SIZES["back"]
-        assert (await asyncio.to_thread(decode_rtsp, uri.Uri, "tcp", 5))["errors"] == []
+        for transport in ("tcp", "udp"):  # RTP over the RTSP connection, and over UDP
+            decoded = await asyncio.to_thread(decode_rtsp, uri.Uri, transport, 5)
+            assert decoded["first_key"] is True and len(decoded["stamps"]) >= 5, transport
+            assert decoded["errors"] == [], transport
         # The snapshot as Home Assistant fetches it (its snapshot client, digest middleware).
         jpeg = await cam.get_snapshot("front")
         assert jpeg is not None and jpeg[:2] == b"\xff\xd8"
