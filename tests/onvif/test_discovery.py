@@ -111,7 +111,11 @@ def test_discovery_in_a_private_network_namespace() -> None:
 @pytest.mark.skipif(not PRIVATE, reason="runs in its own network namespace only")
 async def test_home_assistant_finds_the_device_by_its_streaming_scope(tmp_path: Path) -> None:
     _setup_link()
-    announcements = _listener()
+    try:
+        announcements = _listener()
+    except OSError:
+        subprocess.run(["ip", "link", "del", LINK], check=False)
+        raise
     app = Appliance(appliance_config(tmp_path, host=ADDRESS, discovery=True))
     await app.start()
     stopped = False
@@ -159,6 +163,8 @@ async def test_home_assistant_finds_the_device_by_its_streaming_scope(tmp_path: 
         if not stopped:
             await app.stop()
         announcements.close()
+        # The namespace may be a whole test run's (scripts/test): leave it as it was.
+        subprocess.run(["ip", "link", "del", LINK], check=False)
 
 
 def _until_bye(sock: socket.socket) -> bytes:

@@ -9,6 +9,8 @@ import dataclasses
 import datetime as dt
 import hashlib
 import os
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -176,3 +178,12 @@ async def test_onvif_routes_exist_only_when_enabled(tmp_path: Path) -> None:
             assert response.status in (404, 405)
     finally:
         await app.stop()
+
+
+def test_the_onvif_room_imports_nothing_of_the_engine() -> None:
+    code = ("import sys, ruseon_appliance.onvif; print(sorted(m for m in sys.modules "
+            "if m.startswith(('ruseon_appliance.engine', 'ruseon_appliance.capture', "
+            "'ruseon_appliance.cameras'))))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True, cwd=Path(__file__).parents[2])
+    assert result.stdout.strip() == "[]"
