@@ -145,7 +145,13 @@ class OnvifDevice:
     async def _answer(self, request: web.Request) -> str:
         if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
             raise SoapFault("InvalidArgs", f"request larger than {MAX_BODY_BYTES} bytes")
-        data = await request.content.read(MAX_BODY_BYTES + 1)
+        # Chunked bodies have no length: read up to one byte past the limit, however it arrives.
+        data = b""
+        while len(data) <= MAX_BODY_BYTES:
+            chunk = await request.content.read(MAX_BODY_BYTES + 1 - len(data))
+            if not chunk:
+                break
+            data += chunk
         soap = parse(data)
         access = operations.operation_access(soap.namespace, soap.operation)
         if access is None:

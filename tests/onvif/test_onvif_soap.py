@@ -4,6 +4,7 @@ on a running Appliance, and the verifier alone for the clock rules."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import dataclasses
 import datetime as dt
@@ -12,6 +13,7 @@ import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -187,3 +189,23 @@ def test_the_onvif_room_imports_nothing_of_the_engine() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             check=True, cwd=Path(__file__).parents[2])
     assert result.stdout.strip() == "[]"
+
+
+async def test_a_request_in_small_chunks_is_read_whole_and_a_long_one_refused(
+        appliance: Appliance) -> None:
+    request = ENV.format(header="", body="<tds:GetSystemDateAndTime/>").encode()
+    padded = request.replace(b"<s:Body>", b"<s:Body>" + b" " * 3000)
+
+    async def chunks(data: bytes, size: int = 100) -> AsyncIterator[bytes]:
+        for start in range(0, len(data), size):
+            await asyncio.sleep(0.001)
+            yield data[start:start + size]
+
+    url = f"http://127.0.0.1:{appliance.config.http.listen.port}/onvif/device_service"
+    async with aiohttp.ClientSession() as http:
+        async with http.post(url, data=chunks(padded)) as response:  # chunked, no length
+            assert response.status == 200, await response.text()
+            assert "<tt:UTCDateTime>" in await response.text()
+        huge = padded.replace(b"<s:Body>", b"<s:Body>" + b" " * MAX_BODY_BYTES)
+        async with http.post(url, data=chunks(huge, 8192)) as response:
+            assert response.status == 400 and "larger than" in await response.text()
