@@ -541,6 +541,8 @@ class Appliance:
             await sender.stop()
         if self.discovery is not None:
             self.discovery.stop()  # Bye
+        if self.onvif is not None:
+            self.onvif.events.close()  # wakes held PullMessages before the server waits
         if self._runner is not None:
             await self._runner.cleanup()
         for relay in self.relays:

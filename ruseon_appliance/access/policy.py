@@ -50,6 +50,8 @@ HTTP_ROUTES: tuple[tuple[frozenset[str], str, Access], ...] = tuple(
         # onvif/operations.py (GetSystemDateAndTime open, the rest view or admin).
         ("POST", "/onvif/device_service", Access.OPEN),
         ("POST", "/onvif/media_service", Access.OPEN),
+        ("POST", "/onvif/events_service", Access.OPEN),
+        ("POST", "/onvif/pullpoint/{id}", Access.OPEN),  # a subscription's own address
         # The picture.
         ("*", "/whep", Access.VIEW),
         ("*", "/whep/sessions/{id}", Access.VIEW),  # the session URL is the viewer's capability

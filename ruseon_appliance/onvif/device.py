@@ -28,6 +28,7 @@ from ruseon_appliance import __version__
 from ruseon_appliance.access.credentials import Credentials
 from ruseon_appliance.access.policy import Access, Role
 from ruseon_appliance.onvif import operations
+from ruseon_appliance.onvif.events import PULLPOINT_PATH, EventService
 from ruseon_appliance.onvif.interfaces import Interface, interface_for
 from ruseon_appliance.onvif.security import Account, UsernameTokenVerifier
 from ruseon_appliance.onvif.soap import (
@@ -52,6 +53,7 @@ log = logging.getLogger(__name__)
 
 DEVICE_PATH = "/onvif/device_service"
 MEDIA_PATH = "/onvif/media_service"
+EVENTS_PATH = "/onvif/events_service"
 SOAP_TYPE = "application/soap+xml"
 MANUFACTURER = "RUSEON"
 MODEL = "RUSEON Appliance"
@@ -104,6 +106,7 @@ class OnvifDevice:
         self.identity = identity
         self.rtsp_port = rtsp_port
         self.clock = clock
+        self.events = EventService([c.name for c in self.cameras], clock=clock)
         self.verifier = UsernameTokenVerifier(self.accounts, clock=clock,
                                               synchronized=clock_synchronized)
         self.interface: Interface = interface_for(config.http.listen.host, identity.serial)
@@ -126,6 +129,8 @@ class OnvifDevice:
         """``POST`` on both service paths (one handler: the operation's namespace decides)."""
         app.router.add_post(DEVICE_PATH, self.handle)
         app.router.add_post(MEDIA_PATH, self.handle)
+        app.router.add_post(EVENTS_PATH, self.handle)
+        app.router.add_post(PULLPOINT_PATH, self.handle)
 
     # --- the request --------------------------------------------------------------------
 
@@ -164,10 +169,44 @@ class OnvifDevice:
         if not operations.answered(soap.namespace, soap.operation):
             raise SoapFault("ActionNotSupported",
                             f"{soap.operation}: this device changes nothing over ONVIF")
+        sub_id = request.match_info.get("id")
+        if soap.namespace in (operations.EVENTS, operations.NOTIFICATION):
+            return await self._event(request, soap, sub_id)
         service = "device" if soap.namespace == operations.DEVICE else "media"
         handler: Callable[[web.Request, Element], str] = getattr(
             self, f"_{service}_{soap.operation}")
         return handler(request, soap.body)
+
+    async def _event(self, request: web.Request, soap: Request, sub_id: str | None) -> str:
+        """The events service, and a PullPoint's own operations at its address."""
+        events, body, op = self.events, soap.body, soap.operation
+        on_pullpoint = op in ("PullMessages", "Renew", "Unsubscribe", "SetSynchronizationPoint")
+        if on_pullpoint != (sub_id is not None):
+            raise SoapFault("ActionNotSupported", f"{op} is not an operation of this address")
+        if op == "CreatePullPointSubscription":
+            return events.create(
+                lambda i: self._xaddr(request, PULLPOINT_PATH.format(id=i)),
+                text_of(body, "tev:InitialTerminationTime"))
+        if op == "GetEventProperties":
+            return events.properties()
+        if op == "GetServiceCapabilities":
+            return el("tev:GetServiceCapabilitiesResponse", self._events_capabilities())
+        assert sub_id is not None
+        if op == "PullMessages":
+            return await events.pull(sub_id, text_of(body, "tev:Timeout"),
+                                     text_of(body, "tev:MessageLimit"))
+        if op == "Renew":
+            return events.renew(sub_id, text_of(body, "wsnt:TerminationTime"))
+        if op == "Unsubscribe":
+            return events.unsubscribe(sub_id)
+        return events.synchronize(sub_id)
+
+    @staticmethod
+    def _events_capabilities() -> str:
+        return el("tev:Capabilities", "", WSSubscriptionPolicySupport=False,
+                  WSPullPointSupport=True, WSPausableSubscriptionManagerInterfaceSupport=False,
+                  MaxNotificationProducers=0, MaxPullPoints=8,
+                  PersistentNotificationStorage=False)
 
     def _authorize(self, request: web.Request, soap: Request, access: Access) -> None:
         address = request_address(request)
@@ -233,17 +272,22 @@ class OnvifDevice:
                     + el("tt:Security", "".join(value(f"tt:{name}", False) for name in (
                         "TLS1.1", "TLS1.2", "OnboardKeyGeneration", "AccessPolicyConfig",
                         "X.509Token", "SAMLToken", "KerberosToken", "RELToken"))))
+        events = el("tt:Events", value("tt:XAddr", self._xaddr(request, EVENTS_PATH))
+                    + value("tt:WSSubscriptionPolicySupport", False)
+                    + value("tt:WSPullPointSupport", True)
+                    + value("tt:WSPausableSubscriptionManagerInterfaceSupport", False))
         media = el("tt:Media", value("tt:XAddr", self._xaddr(request, MEDIA_PATH))
                    + el("tt:StreamingCapabilities", value("tt:RTPMulticast", False)
                         + value("tt:RTP_TCP", True) + value("tt:RTP_RTSP_TCP", True)))
-        return el("tds:GetCapabilitiesResponse", el("tds:Capabilities", device + media))
+        return el("tds:GetCapabilitiesResponse", el("tds:Capabilities", device + events + media))
 
     def _device_GetServices(self, request: web.Request, body: Element) -> str:
         include = text_of(body, "tds:IncludeCapability").lower() == "true"
         services = []
         for namespace, path, capabilities, major in (
                 (operations.DEVICE, DEVICE_PATH, self._device_capabilities, 2),
-                (operations.MEDIA, MEDIA_PATH, self._media_capabilities, 2)):
+                (operations.MEDIA, MEDIA_PATH, self._media_capabilities, 2),
+                (operations.EVENTS, EVENTS_PATH, self._events_capabilities, 2)):
             extra = el("tds:Capabilities", capabilities()) if include else ""
             services.append(el("tds:Service", value("tds:Namespace", namespace)
                                + value("tds:XAddr", self._xaddr(request, path)) + extra
@@ -508,7 +552,7 @@ class OnvifDevice:
                 "interface": self.interface.name, "mac": self.interface.mac,
                 "mac_derived": not self.interface.real_mac, "serial": self.identity.serial,
                 "requests": dict(self.requests), "faults": dict(self.faults),
-                "auth_failures": self.auth_failures}
+                "auth_failures": self.auth_failures, "events": self.events.stats()}
 
 
 def _range(low: int, high: int) -> str:

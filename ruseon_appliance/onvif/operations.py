@@ -16,6 +16,8 @@ from ruseon_appliance.onvif.soap import NAMESPACES
 
 DEVICE = NAMESPACES["tds"]
 MEDIA = NAMESPACES["trt"]
+EVENTS = NAMESPACES["tev"]
+NOTIFICATION = NAMESPACES["wsnt"]  # Renew and Unsubscribe of a PullPoint
 
 _OPEN = ("GetSystemDateAndTime",)
 
@@ -34,6 +36,9 @@ ANSWERED: dict[str, tuple[str, ...]] = {
             "GetCompatibleVideoSourceConfigurations", "GetAudioSources",
             "GetAudioSourceConfigurations", "GetAudioEncoderConfigurations",
             "GetGuaranteedNumberOfVideoEncoderInstances"),
+    EVENTS: ("CreatePullPointSubscription", "PullMessages", "SetSynchronizationPoint",
+             "GetEventProperties", "GetServiceCapabilities"),
+    NOTIFICATION: ("Renew", "Unsubscribe"),
 }
 
 # Known operations that change state or reveal what is not the picture: admin, and refused.
@@ -67,6 +72,10 @@ REFUSED: dict[str, tuple[str, ...]] = {
             "SetMetadataConfiguration", "SetOSD", "CreateOSD", "DeleteOSD",
             "StartMulticastStreaming", "StopMulticastStreaming", "SetSynchronizationPoint",
             "SetVideoSourceMode"),
+    # Subscribe would have the device POST to any URL a client names; Seek replays history.
+    EVENTS: ("Seek",),
+    NOTIFICATION: ("Subscribe", "GetCurrentMessage", "PauseSubscription",
+                   "ResumeSubscription"),
 }
 
 

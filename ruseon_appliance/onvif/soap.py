@@ -22,6 +22,12 @@ NAMESPACES = {
     "trt": "http://www.onvif.org/ver10/media/wsdl",
     "tt": "http://www.onvif.org/ver10/schema",
     "ter": "http://www.onvif.org/ver10/error",
+    "tev": "http://www.onvif.org/ver10/events/wsdl",
+    "wsnt": "http://docs.oasis-open.org/wsn/b-2",
+    "wstop": "http://docs.oasis-open.org/wsn/t-1",
+    "wsa5": "http://www.w3.org/2005/08/addressing",
+    "tns1": "http://www.onvif.org/ver10/topics",
+    "xs": "http://www.w3.org/2001/XMLSchema",
     "wsse": "http://docs.oasis-open.org/wss/2004/01/oasis-200401-wss-wssecurity-secext-1.0.xsd",
     "wsu": "http://docs.oasis-open.org/wss/2004/01/oasis-200401-wss-wssecurity-utility-1.0.xsd",
 }

@@ -208,3 +208,56 @@ async def test_with_rtsp_off_the_stream_uri_says_why(tmp_path: Any) -> None:
             await cam.close()
     finally:
         await app.stop()
+
+
+def _motion(messages: Any) -> list[tuple[str, str, str, str]]:
+    """(topic, operation, source, state) of each notification, read as Home Assistant's
+    onvif/parsers.py reads them."""
+    out = []
+    for msg in messages.NotificationMessage:
+        topic = msg.Topic._value_1.rstrip("/.")
+        payload = msg.Message._value_1
+        out.append((topic, payload.PropertyOperation, payload.Source.SimpleItem[0].Value,
+                    payload.Data.SimpleItem[0].Value))
+    return out
+
+
+async def test_a_pullpoint_delivers_motion_alarm_true_and_false(appliance: Appliance) -> None:
+    assert appliance.onvif is not None
+    events = appliance.onvif.events
+    cam = camera_of(appliance)
+    try:
+        await cam.update_xaddrs()
+        capabilities = await cam.get_capabilities()
+        assert capabilities is not None and capabilities["Events"]["WSPullPointSupport"] is True
+        # Home Assistant's event.py: a PullPoint manager, a synchronization point, then pulls.
+        manager = await cam.create_pullpoint_manager(dt.timedelta(seconds=60), lambda: None)
+        await manager.set_synchronization_point()
+        service = manager.get_service()
+        pull = {"MessageLimit": 100, "Timeout": dt.timedelta(seconds=5)}
+        first = _motion(await service.PullMessages(pull))
+        # The subscription's start and the synchronization point: every camera, no motion.
+        initialized = [m for m in first if m[0] == "tns1:VideoSource/MotionAlarm"]
+        assert {(m[2], m[3]) for m in initialized} == {("src_front", "false"),
+                                                       ("src_back", "false")}
+        assert all(m[1] == "Initialized" for m in first)
+        # A pull that waits is woken by the motion event (the detector's stand-in publishes).
+        waiting = asyncio.ensure_future(service.PullMessages(
+            {"MessageLimit": 100, "Timeout": dt.timedelta(seconds=20)}))
+        await asyncio.sleep(0.3)
+        assert not waiting.done()
+        events.publish_motion("front", True)
+        started = _motion(await asyncio.wait_for(waiting, 15))
+        assert ("tns1:VideoSource/MotionAlarm", "Changed", "src_front", "true") in started
+        assert ("tns1:RuleEngine/CellMotionDetector/Motion", "Changed", "vsc_front",
+                "true") in started
+        events.publish_motion("front", False)
+        ended = _motion(await service.PullMessages(pull))
+        assert ("tns1:VideoSource/MotionAlarm", "Changed", "src_front", "false") in ended
+        assert events.stats()["subscriptions"] == 1
+        await manager.shutdown()  # Unsubscribe
+        assert events.stats()["subscriptions"] == 0
+        with pytest.raises(zeep.exceptions.Fault, match="no such subscription"):
+            await service.PullMessages(pull)
+    finally:
+        await cam.close()
