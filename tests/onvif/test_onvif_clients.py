@@ -167,6 +167,13 @@ async def test_wrong_credentials_are_refused_and_throttled(appliance: Appliance)
     assert throttle.throttled["onvif"] == 1
     # A wrong user name with the right password is wrong too; PasswordText works as well.
     throttle._entries.clear()
+    # (the address no longer waits, so its admin Bearer is served)
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {SECRET}"}) as http:
+        base = f"http://127.0.0.1:{appliance.config.http.listen.port}"
+        async with http.get(f"{base}/metrics") as response:
+            metrics = await response.text()
+    assert f'ruseon_auth_failures_total{{protocol="onvif"}} {throttle.free_failures}.0' in metrics
+    assert 'ruseon_auth_throttled_total{protocol="onvif"} 1.0' in metrics
     for user, password, encrypt, ok in (("root", SECRET, True, False),
                                         ("admin", SECRET, False, True)):
         cam = camera_of(appliance, user, password, encrypt=encrypt)
