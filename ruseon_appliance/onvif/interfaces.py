@@ -17,9 +17,12 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-SYS_NET = Path("/sys/class/net")
+# ioctls, not /sys/class/net: sysfs shows the network namespace that mounted it, these the
+# process's own (a container's or a test's namespace).
 _SIOCGIFADDR = 0x8915
 _SIOCGIFNETMASK = 0x891B
+_SIOCGIFHWADDR = 0x8927
+_SIOCGIFMTU = 0x8921
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,14 +37,27 @@ class Interface:
     real_mac: bool  # False: the MAC is derived (loopback or no hardware address)
 
 
-def _ioctl_address(name: str, request: int) -> str | None:
+def _ioctl(name: str, request: int) -> bytes | None:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         try:
-            packed = fcntl.ioctl(sock.fileno(), request,
-                                 struct.pack("256s", name.encode()[:15]))
+            return fcntl.ioctl(sock.fileno(), request, struct.pack("256s", name.encode()[:15]))
         except OSError:
             return None
-    return socket.inet_ntoa(packed[20:24])
+
+
+def _ioctl_address(name: str, request: int) -> str | None:
+    packed = _ioctl(name, request)
+    return socket.inet_ntoa(packed[20:24]) if packed is not None else None
+
+
+def _hardware_address(name: str) -> str:
+    packed = _ioctl(name, _SIOCGIFHWADDR)
+    return ":".join(f"{b:02x}" for b in packed[18:24]) if packed is not None else ""
+
+
+def _mtu(name: str) -> int:
+    packed = _ioctl(name, _SIOCGIFMTU)
+    return struct.unpack("i", packed[16:20])[0] if packed is not None else 1500
 
 
 def _default_route_interface() -> str | None:
@@ -56,13 +72,6 @@ def _default_route_interface() -> str | None:
     return None
 
 
-def _read(path: Path, default: str = "") -> str:
-    try:
-        return path.read_text().strip()
-    except OSError:
-        return default
-
-
 def derived_mac(serial: str) -> str:
     """A stable, locally administered unicast MAC from ``serial``."""
     digest = bytearray(hashlib.sha256(serial.encode()).digest()[:6])
@@ -72,7 +81,7 @@ def derived_mac(serial: str) -> str:
 
 def interface_for(host: str, serial: str) -> Interface:
     """The interface of listen address ``host`` (wildcard: the default route's)."""
-    names = sorted(p.name for p in SYS_NET.iterdir()) if SYS_NET.is_dir() else []
+    names = sorted(name for _, name in socket.if_nameindex())
     chosen: str | None = None
     if host in ("", "0.0.0.0", "::"):
         chosen = _default_route_interface()
@@ -90,7 +99,7 @@ def interface_for(host: str, serial: str) -> Interface:
         prefix = ipaddress.IPv4Network(f"0.0.0.0/{netmask}").prefixlen
     except ValueError:
         prefix = 8
-    mac = _read(SYS_NET / chosen / "address").lower()
+    mac = _hardware_address(chosen)
     real = bool(mac) and mac != "00:00:00:00:00:00"
-    mtu = int(_read(SYS_NET / chosen / "mtu", "1500") or 1500)
+    mtu = _mtu(chosen)
     return Interface(chosen, mac if real else derived_mac(serial), address, prefix, mtu, real)

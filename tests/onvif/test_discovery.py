@@ -17,11 +17,13 @@ import uuid
 from pathlib import Path
 
 import pytest
+from onvif import ONVIFCamera
 
 from ruseon_appliance.app import Appliance
 from ruseon_appliance.onvif.discovery import GROUP, PORT, WSA, WSD
 from ruseon_appliance.onvif.soap import SOAP_ENV
-from tests.onvif.conftest import appliance_config
+from tests.onvif.conftest import SECRET, appliance_config
+from tests.onvif.test_onvif_clients import WSDL
 
 ADDRESS = "10.254.0.1"
 LINK = "ruseon-d0"
@@ -132,6 +134,21 @@ async def test_home_assistant_finds_the_device_by_its_streaming_scope(tmp_path: 
         assert xaddrs == [xaddr]
         assert "onvif://www.onvif.org/Profile/Streaming" in scopes
         assert endpoint == app.discovery.identity.endpoint
+        # What Home Assistant does next with the discovered host and port: it answers there.
+        cam = ONVIFCamera(ADDRESS, port, "admin", SECRET, WSDL, no_cache=True)
+        try:
+            await cam.update_xaddrs()
+            devicemgmt = await cam.create_devicemgmt_service()
+            info = await devicemgmt.GetDeviceInformation()
+            assert info.SerialNumber == app.discovery.identity.serial
+            interfaces = await devicemgmt.GetNetworkInterfaces()
+            assert interfaces[0].Info.Name == LINK  # the listen address's own interface
+            link = subprocess.run(["ip", "-o", "link", "show", LINK], capture_output=True,
+                                  text=True, check=True).stdout.split()
+            mac = link[link.index("link/ether") + 1]
+            assert interfaces[0].Info.HwAddress == mac  # its real MAC
+        finally:
+            await cam.close()
         matches = app.discovery.matches
 
         prober = _prober()
