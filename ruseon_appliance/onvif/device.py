@@ -140,11 +140,10 @@ class OnvifDevice:
             body = await self._answer(request)
         except SoapFault as fault:
             self.faults[fault.subcode] = self.faults.get(fault.subcode, 0) + 1
-            headers = {"Retry-After": fault.detail} if fault.status == 429 else {}
-            return web.Response(status=fault.status, body=fault_envelope(
-                SoapFault(fault.subcode, fault.reason, code=fault.code)
-                if fault.status == 429 else fault), content_type=SOAP_TYPE,
-                charset="utf-8", headers=headers)
+            headers = ({"Retry-After": str(fault.retry_after)}
+                       if fault.retry_after is not None else {})
+            return web.Response(status=fault.status, body=fault_envelope(fault),
+                                content_type=SOAP_TYPE, charset="utf-8", headers=headers)
         return web.Response(body=envelope(body), content_type=SOAP_TYPE, charset="utf-8")
 
     async def _answer(self, request: web.Request) -> str:
@@ -214,7 +213,7 @@ class OnvifDevice:
         wait = throttle.retry_after(address, "onvif")
         if wait is not None:
             raise SoapFault("NotAuthorized", f"too many wrong credentials; retry in {wait} s",
-                            status=429, detail=str(wait))
+                            status=429, retry_after=wait)
         try:
             role, _user = self.verifier.role_of(soap.header)
         except SoapFault:

@@ -40,13 +40,14 @@ class SoapFault(Exception):
     ``ter:`` error (``NotAuthorized``, ``ActionNotSupported``, ``InvalidArgVal``...)."""
 
     def __init__(self, subcode: str, reason: str, *, code: str = "Sender", status: int = 400,
-                 detail: str = "") -> None:
+                 detail: str = "", retry_after: int | None = None) -> None:
         super().__init__(reason)
         self.code = code
         self.subcode = subcode
         self.reason = reason
         self.status = status
         self.detail = detail  # a second-level ter: subcode (e.g. NoProfile), optional
+        self.retry_after = retry_after  # seconds, with status 429
 
 
 @dataclass(frozen=True, slots=True)
