@@ -33,7 +33,6 @@ from ruseon_appliance.onvif.interfaces import Interface, interface_for
 from ruseon_appliance.onvif.security import Account, UsernameTokenVerifier
 from ruseon_appliance.onvif.soap import (
     MAX_BODY_BYTES,
-    NAMESPACES,
     Request,
     SoapFault,
     el,
@@ -563,5 +562,5 @@ def hostname() -> str:
     return socket.gethostname() or "ruseon"
 
 
-__all__ = ["DEVICE_PATH", "MEDIA_PATH", "NAMESPACES", "Identity", "OnvifDevice", "board_model",
+__all__ = ["DEVICE_PATH", "EVENTS_PATH", "MEDIA_PATH", "Identity", "OnvifDevice", "board_model",
            "hostname"]
