@@ -54,6 +54,7 @@ if TYPE_CHECKING:
 
     from .mqtt import HomeAssistantMqtt
     from .mqtt.publisher import SnapshotSource
+    from .onvif import DiscoveryResponder, OnvifDevice
 
 log = logging.getLogger("ruseon")
 
@@ -101,6 +102,8 @@ class Appliance:
         self.started = time.monotonic()  # uptime: a wall-clock step must not move it
         self.webhooks = [WebhookSender(hook) for hook in config.webhook]
         self.mqtt: HomeAssistantMqtt | None = None
+        self.onvif: OnvifDevice | None = None
+        self.discovery: DiscoveryResponder | None = None
 
     @property
     def capture(self) -> CapturePipeline:
@@ -155,6 +158,7 @@ class Appliance:
         if self.rtsp is not None:
             app[DEVICE_API].status_sections["rtsp"] = self.rtsp.stats
             app[DEVICE_API].metrics_sections.append(self._rtsp_metrics)
+        self._add_onvif(app)
         app[CAMERAS].add_fallback_routes(app)  # last: after every camera's own routes
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
         await self._runner.setup()
@@ -170,6 +174,7 @@ class Appliance:
                 return int(runner.addresses[-1][1])
 
             await bind_every_host(config.http.listen, "http.listen", bind)
+        await self._start_onvif_discovery()
         await self._start_integrations()
 
         # READY=1 once the page can show the picture, or say why it cannot: no camera sent a
@@ -262,6 +267,53 @@ class Appliance:
         self.rtsp = RtspServer(self.config.rtsp, sources, credentials=self.credentials,
                                default=self.cameras.default.name)
         await self.rtsp.start()
+
+    def _add_onvif(self, app: web.Application) -> None:
+        """``[onvif] enable``: the ONVIF device's SOAP routes and its ``/api/status`` section."""
+        if not self.config.onvif.enable:
+            return
+        from .mqtt import load_device_id
+        from .onvif import Identity, OnvifDevice, board_model, hostname
+        identity = Identity(
+            serial=load_device_id(Path(self.config.state.dir), self.config.mqtt.device_id),
+            hostname=hostname(), hardware=board_model())
+        rtsp = self.rtsp
+        self.onvif = OnvifDevice(self.config, self.cameras, self.credentials, identity,
+                                 rtsp_port=lambda: rtsp.port if rtsp is not None else None,
+                                 clock_synchronized=self.clock.refresh)
+        self.onvif.add_routes(app)
+        app[DEVICE_API].status_sections["onvif"] = self._onvif_status
+        log.info("onvif: device service at /onvif/device_service (user %s), profiles %s",
+                 self.config.onvif.username or "admin", ", ".join(self.cameras.names),
+                 extra={"EVENT": "onvif", "MAC": self.onvif.interface.mac})
+        if rtsp is None:
+            log.warning("onvif: RTSP is off, so ONVIF clients get no stream URI (GetStreamUri "
+                        "answers a fault): set [rtsp] enable = true",
+                        extra={"EVENT": "onvif_no_rtsp"})
+
+    async def _start_onvif_discovery(self) -> None:
+        if self.onvif is None or not self.config.onvif.discovery:
+            return
+        from .onvif import DiscoveryResponder
+        assert self._runner is not None
+        bound = self._runner.addresses
+        port = int(bound[0][1]) if bound else self.config.http.listen.port
+        self.discovery = DiscoveryResponder(
+            self.onvif.identity, listen_host=self.config.http.listen.host, http_port=port,
+            scheme="https" if self.config.http.https else "http")
+        try:
+            await self.discovery.start()
+        except OSError as exc:  # no multicast on the interface, 3702 taken: SOAP still works
+            log.warning("onvif: WS-Discovery cannot start (%s); add the device by its address",
+                        exc, extra={"EVENT": "onvif_discovery_failed"})
+            self.discovery.stop()
+            self.discovery = None
+
+    def _onvif_status(self) -> dict[str, object]:
+        assert self.onvif is not None
+        out: dict[str, object] = self.onvif.stats()
+        out["discovery"] = self.discovery.stats() if self.discovery is not None else None
+        return out
 
     def _rtsp_metrics(self) -> Iterator[Metric]:
         """The RTSP server's figures as ``/metrics`` families (``ruseon_rtsp_*``)."""
@@ -488,6 +540,10 @@ class Appliance:
             await self.mqtt.stop()
         for sender in self.webhooks:
             await sender.stop()
+        if self.discovery is not None:
+            self.discovery.stop()  # Bye
+        if self.onvif is not None:
+            self.onvif.events.close()  # wakes held PullMessages before the server waits
         if self._runner is not None:
             await self._runner.cleanup()
         for relay in self.relays:

@@ -414,6 +414,32 @@ class MqttConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class OnvifConfig:
+    """``[onvif]``: an ONVIF Profile S device (SOAP on the HTTP port, WS-Discovery on UDP 3702)
+    that NVRs and Home Assistant find and adopt; off by default."""
+
+    enable: bool = False
+    # The ONVIF account; an empty password means the admin secret.
+    username: str = "admin"
+    password: str = ""
+    # Or read the password from this file (keep it 0600).
+    password_file: str = ""
+    # Answer WS-Discovery probes (and announce Hello/Bye) on the HTTP listen address.
+    discovery: bool = True
+
+    def resolve_password(self) -> str:
+        """The configured password, reading ``password_file`` if set (stripped)."""
+        if self.password or not self.password_file:
+            return self.password
+        try:
+            return Path(self.password_file).read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise ConfigError(
+                f"onvif.password_file = {self.password_file!r} cannot be read: {exc.strerror}"
+            ) from exc
+
+
+@dataclass(frozen=True, slots=True)
 class WebhookConfig:
     """One ``[[webhook]]`` table: JSON POSTs of appliance events to a URL."""
 
@@ -491,6 +517,7 @@ class Config:
     relay: tuple[RelayConfig, ...] = ()
     recording: RecordingConfig = field(default_factory=RecordingConfig)
     mqtt: MqttConfig = field(default_factory=MqttConfig)
+    onvif: OnvifConfig = field(default_factory=OnvifConfig)
     # ``[[webhook]]`` tables (an array, not a section).
     webhook: tuple[WebhookConfig, ...] = ()
 

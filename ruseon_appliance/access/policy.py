@@ -46,6 +46,12 @@ HTTP_ROUTES: tuple[tuple[frozenset[str], str, Access], ...] = tuple(
         ("GET,HEAD", "/favicon.ico", Access.OPEN),
         ("GET,HEAD", "/healthz", Access.OPEN),
         ("GET,HEAD,POST,DELETE", "/api/session", Access.OPEN),
+        # ONVIF authenticates inside the SOAP envelope: each operation's access is in
+        # onvif/operations.py (GetSystemDateAndTime open, the rest view or admin).
+        ("POST", "/onvif/device_service", Access.OPEN),
+        ("POST", "/onvif/media_service", Access.OPEN),
+        ("POST", "/onvif/events_service", Access.OPEN),
+        ("POST", "/onvif/pullpoint/{id}", Access.OPEN),  # a subscription's own address
         # The picture.
         ("*", "/whep", Access.VIEW),
         ("*", "/whep/sessions/{id}", Access.VIEW),  # the session URL is the viewer's capability

@@ -231,12 +231,13 @@ def access_metrics(credentials: Credentials) -> Iterator[Metric]:
     out = Families()
     throttle = credentials.throttle
     failures = out.counter("ruseon_auth_failures_total",
-                           "Wrong credentials presented (HTTP Bearer/login, RTSP).", ["protocol"])
+                           "Wrong credentials presented (HTTP Bearer/login, RTSP, ONVIF).",
+                           ["protocol"])
     throttled = out.counter(
         "ruseon_auth_throttled_total",
         "Requests refused (429) while their address waits after wrong credentials.",
         ["protocol"])
-    for protocol in ("http", "rtsp"):
+    for protocol in ("http", "rtsp", "onvif"):
         failures.add_metric([protocol], throttle.failures.get(protocol, 0))
         throttled.add_metric([protocol], throttle.throttled.get(protocol, 0))
     out.gauge("ruseon_auth_addresses_waiting",
