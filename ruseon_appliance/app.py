@@ -34,7 +34,7 @@ from .engine.engine import (
     default_advertise,
 )
 from .engine.fanout import Fanout
-from .events import EventBus, session_listener
+from .events import Event, EventBus, session_listener
 from .heap import release_free_heap
 from .listening import bind_every_host
 from .relay import RtpRelay
@@ -282,6 +282,15 @@ class Appliance:
                                  rtsp_port=lambda: rtsp.port if rtsp is not None else None,
                                  clock_synchronized=self.clock.refresh)
         self.onvif.add_routes(app)
+        onvif_events = self.onvif.events
+
+        def motion_to_onvif(event: Event) -> None:
+            # The motion detectors' events as ONVIF MotionAlarm / CellMotionDetector messages.
+            camera = str(event.data.get("camera", ""))
+            if event.name in ("motion_started", "motion_ended") and camera:
+                onvif_events.publish_motion(camera, event.name == "motion_started")
+
+        self.events.subscribe(motion_to_onvif)
         app[DEVICE_API].status_sections["onvif"] = self._onvif_status
         log.info("onvif: device service at /onvif/device_service (user %s), profiles %s",
                  self.config.onvif.username or "admin", ", ".join(self.cameras.names),

@@ -258,17 +258,18 @@ async def test_a_pullpoint_delivers_motion_alarm_true_and_false(appliance: Appli
         assert {(m[2], m[3]) for m in initialized} == {("src_front", "false"),
                                                        ("src_back", "false")}
         assert all(m[1] == "Initialized" for m in first)
-        # A pull that waits is woken by the motion event (the detector's stand-in publishes).
+        # A pull that waits is woken by the motion event: published on the appliance's event
+        # bus as a camera's motion detector publishes it (app.py hands it to ONVIF).
         waiting = asyncio.ensure_future(service.PullMessages(
             {"MessageLimit": 100, "Timeout": dt.timedelta(seconds=20)}))
         await asyncio.sleep(0.3)
         assert not waiting.done()
-        events.publish_motion("front", True)
+        appliance.events.publish("motion_started", camera="front", event_id="e1", score=0.2)
         started = _motion(await asyncio.wait_for(waiting, 15))
         assert ("tns1:VideoSource/MotionAlarm", "Changed", "src_front", "true") in started
         assert ("tns1:RuleEngine/CellMotionDetector/Motion", "Changed", "vsc_front",
                 "true") in started
-        events.publish_motion("front", False)
+        appliance.events.publish("motion_ended", camera="front", event_id="e1", score=0.2)
         ended = _motion(await service.PullMessages(pull))
         assert ("tns1:VideoSource/MotionAlarm", "Changed", "src_front", "false") in ended
         assert events.stats()["subscriptions"] == 1
