@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..capture.controls import CameraControls
+from ..capture.sources.picamera import PicameraSource
 from ..clock import WallClock
 from ..config import CameraConfig, Config
 from ..events import EventBus, RecordingWatcher, StallWatcher
@@ -59,10 +60,13 @@ def _equip(camera: Camera, cam: CameraConfig, config: Config, *, archive: Path, 
     camera.recording_watcher = RecordingWatcher(
         events, lambda: recorder.active, lambda: recorder.state, camera=camera.name)
     if cam.motion:
+        # picamera2's lores stream where the source has one (no decode), else the ring's H.264.
+        source = pipeline.source
+        lores = source if isinstance(source, PicameraSource) and source.offers_lores else None
         camera.motion = MotionMonitor(
             pipeline.ring, motion_settings(cam), camera=camera.name, publish=events.publish,
             store=EventStore(archive / "events", camera.name,
-                             max_age_s=rec.max_age_hours * 3600))
+                             max_age_s=rec.max_age_hours * 3600), lores=lores)
 
 
 def motion_settings(cam: CameraConfig) -> MotionSettings:

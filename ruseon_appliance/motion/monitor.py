@@ -18,9 +18,9 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from .analyser import DecodeAnalyser
+from .analyser import DecodeAnalyser, LoresAnalyser
 from .detector import MotionSettings
 from .store import EventStore, StoredEvent
 from .tracker import MotionEvent, Transition
@@ -38,6 +38,19 @@ FPS_WINDOW_S = 5.0
 Publish = Callable[..., Any]  # EventBus.publish(name, **data)
 
 
+class LoresSource(Protocol):
+    """A source whose ISP makes a small Y plane per frame (capture/sources/picamera.py): it
+    calls ``lores_sink(copy_plane, t)`` on its camera thread for every frame."""
+
+    lores_sink: Callable[[Callable[[], Any], float], None] | None
+
+
+@dataclass(slots=True)
+class _Plane:
+    luma: Any
+    t: float
+
+
 @dataclass(slots=True)
 class _Unit:
     data: bytes
@@ -52,18 +65,23 @@ def event_id(start: float, camera: str) -> str:
 
 
 class MotionMonitor:
-    """Motion detection for the camera whose ring is ``ring`` (named ``camera``)."""
+    """Motion detection for the camera whose ring is ``ring`` (named ``camera``): from the
+    ring's H.264 (decoded), or with ``lores`` from the Y planes that source offers."""
 
     def __init__(self, ring: RingBuffer, settings: MotionSettings, *, camera: str,
                  store: EventStore | None = None, publish: Publish | None = None,
-                 max_backlog: int = MAX_BACKLOG) -> None:
+                 max_backlog: int = MAX_BACKLOG, lores: LoresSource | None = None) -> None:
         self.ring = ring
         self.camera = camera
         self.store = store
         self._publish = publish
         self.max_backlog = max_backlog
-        self.analyser = DecodeAnalyser(settings, self._on_transition)
-        self._queue: collections.deque[_Unit] = collections.deque()
+        self.lores = lores
+        self.analyser: DecodeAnalyser | LoresAnalyser = (
+            LoresAnalyser(settings, self._on_transition) if lores is not None
+            else DecodeAnalyser(settings, self._on_transition))
+        self.path = "lores" if lores is not None else "decode"
+        self._queue: collections.deque[_Unit | _Plane] = collections.deque()
         self._cond = threading.Condition()
         self._stopping = False
         self._waiting_keyframe = False
@@ -99,10 +117,15 @@ class MotionMonitor:
         self._thread = threading.Thread(target=self._work, name=f"motion-{self.camera}",
                                         daemon=True)
         self._thread.start()
-        self._reader_task = asyncio.create_task(self._read(), name=f"motion-{self.camera}")
+        if self.lores is not None:
+            self.lores.lores_sink = self._offer_plane
+        else:
+            self._reader_task = asyncio.create_task(self._read(), name=f"motion-{self.camera}")
 
     async def stop(self) -> None:
         """Stop reading, let the worker finish what it holds, end a lasting event."""
+        if self.lores is not None:
+            self.lores.lores_sink = None
         task, self._reader_task = self._reader_task, None
         if task is not None:
             task.cancel()
@@ -152,6 +175,21 @@ class MotionMonitor:
             self._queue.append(unit)
             self._cond.notify()
 
+    def _offer_plane(self, copy_plane: Callable[[], Any], t: float) -> None:
+        """The lores path (camera thread): take the plane if it is due and the worker has room;
+        a frame it has no room for is skipped and counted."""
+        analyser = self.analyser
+        with self._cond:
+            if not analyser.due(t):
+                return
+            if len(self._queue) >= self.max_backlog:
+                self.skipped += 1
+                return
+        plane = copy_plane()  # the request's buffer is the camera's again after this call
+        with self._cond:
+            self._queue.append(_Plane(plane, t))
+            self._cond.notify()
+
     def _work(self) -> None:
         analyser = self.analyser
         while True:
@@ -162,13 +200,12 @@ class MotionMonitor:
                     return
                 unit = self._queue.popleft()
             self.fed += 1
-            if unit.after_gap:
-                analyser.restart()
             try:
-                result = analyser.feed(unit.data, unit.keyframe, unit.capture_time_us)
+                result = self._analyse(unit)
             except Exception:  # a detector bug must not end detection for good
                 log.exception("camera %s: motion analysis failed", self.camera)
-                analyser.restart()
+                if isinstance(analyser, DecodeAnalyser):
+                    analyser.restart()
                 result = None
             if result is not None:
                 now = time.monotonic()
@@ -176,6 +213,16 @@ class MotionMonitor:
                 while self._analysed_at and self._analysed_at[0] < now - FPS_WINDOW_S:
                     self._analysed_at.popleft()
             self.cpu_s = time.thread_time()
+
+    def _analyse(self, item: _Unit | _Plane) -> Any:
+        analyser = self.analyser
+        if isinstance(item, _Plane):
+            assert isinstance(analyser, LoresAnalyser)
+            return analyser.analyse(item.luma, item.t)
+        assert isinstance(analyser, DecodeAnalyser)
+        if item.after_gap:
+            analyser.restart()
+        return analyser.feed(item.data, item.keyframe, item.capture_time_us)
 
     def _on_transition(self, transition: Transition,
                        snapshot: Callable[[], bytes] | None) -> None:
@@ -250,12 +297,13 @@ class MotionMonitor:
             "score": round(analyser.detector.score, 4),
             "sensitivity": self.settings.sensitivity,
             "fps": round(len(recent) / FPS_WINDOW_S, 2),
+            "path": self.path,
             "fed": self.fed,
-            "decoded": analyser.decoded,
+            "decoded": getattr(analyser, "decoded", 0),
             "analysed": analyser.analysed,
             "skipped": self.skipped,
             "overruns": self.overruns,
-            "decode_errors": analyser.decode_errors,
+            "decode_errors": getattr(analyser, "decode_errors", 0),
             "suppressed": analyser.detector.suppressed,
             "events": analyser.tracker.events,
             "storm_held": analyser.tracker.storm_held,
