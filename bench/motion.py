@@ -28,9 +28,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ruseon_appliance.motion.analyser import DecodeAnalyser, LoresAnalyser  # noqa: E402
-from ruseon_appliance.motion.detector import MotionSettings  # noqa: E402
-from tests.motion.scenes import Scene, Unit, encode  # noqa: E402
+from ruseon_appliance.motion.analyser import DecodeAnalyser, LoresAnalyser
+from ruseon_appliance.motion.detector import MotionSettings
+from tests.motion.scenes import Scene, Unit, encode
 
 W, H, FPS = 1280, 720, 30
 

@@ -451,6 +451,11 @@ class RecordingConfig:
     segment_s: float = 60.0
     # Seconds of the ring's past an on-demand recording begins with (bounded by the ring).
     preroll_s: float = 5.0
+    # "continuous" (from start-up on), "motion" (each camera records from preroll_s before
+    # its motion events to postroll_s after them; overlapping events make one recording),
+    # "off" (only on request); empty: as `continuous` says.
+    mode: str = ""
+    postroll_s: float = 5.0
     # Retention: oldest segments are deleted once the archive exceeds either limit (0: none).
     max_bytes: int = 2 * 1024 * 1024 * 1024
     max_age_hours: float = 168.0
@@ -465,6 +470,11 @@ class RecordingConfig:
     def directory(self, state_dir: str) -> Path:
         """The archive directory, resolved against the state directory."""
         return Path(self.dir) if self.dir else Path(state_dir) / "recordings"
+
+    @property
+    def records_continuously(self) -> bool:
+        """``mode = "continuous"``, or no mode and ``continuous = true``."""
+        return self.mode == "continuous" if self.mode else self.continuous
 
 
 @dataclass(frozen=True, slots=True)
@@ -938,6 +948,10 @@ def validate(config: Config) -> None:
     rec = config.recording
     _check(2 <= rec.segment_s <= 3600, "recording.segment_s", rec.segment_s, "2 to 3600 seconds")
     _check(0 <= rec.preroll_s <= 60, "recording.preroll_s", rec.preroll_s, "0 to 60 seconds")
+    _check(rec.mode in ("", "continuous", "motion", "off"), "recording.mode", rec.mode,
+           "allowed are continuous, motion, off")
+    _check(0 <= rec.postroll_s <= 600, "recording.postroll_s", rec.postroll_s,
+           "0 to 600 seconds")
     _check(rec.max_bytes == 0 or rec.max_bytes >= 1024 * 1024, "recording.max_bytes",
            rec.max_bytes, "0 (no limit) or at least 1048576 bytes")
     _check(rec.max_age_hours >= 0, "recording.max_age_hours", rec.max_age_hours,

@@ -12,6 +12,7 @@ from ..events import EventBus, RecordingWatcher, StallWatcher
 from ..hls import HlsStream
 from ..motion.detector import MotionSettings
 from ..motion.monitor import MotionMonitor
+from ..motion.recording import MotionRecording
 from ..motion.store import EventStore
 from ..motion.zones import Zone
 from ..recording import Recorder, RecorderSettings
@@ -46,7 +47,7 @@ def _equip(camera: Camera, cam: CameraConfig, config: Config, *, archive: Path, 
     rec = config.recording
     camera.controls = CameraControls(pipeline.source, cam, state)
     recorder = camera.recorder = Recorder(RecorderSettings(
-        directory=archive, continuous=rec.continuous, segment_s=rec.segment_s,
+        directory=archive, continuous=rec.records_continuously, segment_s=rec.segment_s,
         preroll_s=rec.preroll_s, max_bytes=share, max_age_s=rec.max_age_hours * 3600),
         pipeline.ring, clock=clock)
     if config.hls.enable:
@@ -67,6 +68,10 @@ def _equip(camera: Camera, cam: CameraConfig, config: Config, *, archive: Path, 
             pipeline.ring, motion_settings(cam), camera=camera.name, publish=events.publish,
             store=EventStore(archive / "events", camera.name,
                              max_age_s=rec.max_age_hours * 3600), lores=lores)
+        if rec.mode == "motion":
+            camera.motion_recording = MotionRecording(
+                recorder, camera=camera.name, preroll_s=rec.preroll_s, postroll_s=rec.postroll_s)
+            events.subscribe(camera.motion_recording.on_event)
 
 
 def motion_settings(cam: CameraConfig) -> MotionSettings:

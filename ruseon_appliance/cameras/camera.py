@@ -19,6 +19,7 @@ from ..config import CameraConfig
 from ..events import RecordingWatcher, StallWatcher
 from ..hls import HlsStream
 from ..motion.monitor import MotionMonitor
+from ..motion.recording import MotionRecording
 from ..recording import Recorder
 from ..tasks import cancel_and_wait
 
@@ -84,6 +85,7 @@ class Camera:
     stall_watcher: StallWatcher | None = None
     recording_watcher: RecordingWatcher | None = None
     motion: MotionMonitor | None = None
+    motion_recording: MotionRecording | None = None
 
     def __init__(self, config: CameraConfig, *, pipeline: CapturePipeline | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -232,6 +234,8 @@ class Camera:
         await self.quiesce()
         if self.motion is not None:
             await self.motion.stop()  # a lasting event ends (kept, announced)
+        if self.motion_recording is not None:
+            await self.motion_recording.stop()
         if self.recorder is not None:
             await self.recorder.stop()
         if self.controls is not None:
