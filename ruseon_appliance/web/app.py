@@ -149,7 +149,7 @@ def make_app(
 
     _add_camera_routes(app, api, config, cameras, credentials)
     events = EventsResource({c.name: c.motion for c in cameras if c.motion is not None},
-                            cameras.names)
+                            cameras.names, cameras.default.name)
     events.add_routes(app)
     if events.monitors:
         api.status_sections["motion"] = events.status

@@ -61,9 +61,11 @@ def event_json(event: StoredEvent) -> dict[str, Any]:
 class EventsResource:
     """The events of ``monitors`` (camera name -> its detector), in camera order."""
 
-    def __init__(self, monitors: Mapping[str, MotionMonitor], cameras: list[str]) -> None:
+    def __init__(self, monitors: Mapping[str, MotionMonitor], cameras: list[str],
+                 default: str = "") -> None:
         self.monitors = dict(monitors)
         self.cameras = cameras  # every camera's name (one without motion lists nothing)
+        self.default = default or (cameras[0] if cameras else "")
 
     def add_routes(self, app: web.Application) -> None:
         """``GET /api/events``, ``GET /api/events/{id}/snapshot.jpg``."""
@@ -71,7 +73,8 @@ class EventsResource:
         app.router.add_get("/api/events/{id}/snapshot.jpg", self.snapshot)
 
     async def list_events(self, request: web.Request) -> web.Response:
-        """``?camera=&since=&until=&kind=&limit=``: events overlapping [since, until]."""
+        """``?camera=&since=&until=&kind=&limit=``: events overlapping [since, until] (of
+        every camera without ``camera``; ``default_camera`` names the unnamed routes' one)."""
         query = request.query
         camera = query.get("camera", "")
         if camera and camera not in self.cameras:
@@ -95,7 +98,8 @@ class EventsResource:
                 continue
             events += monitor.store.query(since=since, until=until)
         events.sort(key=lambda e: e.start)
-        return web.json_response({"events": [event_json(e) for e in events[-limit:]]})
+        return web.json_response({"events": [event_json(e) for e in events[-limit:]],
+                                  "default_camera": self.default})
 
     async def snapshot(self, request: web.Request) -> web.Response:
         """The JPEG of the event's frame of peak motion."""
