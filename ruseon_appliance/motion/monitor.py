@@ -95,6 +95,8 @@ class MotionMonitor:
         self.overruns = 0
         self.cpu_s = 0.0
         self.current_event: str | None = None
+        self.enabled = True  # False: detection paused (admin), frames are not looked at
+        self._paused_pending = False  # a pause the worker has not acted on yet
 
     @property
     def settings(self) -> MotionSettings:
@@ -106,6 +108,18 @@ class MotionMonitor:
         settings = replace(self.settings, sensitivity=sensitivity)
         self.analyser.detector.settings = settings
         self.analyser.tracker.settings = settings
+
+    def set_enabled(self, enabled: bool) -> None:
+        """Pause or resume detection while running; a pause ends a lasting event (in the
+        worker, which owns the analyser) and a resume starts from a fresh background."""
+        with self._cond:
+            if enabled == self.enabled:
+                return
+            self.enabled = enabled
+            self._queue.clear()
+            self._waiting_keyframe = False  # a resumed decoder waits for a keyframe itself
+            self._paused_pending = not enabled
+            self._cond.notify()
 
     async def start(self) -> None:
         """Load the stored events, start the worker thread and the ring reader."""
@@ -158,6 +172,8 @@ class MotionMonitor:
     def _offer(self, unit: _Unit) -> None:
         """Queue ``unit`` for the worker, or skip it (counted) when the worker is behind."""
         with self._cond:
+            if not self.enabled:
+                return
             if self._waiting_keyframe:
                 if not unit.keyframe:
                     self.skipped += 1
@@ -180,7 +196,7 @@ class MotionMonitor:
         a frame it has no room for is skipped and counted."""
         analyser = self.analyser
         with self._cond:
-            if not analyser.due(t):
+            if not self.enabled or not analyser.due(t):
                 return
             if len(self._queue) >= self.max_backlog:
                 self.skipped += 1
@@ -194,11 +210,19 @@ class MotionMonitor:
         analyser = self.analyser
         while True:
             with self._cond:
-                while not self._queue and not self._stopping:
+                while not self._queue and not self._stopping and not self._paused_pending:
                     self._cond.wait()
-                if not self._queue:
+                paused, self._paused_pending = self._paused_pending, False
+                unit = self._queue.popleft() if self._queue else None
+            if paused:
+                analyser.finish()  # a lasting event ends now
+                analyser.detector.reset()
+                if isinstance(analyser, DecodeAnalyser):
+                    analyser.restart()
+            if unit is None:
+                if self._stopping:
                     return
-                unit = self._queue.popleft()
+                continue
             self.fed += 1
             try:
                 result = self._analyse(unit)
@@ -292,6 +316,7 @@ class MotionMonitor:
         now = time.monotonic()
         recent = [t for t in list(self._analysed_at) if t >= now - FPS_WINDOW_S]
         return {
+            "enabled": self.enabled,
             "active": self.active,
             "event": self.current_event,
             "score": round(analyser.detector.score, 4),

@@ -6,6 +6,7 @@ listed after a restart."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 from pathlib import Path
@@ -170,6 +171,27 @@ async def run(config: Config, broker: Mosquitto, receiver: Receiver) -> None:
                 metrics = await resp.text()
             assert 'ruseon_motion_events_total{camera="porch"} 1.0' in metrics
             assert 'ruseon_motion_skipped_frames_total{camera="porch"}' in metrics
+
+            # Live settings (admin): sensitivity, and detection paused.
+            url = f"{base}/api/camera/porch/motion"
+            async with http.patch(url, json={"sensitivity": 80}) as resp:
+                assert resp.status == 401  # not without the admin secret
+            async with http.patch(url, json={"sensitivity": 80}, headers=AUTH) as resp:
+                assert resp.status == 200 and (await resp.json())["sensitivity"] == 80
+            for bad in ({"sensitivity": 101}, {"sensitivity": True}, {"enabled": "no"},
+                        {"threshold": 3}, {}):
+                async with http.patch(url, json=bad, headers=AUTH) as resp:
+                    assert resp.status == 422, bad
+            async with http.patch(f"{base}/api/camera/motion", json={"enabled": False},
+                                  headers=AUTH) as resp:  # the default camera's, unnamed
+                assert resp.status == 200 and (await resp.json())["enabled"] is False
+            porch = app.cameras.resolve("porch")
+            assert porch is not None and porch.motion is not None
+            await asyncio.sleep(0.3)
+            analysed = porch.motion.stats()["analysed"]
+            await asyncio.sleep(1.0)
+            assert porch.motion.stats()["analysed"] == analysed  # paused: nothing looked at
+            assert (await get_json(http, url))["enabled"] is False
     finally:
         await app.stop()
     # A restart keeps the event (and its picture).

@@ -127,3 +127,36 @@ def test_a_torn_last_line_is_skipped_and_old_events_are_pruned(tmp_path: Path) -
     fresh.load()
     assert [e.id for e in fresh.query()] == [new.id]
     assert fresh.query(until=999_000.0) == [] and fresh.query(since=999_995.0) == [new]
+
+
+async def test_a_pause_ends_a_lasting_event_and_a_resume_starts_afresh(
+        crossing: list[Unit]) -> None:
+    ring = RingBuffer(8 << 20, 1024)
+    seen: list[str] = []
+    monitor = MotionMonitor(ring, MotionSettings(off_delay_s=5.0), camera="cam",
+                            publish=lambda name, **_: seen.append(name),
+                            max_backlog=len(crossing) + 1)
+    await monitor.start()
+    for unit in crossing[:75]:  # into the crossing (1 s to 3 s): an event lasts
+        ring.write(AccessUnit(unit.data, unit.pts, unit.keyframe, unit.capture_time_us))
+        await asyncio.sleep(0)
+    await drain(monitor, 20)
+    await asyncio.sleep(0.05)
+    assert seen == ["motion_started"] and monitor.active
+    monitor.set_enabled(False)
+    async with asyncio.timeout(10):
+        while seen != ["motion_started", "motion_ended"]:
+            await asyncio.sleep(0.02)
+    fed = monitor.fed
+    for unit in crossing[75:90]:
+        ring.write(AccessUnit(unit.data, unit.pts, unit.keyframe, unit.capture_time_us))
+        await asyncio.sleep(0)
+    await asyncio.sleep(0.1)
+    assert monitor.fed == fed and not monitor.active and monitor.stats()["enabled"] is False
+    monitor.set_enabled(True)
+    for unit in crossing[90:]:
+        ring.write(AccessUnit(unit.data, unit.pts, unit.keyframe, unit.capture_time_us))
+        await asyncio.sleep(0)
+    await drain(monitor, monitor.analyser.analysed + 1)
+    await monitor.stop()
+    assert monitor.fed > fed and monitor.skipped == 0
