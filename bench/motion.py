@@ -14,6 +14,11 @@ does not change these figures.
 
     .venv/bin/python bench/motion.py                 # 10 s of 720p30, analysis at 10 and 30 fps
     .venv/bin/python bench/motion.py --seconds 20 --repeat 5
+    .venv/bin/python bench/motion.py --fanout 10     # also: fan-out µs/packet, detection off/on
+
+``--fanout N`` runs bench/fanout.py's server (720p30 file source, fan-out send path, N real
+aiortc viewers) without and with a motion detector on its ring: the live path's µs per packet
+per viewer must not change (the detector's own CPU is part of the idle rate subtracted).
 """
 
 from __future__ import annotations
@@ -59,6 +64,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--fanout", type=int, default=0, metavar="N",
+                        help="also measure the fan-out with N viewers, detection off and on")
+    parser.add_argument("--window", type=float, default=8.0)
     args = parser.parse_args()
     scene = Scene(W, H, noise=4.0)
     render = scene.crossing(args.seconds / 3, args.seconds / 3)
@@ -88,6 +96,26 @@ def main() -> None:
         print(f"lores path (320x240 Y), analysis at {fps:g} fps: {per:.0f} µs per analysed "
               f"frame; {per * fps / 1e4:.2f} % of one core "
               f"(runs: {', '.join(f'{r:.0f}' for r in runs)})")
+    if args.fanout:
+        fanout_with_motion(args.fanout, args.window)
+
+
+def fanout_with_motion(viewers: int, window: float) -> None:
+    """bench/fanout.py's figure with the detector off, then on."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import fanout  # bench/fanout.py
+
+    fanout.recorded_stream()
+    rows = {}
+    for label, motion in (("off", False), ("on", True)):
+        row = fanout.measure("fanout", viewers, window, "asyncio", motion=motion)
+        rows[label] = row
+        print(f"fan-out N={viewers} motion {label:3}: "
+              f"{row['cpu_us_per_packet_per_viewer']:.2f} µs/packet/viewer "
+              f"(server load {row['server_cpu_load']:.2f}, idle {row['idle_cpu_per_s']:.3f}, "
+              f"{row['connected']} connected)", flush=True)
+    ratio = rows["on"]["cpu_us_per_packet_per_viewer"] / rows["off"]["cpu_us_per_packet_per_viewer"]
+    print(f"fan-out µs/packet with motion on / off: {ratio:.2f}x", flush=True)
 
 
 if __name__ == "__main__":
