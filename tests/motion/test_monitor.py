@@ -99,7 +99,7 @@ async def test_a_worker_that_falls_behind_skips_to_the_next_keyframe_and_counts(
     assert stats["fed"] + stats["skipped"] == len(crossing)
     # Once the worker kept up, only the P-frames before the next keyframe (GOP 30) were
     # skipped, and from that keyframe on every frame decoded.
-    assert stats["skipped"] - skipped < 30
+    assert stats["skipped"] - skipped <= 30
     assert stats["decoded"] >= len(crossing) - 120
     assert stats["decode_errors"] == 0  # it restarted on keyframes, never fed a broken chain
 
