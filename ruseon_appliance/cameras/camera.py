@@ -133,11 +133,14 @@ class Camera:
         return started
 
     def start_watching(self) -> None:
-        """Start the stall and recording watchers (their events name this camera); the
-        appliance does so once the event bus's subscribers are there."""
+        """Start the stall and recording watchers (their events name this camera) and the
+        motion detector's announcements; the appliance does so once the event bus's
+        subscribers are there."""
         for watcher in (self.stall_watcher, self.recording_watcher):
             if watcher is not None:
                 watcher.start()
+        if self.motion is not None:
+            self.motion.start_announcing()
 
     def follow_stream_controls(self) -> None:
         """The pipeline's ``camera`` (what the engine, RTSP and HLS read per viewer) follows

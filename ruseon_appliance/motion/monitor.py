@@ -70,7 +70,8 @@ class MotionMonitor:
 
     def __init__(self, ring: RingBuffer, settings: MotionSettings, *, camera: str,
                  store: EventStore | None = None, publish: Publish | None = None,
-                 max_backlog: int = MAX_BACKLOG, lores: LoresSource | None = None) -> None:
+                 max_backlog: int = MAX_BACKLOG, lores: LoresSource | None = None,
+                 announce_at_once: bool = True) -> None:
         self.ring = ring
         self.camera = camera
         self.store = store
@@ -97,6 +98,9 @@ class MotionMonitor:
         self.current_event: str | None = None
         self.enabled = True  # False: detection paused (admin), frames are not looked at
         self._paused_pending = False  # a pause the worker has not acted on yet
+        # Announcements wait here until the bus has its subscribers (start_announcing).
+        self._announcing = announce_at_once
+        self._held: list[tuple[str, dict[str, Any]]] = []
 
     @property
     def settings(self) -> MotionSettings:
@@ -288,22 +292,37 @@ class MotionMonitor:
                            peak_score=round(event.peak_score, 4),
                            peak_time=round(event.peak_time, 3), snapshot=has_snapshot)
 
+    def start_announcing(self) -> None:
+        """Publish from now on, first what was held since :meth:`start` (the appliance calls
+        this once MQTT and webhooks subscribe: an event in the first seconds reaches them)."""
+        self._announcing = True
+        held, self._held = self._held, []
+        for name, data in held:
+            if self._publish is not None:
+                self._publish(name, **data)
+
     def _announce(self, name: str, data: dict[str, Any]) -> None:
         if self._publish is None:
             return
         loop = self._loop
         if loop is None or loop.is_closed():
             return
-        publish = self._publish
         try:
             running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             running = None
         if running is loop:
-            publish(name, **data)
+            self._deliver(name, data)
             return
         with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody to tell
-            loop.call_soon_threadsafe(lambda: publish(name, **data))
+            loop.call_soon_threadsafe(self._deliver, name, data)
+
+    def _deliver(self, name: str, data: dict[str, Any]) -> None:
+        """On the loop: publish, or hold until :meth:`start_announcing`."""
+        if not self._announcing:
+            self._held.append((name, data))
+        elif self._publish is not None:
+            self._publish(name, **data)
 
     @property
     def active(self) -> bool:

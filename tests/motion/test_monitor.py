@@ -160,3 +160,21 @@ async def test_a_pause_ends_a_lasting_event_and_a_resume_starts_afresh(
     await drain(monitor, monitor.analyser.analysed + 1)
     await monitor.stop()
     assert monitor.fed > fed and monitor.skipped == 0
+
+
+async def test_announcements_wait_for_start_announcing(crossing: list[Unit]) -> None:
+    ring = RingBuffer(8 << 20, 1024)
+    seen: list[str] = []
+    monitor = MotionMonitor(ring, MotionSettings(off_delay_s=0.5), camera="cam",
+                            publish=lambda name, **_: seen.append(name),
+                            max_backlog=len(crossing) + 1, announce_at_once=False)
+    await monitor.start()
+    for unit in crossing:
+        ring.write(AccessUnit(unit.data, unit.pts, unit.keyframe, unit.capture_time_us))
+        await asyncio.sleep(0)
+    await drain(monitor, 55)
+    await asyncio.sleep(0.05)
+    assert seen == [] and monitor.stats()["events"] == 1  # happened, held back
+    monitor.start_announcing()
+    assert seen == ["motion_started", "motion_ended"]
+    await monitor.stop()
