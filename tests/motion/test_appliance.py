@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import aiomqtt
 import av
 import numpy as np
 import pytest
@@ -171,6 +172,19 @@ async def run(config: Config, broker: Mosquitto, receiver: Receiver) -> None:
                 metrics = await resp.text()
             assert 'ruseon_motion_events_total{camera="porch"} 1.0' in metrics
             assert 'ruseon_motion_skipped_frames_total{camera="porch"}' in metrics
+
+            # Home Assistant's switch and number for detection, through the broker.
+            switch = configs["homeassistant/switch/dev1/control_motion/config"]
+            number = configs["homeassistant/number/dev1/control_motion_sensitivity/config"]
+            assert (number["min"], number["max"], number["step"]) == (0, 100, 1)
+            async with aiomqtt.Client("127.0.0.1", broker.port) as ha:
+                await ha.publish(number["command_topic"], "70", qos=1)
+                await seen.wait_for(lambda: json.loads(
+                    seen.last["ruseon/dev1/controls"].payload).get(  # type: ignore[arg-type]
+                        "motion_sensitivity") == 70, what="sensitivity 70 from HA")
+            assert (await get_json(http, f"{base}/api/camera/porch/motion"))["sensitivity"] == 70
+            assert json.loads(seen.last["ruseon/dev1/controls"].payload)[  # type: ignore[arg-type]
+                "motion"] is True and switch["payload_off"] == "OFF"
 
             # Live settings (admin): sensitivity, and detection paused.
             url = f"{base}/api/camera/porch/motion"
