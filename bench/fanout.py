@@ -139,7 +139,8 @@ def live_objects() -> dict[str, int]:
 # --- server ----------------------------------------------------------------------------------
 
 
-async def serve(send_path: str, port: int, max_viewers: int, record_dir: str = "") -> None:
+async def serve(send_path: str, port: int, max_viewers: int, record_dir: str = "",
+                motion: bool = False) -> None:
     camera = CameraConfig(source=f"file:{recorded_stream()}", width=WIDTH, height=HEIGHT,
                           framerate=FPS, bitrate=BITRATE, keyframe_interval=GOP)
     feed = CapturePipeline(camera)
@@ -156,6 +157,11 @@ async def serve(send_path: str, port: int, max_viewers: int, record_dir: str = "
         recorder = Recorder(RecorderSettings(directory=Path(record_dir), continuous=True),
                             feed.ring)
         await recorder.start()
+    if motion:  # bench/motion.py: the fan-out with the motion detector reading the same ring
+        from ruseon_appliance.motion.detector import MotionSettings
+        from ruseon_appliance.motion.monitor import MotionMonitor
+
+        await MotionMonitor(feed.ring, MotionSettings(), camera="bench").start()
 
     async def post(request: web.Request) -> web.Response:
         try:
@@ -283,7 +289,8 @@ class Server:
     """A server subprocess with its stats endpoint."""
 
     def __init__(self, send_path: str, *, max_viewers: int = 200, loop: str = "asyncio",
-                 record_dir: str = "", tree: Path = ROOT, aes_mask: bool = False) -> None:
+                 record_dir: str = "", tree: Path = ROOT, aes_mask: bool = False,
+                 motion: bool = False) -> None:
         import os
 
         self.port = free_port()
@@ -299,7 +306,7 @@ class Server:
         self.proc = subprocess.Popen(
             [sys.executable, str(tree / "bench" / "fanout.py"), "serve", "--send-path",
              send_path, "--port", str(self.port), "--max-viewers", str(max_viewers), "--loop",
-             loop, "--record-dir", record_dir],
+             loop, "--record-dir", record_dir, *(["--motion"] if motion else [])],
             stdout=subprocess.PIPE, text=True, env=env)
         assert self.proc.stdout is not None
         if self.proc.stdout.readline().strip() != "ready":
@@ -359,8 +366,10 @@ def churn(url: str, cycles: int, batch: int, workers: int = 2) -> None:
 
 
 def measure(send_path: str, viewers: int, window: float, loop: str,
-            record_dir: str = "", tree: Path = ROOT, aes_mask: bool = False) -> dict[str, Any]:
-    server = Server(send_path, loop=loop, record_dir=record_dir, tree=tree, aes_mask=aes_mask)
+            record_dir: str = "", tree: Path = ROOT, aes_mask: bool = False,
+            motion: bool = False) -> dict[str, Any]:
+    server = Server(send_path, loop=loop, record_dir=record_dir, tree=tree, aes_mask=aes_mask,
+                    motion=motion)
     try:
         time.sleep(1.0)
         a = server.stats()
@@ -408,6 +417,7 @@ def main() -> None:
     parser.add_argument("--window", type=float, default=5.0)
     parser.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio")
     parser.add_argument("--record-dir", default="", help="serve: also record into this dir")
+    parser.add_argument("--motion", action="store_true", help="serve: also detect motion")
     parser.add_argument("--paths", nargs="*", default=["aiortc", "fanout"],
                         help="send paths to measure (default: aiortc fanout)")
     parser.add_argument("--baseline", type=Path, default=None,
@@ -418,9 +428,11 @@ def main() -> None:
         if args.loop == "uvloop":
             import uvloop  # type: ignore[import-not-found,unused-ignore]
 
-            uvloop.run(serve(args.send_path, args.port, args.max_viewers, args.record_dir))
+            uvloop.run(serve(args.send_path, args.port, args.max_viewers, args.record_dir,
+                             args.motion))
         else:
-            asyncio.run(serve(args.send_path, args.port, args.max_viewers, args.record_dir))
+            asyncio.run(serve(args.send_path, args.port, args.max_viewers, args.record_dir,
+                              args.motion))
         return
     if args.role == "worker":
         asyncio.run(worker(args.url, args.count, args.cycles, args.batch))

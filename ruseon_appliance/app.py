@@ -15,7 +15,7 @@ import ssl
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -366,6 +366,14 @@ class Appliance:
         # the unnamed topics and ids (as its routes do), the others are named after them.
         default = self.cameras.default
         named = [c for c in self.cameras if c is not default]
+        from .motion.controls import WithMotionControls
+
+        def controls_of(camera: Camera) -> Any:
+            """The camera's controls, with motion on/off and sensitivity when it detects."""
+            if camera.motion is None:
+                return camera.controls
+            return WithMotionControls(camera.controls, camera.motion,
+                                      camera.config.motion_sensitivity)
 
         self.mqtt = HomeAssistantMqtt(
             self.config.mqtt,
@@ -375,9 +383,10 @@ class Appliance:
             snapshot=latest_jpeg_of(default.pipeline),
             configuration_url=self.urls()[0],
             record=self._toggle_recording,
-            controls=default.controls,
+            controls=controls_of(default),
             camera_snapshots={c.name: latest_jpeg_of(c.pipeline) for c in named},
-            camera_controls={c.name: c.controls for c in named if c.controls is not None},
+            camera_controls={c.name: controls_of(c) for c in named
+                             if controls_of(c) is not None},
         )
         self.events.subscribe(self.mqtt.on_event)
         await self.mqtt.start()

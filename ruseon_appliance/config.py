@@ -480,6 +480,11 @@ class RecordingConfig:
     # The open segment's whole fragments are made durable (fdatasync) this often, so a power cut
     # loses about this much; 0: only when a segment closes (up to segment_s lost).
     sync_interval_s: float = 5.0
+    # "continuous" (from start-up on), "motion" (each camera records from preroll_s before
+    # its motion events to postroll_s after them; overlapping events make one recording),
+    # "off" (only on request); empty: as `continuous` says.
+    mode: str = ""
+    postroll_s: float = 5.0
     # Retention: oldest segments are deleted once the archive exceeds either limit (0: none).
     max_bytes: int = 2 * 1024 * 1024 * 1024
     max_age_hours: float = 168.0
@@ -494,6 +499,11 @@ class RecordingConfig:
     def directory(self, state_dir: str) -> Path:
         """The archive directory, resolved against the state directory."""
         return Path(self.dir) if self.dir else Path(state_dir) / "recordings"
+
+    @property
+    def records_continuously(self) -> bool:
+        """``mode = "continuous"``, or no mode and ``continuous = true``."""
+        return self.mode == "continuous" if self.mode else self.continuous
 
 
 @dataclass(frozen=True, slots=True)
@@ -967,6 +977,10 @@ def validate(config: Config) -> None:
     _check(0 <= rec.preroll_s <= 60, "recording.preroll_s", rec.preroll_s, "0 to 60 seconds")
     _check(rec.sync_interval_s == 0 or 1 <= rec.sync_interval_s <= 600,
            "recording.sync_interval_s", rec.sync_interval_s, "0 (off) or 1 to 600 seconds")
+    _check(rec.mode in ("", "continuous", "motion", "off"), "recording.mode", rec.mode,
+           "allowed are continuous, motion, off")
+    _check(0 <= rec.postroll_s <= 600, "recording.postroll_s", rec.postroll_s,
+           "0 to 600 seconds")
     _check(rec.max_bytes == 0 or rec.max_bytes >= 1024 * 1024, "recording.max_bytes",
            rec.max_bytes, "0 (no limit) or at least 1048576 bytes")
     _check(rec.max_age_hours >= 0, "recording.max_age_hours", rec.max_age_hours,

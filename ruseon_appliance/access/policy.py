@@ -72,6 +72,8 @@ HTTP_ROUTES: tuple[tuple[frozenset[str], str, Access], ...] = tuple(
         ("POST", "/api/recording/stop", Access.ADMIN),
         ("GET,HEAD,PATCH", "/api/camera/controls", Access.ADMIN),
         ("GET,HEAD,PATCH", "/api/camera/*/controls", Access.ADMIN),
+        ("GET,HEAD,PATCH", "/api/camera/motion", Access.ADMIN),
+        ("GET,HEAD,PATCH", "/api/camera/*/motion", Access.ADMIN),
         ("GET,HEAD", "/metrics", Access.ADMIN),
         ("GET,HEAD", "/relay/*.sdp", Access.ADMIN),
     )

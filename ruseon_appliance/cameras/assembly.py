@@ -5,12 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..capture.controls import CameraControls
+from ..capture.sources.picamera import PicameraSource
 from ..clock import WallClock
 from ..config import CameraConfig, Config
 from ..events import EventBus, RecordingWatcher, StallWatcher
 from ..hls import HlsStream
 from ..motion.detector import MotionSettings
 from ..motion.monitor import MotionMonitor
+from ..motion.recording import MotionRecording
 from ..motion.store import EventStore
 from ..motion.zones import Zone
 from ..recording import Recorder, RecorderSettings
@@ -45,7 +47,7 @@ def _equip(camera: Camera, cam: CameraConfig, config: Config, *, archive: Path, 
     rec = config.recording
     camera.controls = CameraControls(pipeline.source, cam, state)
     recorder = camera.recorder = Recorder(RecorderSettings(
-        directory=archive, continuous=rec.continuous, segment_s=rec.segment_s,
+        directory=archive, continuous=rec.records_continuously, segment_s=rec.segment_s,
         preroll_s=rec.preroll_s, max_bytes=share, max_age_s=rec.max_age_hours * 3600,
         sync_interval_s=rec.sync_interval_s),
         pipeline.ring, clock=clock)
@@ -60,10 +62,18 @@ def _equip(camera: Camera, cam: CameraConfig, config: Config, *, archive: Path, 
     camera.recording_watcher = RecordingWatcher(
         events, lambda: recorder.active, lambda: recorder.state, camera=camera.name)
     if cam.motion:
+        # picamera2's lores stream where the source has one (no decode), else the ring's H.264.
+        source = pipeline.source
+        lores = source if isinstance(source, PicameraSource) and source.offers_lores else None
         camera.motion = MotionMonitor(
             pipeline.ring, motion_settings(cam), camera=camera.name, publish=events.publish,
             store=EventStore(archive / "events", camera.name,
-                             max_age_s=rec.max_age_hours * 3600))
+                             max_age_s=rec.max_age_hours * 3600), lores=lores,
+            announce_at_once=False)  # Camera.start_watching: once the bus has subscribers
+        if rec.mode == "motion":
+            camera.motion_recording = MotionRecording(
+                recorder, camera=camera.name, preroll_s=rec.preroll_s, postroll_s=rec.postroll_s)
+            events.subscribe(camera.motion_recording.on_event)
 
 
 def motion_settings(cam: CameraConfig) -> MotionSettings:

@@ -19,6 +19,7 @@ from ..config import CameraConfig
 from ..events import RecordingWatcher, StallWatcher
 from ..hls import HlsStream
 from ..motion.monitor import MotionMonitor
+from ..motion.recording import MotionRecording
 from ..recording import Recorder
 from ..tasks import cancel_and_wait
 
@@ -84,6 +85,7 @@ class Camera:
     stall_watcher: StallWatcher | None = None
     recording_watcher: RecordingWatcher | None = None
     motion: MotionMonitor | None = None
+    motion_recording: MotionRecording | None = None
 
     def __init__(self, config: CameraConfig, *, pipeline: CapturePipeline | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -131,11 +133,14 @@ class Camera:
         return started
 
     def start_watching(self) -> None:
-        """Start the stall and recording watchers (their events name this camera); the
-        appliance does so once the event bus's subscribers are there."""
+        """Start the stall and recording watchers (their events name this camera) and the
+        motion detector's announcements; the appliance does so once the event bus's
+        subscribers are there."""
         for watcher in (self.stall_watcher, self.recording_watcher):
             if watcher is not None:
                 watcher.start()
+        if self.motion is not None:
+            self.motion.start_announcing()
 
     def follow_stream_controls(self) -> None:
         """The pipeline's ``camera`` (what the engine, RTSP and HLS read per viewer) follows
@@ -232,6 +237,8 @@ class Camera:
         await self.quiesce()
         if self.motion is not None:
             await self.motion.stop()  # a lasting event ends (kept, announced)
+        if self.motion_recording is not None:
+            await self.motion_recording.stop()
         if self.recorder is not None:
             await self.recorder.stop()
         if self.controls is not None:

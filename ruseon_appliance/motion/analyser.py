@@ -164,5 +164,8 @@ class LoresAnalyser(_Analyser):
         """Analyse ``luma`` (``uint8`` Y plane, stride already cut) taken at ``t`` if due."""
         if not self.due(t):
             return None
-        frozen = luma.copy()  # the camera reuses its buffers
-        return self._analysed(frozen, t, lambda: luma_to_jpeg(frozen))
+        return self.analyse(luma.copy(), t)  # the camera reuses its buffers
+
+    def analyse(self, luma: Any, t: float) -> Analysis:
+        """Analyse a plane that is due and ours to keep (:meth:`due` asked already)."""
+        return self._analysed(luma, t, lambda: luma_to_jpeg(luma))

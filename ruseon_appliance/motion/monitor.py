@@ -18,9 +18,9 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from .analyser import DecodeAnalyser
+from .analyser import DecodeAnalyser, LoresAnalyser
 from .detector import MotionSettings
 from .store import EventStore, StoredEvent
 from .tracker import MotionEvent, Transition
@@ -38,6 +38,19 @@ FPS_WINDOW_S = 5.0
 Publish = Callable[..., Any]  # EventBus.publish(name, **data)
 
 
+class LoresSource(Protocol):
+    """A source whose ISP makes a small Y plane per frame (capture/sources/picamera.py): it
+    calls ``lores_sink(copy_plane, t)`` on its camera thread for every frame."""
+
+    lores_sink: Callable[[Callable[[], Any], float], None] | None
+
+
+@dataclass(slots=True)
+class _Plane:
+    luma: Any
+    t: float
+
+
 @dataclass(slots=True)
 class _Unit:
     data: bytes
@@ -52,18 +65,24 @@ def event_id(start: float, camera: str) -> str:
 
 
 class MotionMonitor:
-    """Motion detection for the camera whose ring is ``ring`` (named ``camera``)."""
+    """Motion detection for the camera whose ring is ``ring`` (named ``camera``): from the
+    ring's H.264 (decoded), or with ``lores`` from the Y planes that source offers."""
 
     def __init__(self, ring: RingBuffer, settings: MotionSettings, *, camera: str,
                  store: EventStore | None = None, publish: Publish | None = None,
-                 max_backlog: int = MAX_BACKLOG) -> None:
+                 max_backlog: int = MAX_BACKLOG, lores: LoresSource | None = None,
+                 announce_at_once: bool = True) -> None:
         self.ring = ring
         self.camera = camera
         self.store = store
         self._publish = publish
         self.max_backlog = max_backlog
-        self.analyser = DecodeAnalyser(settings, self._on_transition)
-        self._queue: collections.deque[_Unit] = collections.deque()
+        self.lores = lores
+        self.analyser: DecodeAnalyser | LoresAnalyser = (
+            LoresAnalyser(settings, self._on_transition) if lores is not None
+            else DecodeAnalyser(settings, self._on_transition))
+        self.path = "lores" if lores is not None else "decode"
+        self._queue: collections.deque[_Unit | _Plane] = collections.deque()
         self._cond = threading.Condition()
         self._stopping = False
         self._waiting_keyframe = False
@@ -77,6 +96,11 @@ class MotionMonitor:
         self.overruns = 0
         self.cpu_s = 0.0
         self.current_event: str | None = None
+        self.enabled = True  # False: detection paused (admin), frames are not looked at
+        self._paused_pending = False  # a pause the worker has not acted on yet
+        # Announcements wait here until the bus has its subscribers (start_announcing).
+        self._announcing = announce_at_once
+        self._held: list[tuple[str, dict[str, Any]]] = []
 
     @property
     def settings(self) -> MotionSettings:
@@ -89,6 +113,18 @@ class MotionMonitor:
         self.analyser.detector.settings = settings
         self.analyser.tracker.settings = settings
 
+    def set_enabled(self, enabled: bool) -> None:
+        """Pause or resume detection while running; a pause ends a lasting event (in the
+        worker, which owns the analyser) and a resume starts from a fresh background."""
+        with self._cond:
+            if enabled == self.enabled:
+                return
+            self.enabled = enabled
+            self._queue.clear()
+            self._waiting_keyframe = False  # a resumed decoder waits for a keyframe itself
+            self._paused_pending = not enabled
+            self._cond.notify()
+
     async def start(self) -> None:
         """Load the stored events, start the worker thread and the ring reader."""
         if self.store is not None:
@@ -99,10 +135,15 @@ class MotionMonitor:
         self._thread = threading.Thread(target=self._work, name=f"motion-{self.camera}",
                                         daemon=True)
         self._thread.start()
-        self._reader_task = asyncio.create_task(self._read(), name=f"motion-{self.camera}")
+        if self.lores is not None:
+            self.lores.lores_sink = self._offer_plane
+        else:
+            self._reader_task = asyncio.create_task(self._read(), name=f"motion-{self.camera}")
 
     async def stop(self) -> None:
         """Stop reading, let the worker finish what it holds, end a lasting event."""
+        if self.lores is not None:
+            self.lores.lores_sink = None
         task, self._reader_task = self._reader_task, None
         if task is not None:
             task.cancel()
@@ -135,6 +176,8 @@ class MotionMonitor:
     def _offer(self, unit: _Unit) -> None:
         """Queue ``unit`` for the worker, or skip it (counted) when the worker is behind."""
         with self._cond:
+            if not self.enabled:
+                return
             if self._waiting_keyframe:
                 if not unit.keyframe:
                     self.skipped += 1
@@ -152,23 +195,45 @@ class MotionMonitor:
             self._queue.append(unit)
             self._cond.notify()
 
+    def _offer_plane(self, copy_plane: Callable[[], Any], t: float) -> None:
+        """The lores path (camera thread): take the plane if it is due and the worker has room;
+        a frame it has no room for is skipped and counted."""
+        analyser = self.analyser
+        with self._cond:
+            if not self.enabled or not analyser.due(t):
+                return
+            if len(self._queue) >= self.max_backlog:
+                self.skipped += 1
+                return
+        plane = copy_plane()  # the request's buffer is the camera's again after this call
+        with self._cond:
+            self._queue.append(_Plane(plane, t))
+            self._cond.notify()
+
     def _work(self) -> None:
         analyser = self.analyser
         while True:
             with self._cond:
-                while not self._queue and not self._stopping:
+                while not self._queue and not self._stopping and not self._paused_pending:
                     self._cond.wait()
-                if not self._queue:
+                paused, self._paused_pending = self._paused_pending, False
+                unit = self._queue.popleft() if self._queue else None
+            if paused:
+                analyser.finish()  # a lasting event ends now
+                analyser.detector.reset()
+                if isinstance(analyser, DecodeAnalyser):
+                    analyser.restart()
+            if unit is None:
+                if self._stopping:
                     return
-                unit = self._queue.popleft()
+                continue
             self.fed += 1
-            if unit.after_gap:
-                analyser.restart()
             try:
-                result = analyser.feed(unit.data, unit.keyframe, unit.capture_time_us)
+                result = self._analyse(unit)
             except Exception:  # a detector bug must not end detection for good
                 log.exception("camera %s: motion analysis failed", self.camera)
-                analyser.restart()
+                if isinstance(analyser, DecodeAnalyser):
+                    analyser.restart()
                 result = None
             if result is not None:
                 now = time.monotonic()
@@ -176,6 +241,16 @@ class MotionMonitor:
                 while self._analysed_at and self._analysed_at[0] < now - FPS_WINDOW_S:
                     self._analysed_at.popleft()
             self.cpu_s = time.thread_time()
+
+    def _analyse(self, item: _Unit | _Plane) -> Any:
+        analyser = self.analyser
+        if isinstance(item, _Plane):
+            assert isinstance(analyser, LoresAnalyser)
+            return analyser.analyse(item.luma, item.t)
+        assert isinstance(analyser, DecodeAnalyser)
+        if item.after_gap:
+            analyser.restart()
+        return analyser.feed(item.data, item.keyframe, item.capture_time_us)
 
     def _on_transition(self, transition: Transition,
                        snapshot: Callable[[], bytes] | None) -> None:
@@ -217,22 +292,37 @@ class MotionMonitor:
                            peak_score=round(event.peak_score, 4),
                            peak_time=round(event.peak_time, 3), snapshot=has_snapshot)
 
+    def start_announcing(self) -> None:
+        """Publish from now on, first what was held since :meth:`start` (the appliance calls
+        this once MQTT and webhooks subscribe: an event in the first seconds reaches them)."""
+        self._announcing = True
+        held, self._held = self._held, []
+        for name, data in held:
+            if self._publish is not None:
+                self._publish(name, **data)
+
     def _announce(self, name: str, data: dict[str, Any]) -> None:
         if self._publish is None:
             return
         loop = self._loop
         if loop is None or loop.is_closed():
             return
-        publish = self._publish
         try:
             running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             running = None
         if running is loop:
-            publish(name, **data)
+            self._deliver(name, data)
             return
         with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody to tell
-            loop.call_soon_threadsafe(lambda: publish(name, **data))
+            loop.call_soon_threadsafe(self._deliver, name, data)
+
+    def _deliver(self, name: str, data: dict[str, Any]) -> None:
+        """On the loop: publish, or hold until :meth:`start_announcing`."""
+        if not self._announcing:
+            self._held.append((name, data))
+        elif self._publish is not None:
+            self._publish(name, **data)
 
     @property
     def active(self) -> bool:
@@ -245,17 +335,19 @@ class MotionMonitor:
         now = time.monotonic()
         recent = [t for t in list(self._analysed_at) if t >= now - FPS_WINDOW_S]
         return {
+            "enabled": self.enabled,
             "active": self.active,
             "event": self.current_event,
             "score": round(analyser.detector.score, 4),
             "sensitivity": self.settings.sensitivity,
             "fps": round(len(recent) / FPS_WINDOW_S, 2),
+            "path": self.path,
             "fed": self.fed,
-            "decoded": analyser.decoded,
+            "decoded": getattr(analyser, "decoded", 0),
             "analysed": analyser.analysed,
             "skipped": self.skipped,
             "overruns": self.overruns,
-            "decode_errors": analyser.decode_errors,
+            "decode_errors": getattr(analyser, "decode_errors", 0),
             "suppressed": analyser.detector.suppressed,
             "events": analyser.tracker.events,
             "storm_held": analyser.tracker.storm_held,

@@ -25,7 +25,7 @@ from ruseon_appliance.web.api import DeviceApi
 from ruseon_appliance.web.cameras import CamerasResource
 from ruseon_appliance.web.controls import ControlsResource
 from ruseon_appliance.web.cors import cors_middleware
-from ruseon_appliance.web.events import EventsResource
+from ruseon_appliance.web.events import EventsResource, MotionControlResource
 from ruseon_appliance.web.hls import HlsMetrics, HlsResource
 from ruseon_appliance.web.metrics import Families, WebMetrics
 from ruseon_appliance.web.problem import ERROR_COUNTS, MAX_BODY_BYTES, problem_middleware
@@ -151,8 +151,14 @@ def make_app(
 
     _add_camera_routes(app, api, config, cameras, credentials)
     events = EventsResource({c.name: c.motion for c in cameras if c.motion is not None},
-                            cameras.names)
+                            cameras.names, cameras.default.name)
     events.add_routes(app)
+    for camera in cameras:
+        if camera.motion is not None:
+            MotionControlResource(camera.motion, f"/api/camera/{camera.name}/motion"
+                                  ).add_routes(app)
+            if camera is cameras.default:
+                MotionControlResource(camera.motion, "/api/camera/motion").add_routes(app)
     if events.monitors:
         api.status_sections["motion"] = events.status
         api.metrics_sections.append(events.metrics)

@@ -4,6 +4,7 @@ detector kept (motion/store.py), and their part of ``/api/status`` and ``/metric
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -64,9 +65,11 @@ def event_json(event: StoredEvent) -> dict[str, Any]:
 class EventsResource:
     """The events of ``monitors`` (camera name -> its detector), in camera order."""
 
-    def __init__(self, monitors: Mapping[str, MotionMonitor], cameras: list[str]) -> None:
+    def __init__(self, monitors: Mapping[str, MotionMonitor], cameras: list[str],
+                 default: str = "") -> None:
         self.monitors = dict(monitors)
         self.cameras = cameras  # every camera's name (one without motion lists nothing)
+        self.default = default or (cameras[0] if cameras else "")
 
     def add_routes(self, app: web.Application) -> None:
         """``GET /api/events``, ``GET /api/events/{id}/snapshot.jpg``."""
@@ -74,7 +77,8 @@ class EventsResource:
         app.router.add_get("/api/events/{id}/snapshot.jpg", self.snapshot)
 
     async def list_events(self, request: web.Request) -> web.Response:
-        """``?camera=&since=&until=&kind=&limit=``: events overlapping [since, until]."""
+        """``?camera=&since=&until=&kind=&limit=``: events overlapping [since, until] (of
+        every camera without ``camera``; ``default_camera`` names the unnamed routes' one)."""
         query = request.query
         camera = query.get("camera", "")
         if camera and camera not in self.cameras:
@@ -98,7 +102,8 @@ class EventsResource:
                 continue
             events += monitor.store.query(since=since, until=until)
         events.sort(key=lambda e: e.start)
-        return web.json_response({"events": [event_json(e) for e in events[-limit:]]})
+        return web.json_response({"events": [event_json(e) for e in events[-limit:]],
+                                  "default_camera": self.default})
 
     async def snapshot(self, request: web.Request) -> web.Response:
         """The JPEG of the event's frame of peak motion."""
@@ -135,3 +140,55 @@ class EventsResource:
             for camera, figures in stats.items():
                 family.add_metric([camera], float(figures[key]))
         return out.collect()
+
+class MotionControlResource:
+    """``GET``/``PATCH /api/camera/<camera>/motion`` (and ``/api/camera/motion`` for the
+    default camera): detection on or off and its sensitivity, live (admin; not saved: the
+    configuration's values come back with a restart)."""
+
+    def __init__(self, monitor: MotionMonitor, path: str) -> None:
+        self.monitor = monitor
+        self.path = path
+
+    def add_routes(self, app: web.Application) -> None:
+        """Register GET (and HEAD) and PATCH."""
+        app.router.add_get(self.path, self.get)
+        app.router.add_patch(self.path, self.patch)
+
+    def describe(self) -> dict[str, Any]:
+        """What is in force, and the figures."""
+        stats = self.monitor.stats()
+        return {"enabled": stats["enabled"], "sensitivity": stats["sensitivity"],
+                "score": stats["score"], "active": stats["active"]}
+
+    async def get(self, request: web.Request) -> web.Response:
+        """The settings in force and the current score."""
+        return web.json_response(self.describe(), headers={"Cache-Control": "no-store"})
+
+    async def patch(self, request: web.Request) -> web.Response:
+        """``{"enabled": bool, "sensitivity": 0..100}`` (either or both)."""
+        if request.content_type not in ("application/json", "application/merge-patch+json"):
+            raise Problem(415, "PATCH takes application/json: "
+                               '{"enabled": true|false, "sensitivity": 0..100}')
+        try:
+            changes: Any = json.loads(await request.read())
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise Problem(400, f"the body is not valid JSON: {exc}") from None
+        if not isinstance(changes, dict) or not changes:
+            raise Problem(422, 'expected {"enabled": true|false, "sensitivity": 0..100}')
+        unknown = set(changes) - {"enabled", "sensitivity"}
+        if unknown:
+            raise Problem(422, f"unknown setting {', '.join(sorted(unknown))}: "
+                               "enabled and sensitivity can be changed")
+        enabled, sensitivity = changes.get("enabled"), changes.get("sensitivity")
+        if "enabled" in changes and not isinstance(enabled, bool):
+            raise Problem(422, f"enabled = {enabled!r} must be true or false")
+        if "sensitivity" in changes and (isinstance(sensitivity, bool)
+                                         or not isinstance(sensitivity, int)
+                                         or not 0 <= sensitivity <= 100):
+            raise Problem(422, f"sensitivity = {sensitivity!r} must be a whole number 0 to 100")
+        if isinstance(sensitivity, int):
+            self.monitor.set_sensitivity(sensitivity)
+        if isinstance(enabled, bool):
+            self.monitor.set_enabled(enabled)
+        return web.json_response(self.describe(), headers={"Cache-Control": "no-store"})

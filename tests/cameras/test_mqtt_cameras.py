@@ -53,8 +53,10 @@ async def test_every_camera_is_an_entity_of_the_one_device(tmp_path: Path) -> No
             await seen.wait_for(
                 lambda: len(discovery(seen)) >= ENTITIES
                 and "homeassistant/number/dev1/yard_control_brightness/config" in discovery(seen)
-                # the last config announced (they are published in order)
-                and "homeassistant/sensor/dev1/gate_keyframe_age_s/config" in discovery(seen),
+                # the last config announced (they are published in order): the RTSP camera's
+                # motion sensitivity, after its sensors
+                and "homeassistant/number/dev1/gate_control_motion_sensitivity/config"
+                in discovery(seen),
                 what="every discovery config")
             configs = discovery(seen)
             objects = {t.split("/")[3] for t in configs}
@@ -69,7 +71,9 @@ async def test_every_camera_is_an_entity_of_the_one_device(tmp_path: Path) -> No
                 wanted = {f"{name}_{o}" for o in default_objects - device_wide
                           if name == "yard" or not o.startswith("control_")}
                 assert wanted <= objects, sorted(wanted - objects)
-            assert not any(o.startswith("gate_control_") for o in objects)
+            # The RTSP camera's source has no controls: only motion detection's two.
+            assert {o for o in objects if o.startswith("gate_control_")} == {
+                "gate_control_motion", "gate_control_motion_sensitivity"}
             cameras = {c["topic"] for t, c in configs.items() if "/camera/" in t}
             assert cameras == {f"{base}/snapshot", f"{base}/snapshot/yard",
                                f"{base}/snapshot/gate"}
@@ -85,8 +89,12 @@ async def test_every_camera_is_an_entity_of_the_one_device(tmp_path: Path) -> No
             assert document["cameras"]["yard"]["up"] is True
             assert document["cameras"]["gate"]["up"] is False  # nobody answers its RTSP
             await seen.wait_for(lambda: seen.last.get(f"{base}/controls")
-                                and seen.last.get(f"{base}/controls/yard"), what="controls")
+                                and seen.last.get(f"{base}/controls/yard")
+                                and seen.last.get(f"{base}/controls/gate"), what="controls")
             check_home_assistant_schema(configs, {
+                # the RTSP camera's: motion detection's two only
+                f"{base}/controls/gate": json.loads(
+                    seen.last[f"{base}/controls/gate"].payload),  # type: ignore[arg-type]
                 f"{base}/state": document,
                 f"{base}/controls": json.loads(seen.last[f"{base}/controls"].payload),  # type: ignore[arg-type]
                 f"{base}/controls/yard": json.loads(

@@ -18,6 +18,7 @@ every ``iperiod`` frames and on request.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from enum import Enum
 from fractions import Fraction
 from typing import Any
@@ -277,6 +278,29 @@ class Controls:
         Custom = 7
 
 
+class CompletedRequest:
+    """``picamera2.request.CompletedRequest`` as a ``post_callback`` sees it: ``make_array``
+    of the lores stream is the ISP's scaled-down YUV420 (nearest pixels here), as a
+    ``(height * 3 // 2, width)`` array."""
+
+    def __init__(self, luma: Any, lores_size: tuple[int, int], sensor_ns: int) -> None:
+        self._luma = luma
+        self._size = lores_size
+        self._sensor_ns = sensor_ns
+
+    def get_metadata(self) -> dict[str, Any]:
+        return {"SensorTimestamp": self._sensor_ns}
+
+    def make_array(self, name: str) -> Any:
+        if name != "lores":
+            raise KeyError(name)
+        width, height = self._size
+        rows = np.arange(height) * self._luma.shape[0] // height
+        cols = np.arange(width) * self._luma.shape[1] // width
+        y = self._luma[rows][:, cols]
+        return np.concatenate([y, np.full((height // 2, width), 128, dtype=np.uint8)])
+
+
 class Picamera2:
     """``picamera2.Picamera2`` with a camera that produces a moving picture at ``FrameRate``."""
 
@@ -288,6 +312,9 @@ class Picamera2:
     unplugged = False
     # While set, opening a camera blocks until it is cleared (a driver call that hangs).
     hang_open: threading.Event | None = None
+    # What the sensor sees: frame number -> the main stream's Y plane (uint8, height x width);
+    # None: a gradient scrolling sideways.
+    scene: Callable[[int], Any] | None = None
 
     def __init__(self, camera_num: int = 0) -> None:
         hang = Picamera2.hang_open
@@ -302,6 +329,8 @@ class Picamera2:
         self.set_controls_calls: list[dict[str, Any]] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # Called with each completed request on the camera thread, as picamera2 does.
+        self.post_callback: Callable[[Any], None] | None = None
         Picamera2.instances.append(self)
 
     @staticmethod
@@ -309,9 +338,11 @@ class Picamera2:
         return [] if Picamera2.unplugged else [{"Model": "imx708", "Num": 0}]
 
     def create_video_configuration(self, main: dict[str, Any] | None = None,
+                                   lores: dict[str, Any] | None = None,
                                    controls: dict[str, Any] | None = None,
                                    transform: Any = None) -> dict[str, Any]:
-        return {"main": main or {}, "controls": controls or {}, "transform": transform}
+        return {"main": main or {}, "lores": lores, "controls": controls or {},
+                "transform": transform}
 
     def set_controls(self, controls: dict[str, Any]) -> None:
         """Live controls while running (refuses what libcamera would not advertise)."""
@@ -364,10 +395,15 @@ class Picamera2:
         sensor_ns = 8_123_456_789_000  # nanoseconds since boot, never 0
         interval = 1 / fps
         n = 0
+        scene = Picamera2.scene
         while not self._stop.wait(interval if n else 0):
-            picture = np.concatenate([np.roll(y, 4 * n, axis=1), uv])
-            encoder.encode(av.VideoFrame.from_ndarray(picture, format="yuv420p"),
-                           sensor_ns + n * int(1e9 / fps))
+            luma = scene(n) if scene is not None else np.roll(y, 4 * n, axis=1)
+            picture = np.concatenate([luma, uv])
+            timestamp = sensor_ns + n * int(1e9 / fps)
+            encoder.encode(av.VideoFrame.from_ndarray(picture, format="yuv420p"), timestamp)
+            callback, lores = self.post_callback, self.config.get("lores")
+            if callback is not None and lores:
+                callback(CompletedRequest(luma, lores["size"], timestamp))
             n += 1
 
     def stop_recording(self) -> None:

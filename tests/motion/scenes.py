@@ -80,7 +80,7 @@ class Scene:
 
 
 def encode(render: Render, seconds: float, *, width: int, height: int, fps: int = 30,
-           gop: int = 30, start_us: int = START_US) -> list[Unit]:
+           gop: int = 30, start_us: int = START_US, bitrate: int = 1_000_000) -> list[Unit]:
     """``seconds`` of ``render``'s pictures, encoded as the synthetic camera encodes."""
     ctx = av.CodecContext.create("libx264", "w")
     ctx.width, ctx.height, ctx.pix_fmt = width, height, "yuv420p"
@@ -88,7 +88,7 @@ def encode(render: Render, seconds: float, *, width: int, height: int, fps: int 
     ctx.framerate = Fraction(fps, 1)
     ctx.gop_size = gop
     ctx.max_b_frames = 0
-    ctx.bit_rate = 1_000_000
+    ctx.bit_rate = bitrate
     ctx.options = {"preset": "ultrafast", "tune": "zerolatency", "profile": "baseline",
                    "bf": "0", "threads": "1",
                    "x264-params": f"keyint={gop}:min-keyint={gop}:scenecut=0:repeat-headers=1"}

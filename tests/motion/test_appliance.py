@@ -6,12 +6,14 @@ listed after a restart."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import aiomqtt
 import av
 import numpy as np
 import pytest
@@ -170,6 +172,40 @@ async def run(config: Config, broker: Mosquitto, receiver: Receiver) -> None:
                 metrics = await resp.text()
             assert 'ruseon_motion_events_total{camera="porch"} 1.0' in metrics
             assert 'ruseon_motion_skipped_frames_total{camera="porch"}' in metrics
+
+            # Home Assistant's switch and number for detection, through the broker.
+            switch = configs["homeassistant/switch/dev1/control_motion/config"]
+            number = configs["homeassistant/number/dev1/control_motion_sensitivity/config"]
+            assert (number["min"], number["max"], number["step"]) == (0, 100, 1)
+            async with aiomqtt.Client("127.0.0.1", broker.port) as ha:
+                await ha.publish(number["command_topic"], "70", qos=1)
+                await seen.wait_for(lambda: json.loads(
+                    seen.last["ruseon/dev1/controls"].payload).get(  # type: ignore[arg-type]
+                        "motion_sensitivity") == 70, what="sensitivity 70 from HA")
+            assert (await get_json(http, f"{base}/api/camera/porch/motion"))["sensitivity"] == 70
+            assert json.loads(seen.last["ruseon/dev1/controls"].payload)[  # type: ignore[arg-type]
+                "motion"] is True and switch["payload_off"] == "OFF"
+
+            # Live settings (admin): sensitivity, and detection paused.
+            url = f"{base}/api/camera/porch/motion"
+            async with http.patch(url, json={"sensitivity": 80}) as resp:
+                assert resp.status == 401  # not without the admin secret
+            async with http.patch(url, json={"sensitivity": 80}, headers=AUTH) as resp:
+                assert resp.status == 200 and (await resp.json())["sensitivity"] == 80
+            for bad in ({"sensitivity": 101}, {"sensitivity": True}, {"enabled": "no"},
+                        {"threshold": 3}, {}):
+                async with http.patch(url, json=bad, headers=AUTH) as resp:
+                    assert resp.status == 422, bad
+            async with http.patch(f"{base}/api/camera/motion", json={"enabled": False},
+                                  headers=AUTH) as resp:  # the default camera's, unnamed
+                assert resp.status == 200 and (await resp.json())["enabled"] is False
+            porch = app.cameras.resolve("porch")
+            assert porch is not None and porch.motion is not None
+            await asyncio.sleep(0.3)
+            analysed = porch.motion.stats()["analysed"]
+            await asyncio.sleep(1.0)
+            assert porch.motion.stats()["analysed"] == analysed  # paused: nothing looked at
+            assert (await get_json(http, url))["enabled"] is False
     finally:
         await app.stop()
     # A restart keeps the event (and its picture).

@@ -32,9 +32,9 @@ REQUIRED = {
     "select": {"command_topic", "options"},
 }
 # Camera, 4 sensors + recording state, 4 binary sensors (stalled, motion, recording, clock not
-# synchronized), 2 buttons, and the synthetic source's 8 camera controls (5 numbers/switches
-# live, bitrate, framerate, resolution).
-ENTITIES = 12 + 8
+# synchronized), 2 buttons, the synthetic source's 8 camera controls (5 numbers/switches
+# live, bitrate, framerate, resolution) and motion detection's 2 (a switch, a number).
+ENTITIES = 12 + 8 + 2
 DISCOVERY_TOPIC = re.compile(
     r"^homeassistant/(?P<component>[a-z_]+)/(?P<node>[A-Za-z0-9_-]+)/"
     r"(?P<object>[A-Za-z0-9_-]+)/config$")

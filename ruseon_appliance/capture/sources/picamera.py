@@ -21,7 +21,7 @@ import contextlib
 import importlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -180,8 +180,21 @@ def output_class(base: Any) -> Any:
     return LoopOutput
 
 
+# The ISP's second, small stream for motion detection (picamera2's capture_motion.py size):
+# its Y plane is analysed directly, nothing is decoded.
+LORES_SIZE = (320, 240)
+
+# Called on the camera thread with a function that copies the lores Y plane (valid only during
+# the call) and the wall-clock time in seconds.
+LoresSink = Callable[[Callable[[], Any], float], None]
+
+
 class PicameraSource:
-    """Camera via picamera2, hardware-encoded (or libx264 on a Pi 5)."""
+    """Camera via picamera2, hardware-encoded (or libx264 on a Pi 5).
+
+    With ``camera.motion`` the camera is configured with a ``lores`` stream too and every
+    completed request's lores Y plane is offered to :attr:`lores_sink` (the motion detector),
+    from picamera2's ``post_callback`` on the camera thread."""
 
     kind = "picamera"
     # Live camera controls (capture/controls.py): True goes through set_controls at the next
@@ -213,6 +226,45 @@ class PicameraSource:
         self.frames = 0
         self.keyframe_requests = 0
         self.keyframe_requests_unsupported = 0
+        self.lores_sink: LoresSink | None = None
+        self.lores_errors = 0
+        self._lores_offset: float | None = None
+
+    @property
+    def offers_lores(self) -> bool:
+        """Whether the camera runs a lores stream for the motion detector."""
+        return self._camera.motion
+
+    @property
+    def lores_size(self) -> tuple[int, int]:
+        """:data:`LORES_SIZE`, or the main size where that is smaller (libcamera wants the
+        lores stream no larger than the main one)."""
+        cam = self._camera
+        return min(LORES_SIZE[0], cam.width), min(LORES_SIZE[1], cam.height)
+
+    def _lores_time(self, request: Any) -> float:
+        """The frame's wall-clock time in seconds: its sensor timestamp (CLOCK_BOOTTIME ns,
+        exact frame spacing) put on the wall clock by the offset seen at the first frame."""
+        sensor_ns = request.get_metadata().get("SensorTimestamp")
+        if not isinstance(sensor_ns, int):
+            return time.time()
+        if self._lores_offset is None:
+            self._lores_offset = time.time() - sensor_ns / 1e9
+        return sensor_ns / 1e9 + self._lores_offset
+
+    def _on_request(self, request: Any) -> None:
+        """picamera2's ``post_callback``: hand the lores Y plane to the sink (copied there,
+        only if it wants this frame)."""
+        sink = self.lores_sink
+        if sink is None:
+            return
+        width, height = self.lores_size
+        try:
+            sink(lambda: request.make_array("lores")[:height, :width], self._lores_time(request))
+        except Exception:  # the picture must go on whatever the detector does
+            self.lores_errors += 1
+            if self.lores_errors == 1:
+                log.exception("picamera: the lores plane could not be taken")
 
     def make_access_unit(self, frame: Any, keyframe: bool, timestamp_us: int | None) -> AccessUnit:
         """Turn one encoder buffer into an AccessUnit (runs on the encoder thread)."""
@@ -354,7 +406,11 @@ class PicameraSource:
         }
         if api.Transform is not None:
             kwargs["transform"] = api.Transform(hflip=int(cam.hflip), vflip=int(cam.vflip))
+        if self.offers_lores:
+            kwargs["lores"] = {"size": self.lores_size, "format": "YUV420"}
         picam2.configure(picam2.create_video_configuration(**kwargs))
+        if self.offers_lores:
+            picam2.post_callback = self._on_request
         encoder = self._make_encoder(api)
         self._can_force = callable(getattr(encoder, "force_key_frame", None))
         if not self._can_force:
@@ -378,6 +434,7 @@ class PicameraSource:
             return
         self._deliver = deliver
         self._pts_origin = None  # the new encoder's timestamps start at 0
+        self._lores_offset = None  # put the sensor clock on the wall clock again
         await asyncio.to_thread(self._open, asyncio.get_running_loop(), deliver)
 
     async def stop(self) -> None:

@@ -21,6 +21,7 @@ const video = $("video");
 const track = $("rec-track");
 const rec = {
   ranges: [], // [{start, end}] in ms since the epoch
+  events: [], // motion events [{id, start, end, snapshot}] in ms, of the camera on screen
   state: "stopped",
   reason: "",
   preroll: 0,
@@ -59,10 +60,20 @@ function showPlayback(message) {
 
 async function refresh() {
   try {
-    const [list, status] = await Promise.all([
+    const since = encodeURIComponent(iso(Date.now() - WINDOW_MAX_MS));
+    const [list, status, events] = await Promise.all([
       fetch(withPath("/recordings/list"), { cache: "no-store" }),
       fetch("/api/status", { cache: "no-store" }),
+      fetch(`/api/events?kind=motion&since=${since}`, { cache: "no-store" }),
     ]);
+    if (events.ok) {
+      const doc = await events.json();
+      const name = camera() || doc.default_camera;
+      rec.events = doc.events.filter((e) => e.camera === name).map((e) => ({
+        id: e.id, start: e.start * 1000, end: (e.end || Date.now() / 1000) * 1000,
+        lasting: e.end === null, snapshot: e.snapshot,
+      }));
+    }
     if (list.ok) {
       rec.ranges = (await list.json()).map((r) => {
         const start = Date.parse(r.start);
@@ -95,13 +106,14 @@ function render() {
   button.setAttribute("aria-pressed", String(recording));
   button.querySelector(".label").textContent = recording ? "Stop" : "Record";
   button.title = recording ? "Stop recording" : `Record (starts ${rec.preroll} s back)`;
-  $("rec-timeline").hidden = rec.ranges.length === 0 && !rec.playing;
+  $("rec-timeline").hidden = rec.ranges.length === 0 && rec.events.length === 0 && !rec.playing;
   // The window follows "now", except while the pointer is on the track: what is under the
   // pointer holds still while someone aims, clicks or drags (it would slide by a pixel a
   // tenth of a second at the narrowest window).
   if (!rec.held || !rec.to) {
     const now = Date.now();
-    const oldest = rec.ranges.length ? rec.ranges[0].start : now;
+    const oldest = Math.min(rec.ranges.length ? rec.ranges[0].start : now,
+                            rec.events.length ? rec.events[0].start : now);
     rec.to = Math.max(now, rec.ranges.length ? rec.ranges[rec.ranges.length - 1].end : now);
     rec.from = Math.max(rec.to - WINDOW_MAX_MS, Math.min(oldest, rec.to - WINDOW_MIN_MS));
   }
@@ -117,6 +129,16 @@ function render() {
       el.className = "uncertain";
       el.title += " (time uncertain: the device's clock was not set)";
     }
+    return el;
+  }));
+  // Motion events: a mark each (what is recorded of it shows under it, in the ranges).
+  $("rec-events").replaceChildren(...rec.events.filter((e) => e.end > rec.from).map((e) => {
+    const el = document.createElement("div");
+    el.style.left = pct(e.start);
+    el.style.width = `calc(${pct(e.end)} - ${pct(e.start)})`;
+    el.className = e.lasting ? "lasting" : "";
+    el.dataset.event = e.id;
+    el.title = `motion ${clock(e.start)}${e.lasting ? " (now)" : ` – ${clock(e.end)}`}`;
     return el;
   }));
   const sel = $("rec-selection");
@@ -318,9 +340,25 @@ track.addEventListener("pointerup", (event) => {
     play(rec.selection.start, Math.max(1, (rec.selection.end - rec.selection.start) / 1000));
   } else {
     rec.selection = null;
-    play(at);
+    const mark = eventAt(event.clientX);
+    // A click on a motion mark plays the event from its pre-roll.
+    play(mark ? Math.max(mark.start - rec.preroll * 1000, recordedFrom(mark.start)) : at);
   }
 });
+
+// The motion event under the pointer (within a few pixels: marks are thin on a long window).
+function eventAt(clientX) {
+  const box = track.getBoundingClientRect();
+  const slack = ((rec.to - rec.from) * 6) / Math.max(1, box.width);
+  const t = timeAt(clientX);
+  return rec.events.find((e) => t >= e.start - slack && t <= e.end + slack) || null;
+}
+// Where the recording that holds ``t`` (or the next one after it) starts.
+function recordedFrom(t) {
+  const range = rec.ranges.find((r) => r.end >= t);
+  return range ? Math.min(range.start, t) : t;
+}
+window.ruseonMotionMarks = () => rec.events.map((e) => ({ ...e })); // for the end-to-end tests
 track.addEventListener("pointercancel", () => { drag = null; });
 track.addEventListener("keydown", (event) => {
   // Keyboard: Enter plays the last minute recorded.
