@@ -26,6 +26,21 @@ WALL_FUNCTIONS = {"time", "time_ns"}  # time.time, time.time_ns
 
 # (module path relative to the package, enclosing function) -> why wall time is meant there.
 WALL_TIME_USES: dict[tuple[str, str], str] = {
+    ("capture/sources/picamera.py", "PicameraSource._lores_time"):
+        "a lores frame's capture time is a wall timestamp (its sensor time put on the wall "
+        "clock once, by the offset at the first frame), as every access unit's",
+    ("motion/store.py", "EventStore.__init__"):
+        "events are dated in wall time (\"something happened at 14:02\"); ages are judged only "
+        "while the clock is trusted (`trusted`), as the recordings' retention",
+    ("onvif/device.py", "OnvifDevice.__init__"):
+        "GetSystemDateAndTime answers the wall clock (clients compute their skew from it)",
+    ("onvif/discovery.py", "DiscoveryResponder._header"):
+        "WS-Discovery message headers carry wall timestamps",
+    ("onvif/events.py", "EventService.__init__"):
+        "the protocol's CurrentTime/UtcTime/TerminationTime are wall times; subscription "
+        "lives run on the monotonic clock (EventService.monotonic)",
+    ("onvif/security.py", "UsernameTokenVerifier.__init__"):
+        "WS-Security's Created is a wall time, compared with the device's wall clock",
     ("stream/rtcp.py", "ntp_now"):
         "RTCP sender reports carry the NTP wall-clock time; `t - seconds` is its fraction",
     ("engine/session.py", "WhepSession.__init__"):
@@ -62,6 +77,14 @@ WALL_TIME_USES: dict[tuple[str, str], str] = {
 
 # Subtractions of wall readings that are not durations: (module, function) -> why.
 NOT_DURATIONS: dict[tuple[str, str], str] = {
+    ("motion/store.py", "EventStore.prune"):
+        "the age cutoff is a wall time compared with wall-dated events, and only taken while "
+        "the clock is trusted",
+    ("onvif/security.py", "UsernameTokenVerifier.role_of"):
+        "WS-Security's Created is a wall time; the skew is judged only while the clock is "
+        "synchronized",
+    ("capture/sources/picamera.py", "PicameraSource._lores_time"):
+        "wall minus the sensor's boot-time clock is the offset that dates lores frames once",
     ("stream/rtcp.py", "ntp_now"): "`t - seconds` is the fraction of the NTP timestamp",
     ("clock.py", "WallClock.offset_us"): "realtime minus monotonic is the offset, not a duration",
     ("recording/recorder.py", "Recorder._age_us"):

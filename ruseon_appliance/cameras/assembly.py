@@ -68,7 +68,8 @@ def _equip(camera: Camera, cam: CameraConfig, config: Config, *, archive: Path, 
         camera.motion = MotionMonitor(
             pipeline.ring, motion_settings(cam), camera=camera.name, publish=events.publish,
             store=EventStore(archive / "events", camera.name,
-                             max_age_s=rec.max_age_hours * 3600), lores=lores,
+                             max_age_s=rec.max_age_hours * 3600,
+                             trusted=lambda: clock.synchronized), lores=lores,
             announce_at_once=False)  # Camera.start_watching: once the bus has subscribers
         if rec.mode == "motion":
             camera.motion_recording = MotionRecording(

@@ -59,12 +59,17 @@ class EventStore:
     """The events of one camera (``directory``: its recording folder's ``events/``)."""
 
     def __init__(self, directory: Path, camera: str, *, max_age_s: float = 0.0,
-                 max_events: int = MAX_EVENTS, clock: Callable[[], float] = time.time) -> None:
+                 max_events: int = MAX_EVENTS, clock: Callable[[], float] = time.time,
+                 trusted: Callable[[], bool] = lambda: True) -> None:
         self.directory = directory
         self.camera = camera
         self.max_age_s = max_age_s
         self.max_events = max_events
         self._clock = clock
+        # Whether the wall clock is known to be right: ages are judged only then (as the
+        # recordings' retention is), or a Pi whose NTP sets its clock 400 days forward would
+        # delete every event recorded before.
+        self._trusted = trusted
         self._lock = threading.Lock()
         self._events: dict[str, StoredEvent] = {}
         self._lines = 0
@@ -125,7 +130,8 @@ class EventStore:
     def prune(self) -> int:
         """Drop events older than ``max_age_s`` (ended before it) and beyond ``max_events``,
         with their snapshots; rewrite the file when anything went or it holds stale lines."""
-        cutoff = self._clock() - self.max_age_s if self.max_age_s > 0 else None
+        cutoff = (self._clock() - self.max_age_s
+                  if self.max_age_s > 0 and self._trusted() else None)
         with self._lock:
             kept = [e for e in self._events.values()
                     if cutoff is None or e.end is None or e.end >= cutoff]

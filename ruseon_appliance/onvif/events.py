@@ -69,8 +69,13 @@ class Subscription:
 class EventService:
     """The events service's state: subscriptions and every camera's motion property."""
 
-    def __init__(self, cameras: Iterable[str], *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, cameras: Iterable[str], *, clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        # Wall time is what the protocol speaks (CurrentTime, UtcTime, TerminationTime); a
+        # subscription's life runs on the monotonic clock, so a clock step (a Pi's NTP setting
+        # it 400 days forward, or back) neither ends every subscription nor keeps one for ever.
         self.clock = clock
+        self.monotonic = monotonic
         self.motion: dict[str, bool] = dict.fromkeys(cameras, False)
         self.subscriptions: dict[str, Subscription] = {}
         self.published = 0
@@ -98,15 +103,20 @@ class EventService:
     # --- subscriptions ------------------------------------------------------------------
 
     def _live(self) -> list[Subscription]:
-        now = self.clock()
+        now = self.monotonic()
         for sub_id in [s.id for s in self.subscriptions.values() if s.terminates <= now]:
             del self.subscriptions[sub_id]
         return list(self.subscriptions.values())
 
+    def _wall(self, deadline: float) -> float:
+        """A monotonic deadline as the wall-clock time it is at now."""
+        return self.clock() + (deadline - self.monotonic())
+
     def _termination(self, text: str) -> float:
-        now = self.clock()
+        """The monotonic deadline a requested TerminationTime (a duration, or a wall-clock
+        time in the client's words) asks for, bounded."""
         if not text:
-            return now + DEFAULT_TERMINATION_S
+            return self.monotonic() + DEFAULT_TERMINATION_S
         seconds = parse_duration(text)
         if seconds is None:
             try:
@@ -116,11 +126,11 @@ class EventService:
                                 detail="InvalidTerminationTime") from None
             if when.tzinfo is None:
                 when = when.replace(tzinfo=dt.UTC)
-            seconds = when.timestamp() - now
+            seconds = _seconds_until(when, self.clock())
         if seconds <= 0:
             raise SoapFault("InvalidArgVal", "termination time in the past",
                             detail="InvalidTerminationTime")
-        return now + min(seconds, MAX_TERMINATION_S)
+        return self.monotonic() + min(seconds, MAX_TERMINATION_S)
 
     def _initial(self, sub: Subscription) -> None:
         now = self.clock()
@@ -152,7 +162,7 @@ class EventService:
         return el("tev:CreatePullPointSubscriptionResponse",
                   el("tev:SubscriptionReference", value("wsa5:Address", address(sub.id)))
                   + value("wsnt:CurrentTime", _utc(self.clock()))
-                  + value("wsnt:TerminationTime", _utc(terminates)))
+                  + value("wsnt:TerminationTime", _utc(self._wall(terminates))))
 
     async def pull(self, sub_id: str, timeout: str, limit: str) -> str:
         """``PullMessages``: what is queued, or wait for it up to the timeout."""
@@ -171,14 +181,15 @@ class EventService:
             sub.wake.clear()
         return el("tev:PullMessagesResponse",
                   value("tev:CurrentTime", _utc(self.clock()))
-                  + value("tev:TerminationTime", _utc(sub.terminates))
+                  + value("tev:TerminationTime", _utc(self._wall(sub.terminates)))
                   + "".join(self._notifications(m) for m in messages))
 
     def renew(self, sub_id: str, termination: str) -> str:
         """``Renew``."""
         sub = self.subscription(sub_id)
         sub.terminates = self._termination(termination)
-        return el("wsnt:RenewResponse", value("wsnt:TerminationTime", _utc(sub.terminates))
+        return el("wsnt:RenewResponse", value("wsnt:TerminationTime",
+                                              _utc(self._wall(sub.terminates)))
                   + value("wsnt:CurrentTime", _utc(self.clock())))
 
     def unsubscribe(self, sub_id: str) -> str:
@@ -251,3 +262,9 @@ def _notification(topic: str, at: str, operation: str, source: str, data: str) -
               + el("wsnt:Message", el("tt:Message", el("tt:Source", source)
                                       + el("tt:Data", data), UtcTime=at,
                                       PropertyOperation=operation)))
+
+
+def _seconds_until(when: dt.datetime, now: float) -> float:
+    """Seconds from the wall-clock ``now`` to a client's absolute TerminationTime (both are
+    wall-clock times: the protocol's own comparison)."""
+    return when.timestamp() - now
