@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..capture.controls import CameraControls
 from ..capture.sources.picamera import PicameraSource
@@ -10,14 +11,14 @@ from ..clock import WallClock
 from ..config import CameraConfig, Config
 from ..events import EventBus, RecordingWatcher, StallWatcher
 from ..hls import HlsStream
-from ..motion.detector import MotionSettings
-from ..motion.monitor import MotionMonitor
-from ..motion.recording import MotionRecording
 from ..motion.store import EventStore
 from ..motion.zones import Zone
 from ..recording import Recorder, RecorderSettings
 from .camera import Camera, CameraSet
 from .layout import camera_dir
+
+if TYPE_CHECKING:
+    from ..motion.detector import MotionSettings
 
 
 def assemble_cameras(config: Config, *, clock: WallClock, events: EventBus) -> CameraSet:
@@ -62,6 +63,11 @@ def _equip(camera: Camera, cam: CameraConfig, config: Config, *, archive: Path, 
     camera.recording_watcher = RecordingWatcher(
         events, lambda: recorder.active, lambda: recorder.state, camera=camera.name)
     if cam.motion:
+        # Imported only for a camera that detects motion: numpy is ~20 MiB of RSS that a board
+        # whose cameras all have motion = false never pays (tests/capture/test_lazy_imports.py).
+        from ..motion.monitor import MotionMonitor
+        from ..motion.recording import MotionRecording
+
         # picamera2's lores stream where the source has one (no decode), else the ring's H.264.
         source = pipeline.source
         lores = source if isinstance(source, PicameraSource) and source.offers_lores else None
@@ -79,6 +85,7 @@ def _equip(camera: Camera, cam: CameraConfig, config: Config, *, archive: Path, 
 
 def motion_settings(cam: CameraConfig) -> MotionSettings:
     """The detector's settings from the camera's ``motion_*`` keys."""
+    from ..motion.detector import MotionSettings  # numpy: see _equip
     zones = tuple(Zone.parse(text, include=True) for text in cam.motion_include) + tuple(
         Zone.parse(text, include=False) for text in cam.motion_exclude)
     return MotionSettings(sensitivity=cam.motion_sensitivity,

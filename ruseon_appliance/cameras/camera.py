@@ -7,7 +7,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..capture.controls import CameraControls, camera_with
 from ..capture.liveness import stale_after_s
@@ -18,10 +18,12 @@ from ..capture.sources.rtsp import redact
 from ..config import CameraConfig
 from ..events import RecordingWatcher, StallWatcher
 from ..hls import HlsStream
-from ..motion.monitor import MotionMonitor
-from ..motion.recording import MotionRecording
 from ..recording import Recorder
 from ..tasks import cancel_and_wait
+
+if TYPE_CHECKING:
+    from ..motion.monitor import MotionMonitor
+    from ..motion.recording import MotionRecording
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from ruseon_appliance.motion.monitor import MotionMonitor
 from ruseon_appliance.motion.store import StoredEvent, is_event_id
 from ruseon_appliance.recording import rfc3339
 from ruseon_appliance.web.metrics import Families
@@ -19,6 +18,8 @@ from ruseon_appliance.web.recordings import MAX_PARAM_CHARS, parse_time
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
+
+    from ruseon_appliance.motion.monitor import MotionMonitor
 
 KINDS = ("motion",)
 # At most this many events in one answer (the newest); ?limit= asks for fewer.
