@@ -25,6 +25,7 @@ import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
+from ruseon_appliance.cameras.layout import camera_dir
 from tests.e2e.test_recording_faults import Serve
 from tests.segmenter.stream import ffmpeg_errors, probe_frames
 from tests.tooling import require_root, require_tool
@@ -96,15 +97,16 @@ def test_a_power_cut_loses_at_most_the_sync_interval_of_the_open_segment(
         assert syncs >= 1
         subprocess.run(["umount", str(mount)], check=True)
         subprocess.run(["mount", device, str(mount)], check=True)  # the journal is replayed
-        parts = sorted(record_dir.glob("*.mp4.part"))
-        assert len(parts) == 1 and not list(record_dir.glob("*.mp4")), list(record_dir.iterdir())
+        segments = camera_dir(record_dir, "cam")  # the one camera's folder, as every camera's
+        parts = sorted(segments.glob("*.mp4.part"))
+        assert len(parts) == 1 and not list(segments.glob("*.mp4")), list(segments.iterdir())
 
         again = Serve(tmp_path, record_dir, RUSEON_RECORDING_SEGMENT_S=str(SEGMENT_S))
         again.start()  # READY
         try:
             state = again.json("/api/recording")
             assert (state["segments_repaired_total"], state["segments_set_aside_total"]) == (1, 0)
-            repaired = record_dir / parts[0].name.removesuffix(".part")
+            repaired = segments / parts[0].name.removesuffix(".part")
             assert repaired.exists() and ffmpeg_errors(repaired) == ""
             frames = probe_frames(repaired)
             fps = (len(frames) - 1) / (frames[-1][1] - frames[0][1])
