@@ -77,7 +77,8 @@ SEGMENT_S = 20
 POWER_CUTS = int(os.environ.get("RUSEON_VM_POWER_CUTS", "2"))
 FRAGMENT_S = 1.0  # recording/recorder.py FRAGMENT_S
 CUT_SLACK_S = 3.0
-RECORD_DIR = "/var/lib/ruseon/recordings"
+# The one camera ("cam", the default name) records into its own folder, as every camera does.
+RECORD_DIR = "/var/lib/ruseon/recordings/cameras/cam"
 # Under emulation on a loaded 2-core machine the boot took up to a few minutes.
 BOOT_TIMEOUT_S = 900.0
 
