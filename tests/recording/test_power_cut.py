@@ -55,7 +55,12 @@ def ext4_on_loop(work: Path, size_mib: int = 256) -> Iterator[tuple[Path, str]]:
         yield mount, device
     finally:
         subprocess.run(["umount", str(mount)], check=False, capture_output=True)
-        subprocess.run(["losetup", "-d", device], check=False)
+        # The device can still be busy for a moment after the unmount.
+        for _ in range(50):
+            if subprocess.run(["losetup", "-d", device], check=False,
+                              capture_output=True).returncode == 0:
+                break
+            time.sleep(0.1)
 
 
 def power_cut(mount: Path) -> None:
