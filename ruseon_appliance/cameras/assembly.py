@@ -19,7 +19,7 @@ def assemble_cameras(config: Config, *, clock: WallClock, events: EventBus) -> C
     ``<state>/cameras/<name>/``), recorder (``<recording.dir>/cameras/<name>/``, its share of
     ``recording.max_bytes``), HLS stream (``[hls] enable``) and watchers; the default camera
     is ``http.default_camera`` (else the first listed)."""
-    configs = config.all_cameras
+    configs = config.cameras
     rec = config.recording
     # recording.max_bytes bounds the whole recording disk: each camera keeps its share.
     share = rec.max_bytes // len(configs) if rec.max_bytes > 0 else 0

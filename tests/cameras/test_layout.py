@@ -87,7 +87,7 @@ async def test_an_archive_of_the_single_camera_layout_is_served_after_the_upgrad
     config = web_config()
     config = dataclasses.replace(
         config,
-        cameras=(dataclasses.replace(config.camera, name="front"),
+        cameras=(dataclasses.replace(config.default_camera, name="front"),
                  CameraConfig(name="yard", source="synthetic", width=160, height=96,
                               keyframe_interval=30)),
         recording=RecordingConfig(dir=str(tmp_path / "recordings"), continuous=False),
@@ -143,7 +143,7 @@ async def test_taking_the_first_camera_out_of_the_config_leaves_the_others_as_th
     yard = CameraConfig(name="yard", source="synthetic", width=160, height=96,
                         keyframe_interval=30)
     both = dataclasses.replace(
-        config, cameras=(dataclasses.replace(config.camera, name="front"), yard),
+        config, cameras=(dataclasses.replace(config.default_camera, name="front"), yard),
         recording=RecordingConfig(dir=str(tmp_path / "recordings"), continuous=False),
         state=StateConfig(dir=str(tmp_path / "state")))
     base = f"http://127.0.0.1:{config.http.listen.port}"

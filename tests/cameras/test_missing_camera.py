@@ -98,8 +98,8 @@ async def test_auto_on_a_pi_without_a_camera_says_so_and_picks_it_up(
         tmp_path: Path, on_a_pi: None) -> None:
     port = free_port()
     config = Config(
-        camera=CameraConfig(source="auto", rpicam_command="no-such-rpicam-vid", width=320,
-                            height=240, framerate=30, keyframe_interval=30),
+        cameras=(CameraConfig(source="auto", rpicam_command="no-such-rpicam-vid", width=320,
+                            height=240, framerate=30, keyframe_interval=30),),
         http=HttpConfig(listen=HostPort("127.0.0.1", port)),
         webrtc=WebRtcConfig(listen=HostPort("127.0.0.1", 0), advertise=("127.0.0.1",)),
         auth=AuthConfig(token=TOKEN),

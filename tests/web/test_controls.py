@@ -55,13 +55,13 @@ def controls_of(appliance: Appliance) -> CameraControls:
 
 def controls_file(config: Config) -> Path:
     """Where the default camera saves its controls: its own folder, as every camera's."""
-    return camera_dir(Path(config.state.dir), config.all_cameras[0].name) / CONTROLS_FILE
+    return camera_dir(Path(config.state.dir), config.cameras[0].name) / CONTROLS_FILE
 
 
 def config_for(tmp_path: Path) -> Config:
     return dataclasses.replace(
         Config(),
-        camera=CameraConfig(source="synthetic", width=320, height=240, keyframe_interval=30),
+        cameras=(CameraConfig(source="synthetic", width=320, height=240, keyframe_interval=30),),
         http=HttpConfig(listen=HostPort("127.0.0.1", free_port())),
         webrtc=WebRtcConfig(listen=HostPort("127.0.0.1", 0), advertise=("127.0.0.1",)),
         auth=AuthConfig(token=TOKEN),
@@ -254,7 +254,8 @@ async def test_a_camera_that_fails_to_apply_is_503_not_500(
             data = await resp.json(content_type=None)
             assert resp.status == 503, data
         assert "framerate" in data["detail"] and "sensor did not come back" in data["detail"]
-        assert controls_of(appliance).values["framerate"] == appliance.config.camera.framerate
+        framerate = appliance.config.default_camera.framerate
+        assert controls_of(appliance).values["framerate"] == framerate
 
 
 async def test_restart_requiring_control_keeps_the_viewer_playing(tmp_path: Path) -> None:
@@ -285,7 +286,7 @@ async def test_restart_requiring_control_keeps_the_viewer_playing(tmp_path: Path
             assert data["restarted"] is True
             # New viewers' frame timing follows the stream; the config stays the default.
             assert appliance.capture.camera.framerate == 15
-            assert appliance.config.camera.framerate == 30
+            assert appliance.config.default_camera.framerate == 30
             # The same session goes on decoding pictures, and they come from the restarted
             # encoder (its frame numbers start again from 0).
             after = await stamped_frames_after(now_us(), 20)
@@ -304,7 +305,7 @@ async def test_a_value_the_camera_refuses_is_422_and_the_old_values_run(
     from tests.capture.test_sources import fake_rpicam_camera
 
     camera = fake_rpicam_camera(tmp_path, monkeypatch, FAKE_RPICAM_REJECT="--width=1280")
-    config = dataclasses.replace(config_for(tmp_path), camera=camera)
+    config = dataclasses.replace(config_for(tmp_path), cameras=(camera,))
     async with appliance_at(config) as (appliance, http, url):
         await patch(http, url, {"bitrate": 400_000})
         await controls_of(appliance).flush()
@@ -402,9 +403,9 @@ async def test_auto_has_the_chosen_sources_controls_and_keeps_them(tmp_path: Pat
     all: they were read from the source before it had found a camera. Now they are the chosen
     source's (here the synthetic camera: this is not a Pi), PATCH works, and the saved values
     are applied to the source auto chooses after a restart."""
-    config = dataclasses.replace(config_for(tmp_path), camera=CameraConfig(
+    config = dataclasses.replace(config_for(tmp_path), cameras=(CameraConfig(
         source="auto", rpicam_command="no-such-rpicam-vid", width=320, height=240,
-        keyframe_interval=30))
+        keyframe_interval=30),))
     async with appliance_at(config) as (appliance, http, url):
         async with http.get(url, headers=AUTH) as resp:
             described = await resp.json()

@@ -106,7 +106,7 @@ async def serve(handler: Any, tls: ssl.SSLContext | None = None) -> AsyncIterato
 def appliance_config(tmp_path: Path, *hooks: WebhookConfig) -> Config:
     return dataclasses.replace(
         Config(),
-        camera=CameraConfig(source="synthetic", width=320, height=240, keyframe_interval=30),
+        cameras=(CameraConfig(source="synthetic", width=320, height=240, keyframe_interval=30),),
         http=HttpConfig(listen=HostPort("127.0.0.1", free_port())),
         webrtc=WebRtcConfig(listen=HostPort("127.0.0.1", 0), advertise=("127.0.0.1",)),
         state=StateConfig(dir=str(tmp_path / "state")),
