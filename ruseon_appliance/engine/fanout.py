@@ -274,19 +274,24 @@ class FanoutViewer:
         budget = self.budget
         budget.refill(now)
         sent = self.frames_sent
+        # The pacer's bursting()/pacing() tests, read inline: this runs per frame per viewer.
+        burst = pacer.burst_frames
         # Before the join burst (keyframe + catch-up frames) is out, a long queue is that burst,
         # which is deliberate, not a viewer falling behind.
-        if not pacer.bursting(sent) and len(cursor.queue) > self._fanout.max_backlog_frames:
+        if sent >= burst and len(cursor.queue) > self._fanout.max_backlog_frames:
             # Cannot keep up: everything queued is stale; resume at the next keyframe.
             cursor.skip_to_next_keyframe()
             self._current = None
             self.keyframe_skips += 1
             cursor.pull()
-        route = self._route()
-        if route is None:
+        pair = aiortc_internals.nominated_pair(self._connection)  # _route(), inline
+        if pair is None:
             return
-        sock, addr = route
-        paced = pacer.pacing(sent, self._current is not None)
+        sock = self._fanout.socket_for(pair[0].family)
+        if sock is None:
+            return
+        addr = pair[1]
+        paced = sent < burst or (sent == burst and self._current is not None)
         if paced:
             pacer.open_slice(budget)
         writer = self._writer

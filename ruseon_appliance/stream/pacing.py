@@ -53,8 +53,10 @@ class SendBudget:
         self.tokens = self.rate() * BUDGET_BURST_S
 
     def refill(self, now: float) -> None:
-        """Add what the rate gave since the last refill, up to the burst."""
-        rate = self.rate()
+        """Add what the rate gave since the last refill, up to the burst (once per service
+        call: :meth:`rate` inline)."""
+        override = self.override
+        rate = override if override is not None else BUDGET_FACTOR * self._stream_rate()
         self.tokens = min(rate * BUDGET_BURST_S, self.tokens + (now - self._stamp) * rate)
         self._stamp = now
 
