@@ -33,7 +33,6 @@ from .engine.engine import (
     Engine,
     default_advertise,
 )
-from .engine.fanout import Fanout
 from .events import Event, EventBus, session_listener
 from .heap import release_free_heap
 from .listening import bind_every_host
@@ -41,6 +40,7 @@ from .relay import RtpRelay
 from .rtsp import RtspServer, RtspSource
 from .rtsp.server import METRICS as RTSP_METRICS
 from .shutdown import StopSignals, bounded, until_stopped
+from .stream.fanout import Fanout
 from .systemd_integration import SystemdNotifier
 from .web import https_certificate
 from .web.app import CAMERAS, DEVICE_API, make_app

@@ -58,9 +58,7 @@ from ruseon_appliance.stream.rtp_header import RtpHeaderTemplate
 from ruseon_appliance.stream.rtp_writer import SrtpPacketWriter
 from ruseon_appliance.stream.srtp import srtp_handle
 
-# Fanout is re-exported for app.py (``from .engine.fanout import Fanout``), which another
-# helper owns this round: drop it from here once app.py imports ``stream.fanout``.
-__all__ = ["Fanout", "FanoutTrack", "FanoutViewer"]
+__all__ = ["FanoutTrack", "FanoutViewer"]
 
 logger = logging.getLogger(__name__)
 
