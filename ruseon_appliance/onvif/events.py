@@ -175,7 +175,8 @@ class EventService:
         if not sub.queue and wait > 0 and not self.closed:
             sub.wake.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(sub.wake.wait(), wait)
+                async with asyncio.timeout(wait):
+                    await sub.wake.wait()
         messages = [sub.queue.popleft() for _ in range(min(count, len(sub.queue)))]
         if not sub.queue:
             sub.wake.clear()
