@@ -218,7 +218,7 @@ async def serve_web(feed: CapturePipeline, port: int) -> None:
 
     # Every offer comes from 127.0.0.1: lift the per-address share of places (default half)
     # and the viewer cap above the burst, as for the engine mode.
-    config = Config(camera=CAMERA, auth=AuthConfig(token=TOKEN), webrtc=WebRtcConfig(
+    config = Config(cameras=(CAMERA,), auth=AuthConfig(token=TOKEN), webrtc=WebRtcConfig(
         listen=HostPort("127.0.0.1", 0), advertise=("127.0.0.1",), max_viewers=200,
         max_viewers_per_address=200))
     engine = Engine(config.webrtc, Path(tempfile.mkdtemp()), feed)

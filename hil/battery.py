@@ -313,6 +313,7 @@ class Battery:
         o = self.opts
         figures = {"viewers": o.viewers, "connected": a["connected"], "decoding": a["decoding"],
                    "first_au_keyframe": a["first_au_keyframe"], "decode_errors": a["decode_errors"],
+                   "start_lost": a["start_lost"],
                    "fps": a["fps"], "source_fps": o.expect.fps,
                    "device_count": a.get("device_count"),
                    "per_viewer": [_viewer_row(r) for r in results]}
@@ -327,9 +328,16 @@ class Battery:
             problems.append(f"{o.viewers - a['connected']} of {o.viewers} viewers did not connect")
         if a["decoding"] < o.viewers:
             problems.append(f"{o.viewers - a['decoding']} of {o.viewers} decoded no picture")
-        if a["first_au_keyframe"] < a["decoding"]:
-            problems.append(f"{a['decoding'] - a['first_au_keyframe']} viewers' first access "
-                            "unit was not an IDR with SPS+PPS")
+        # A viewer whose stream's first packets the network lost (its first packet was not the
+        # SPS every viewer's stream starts with) cannot have a whole first access unit; it is
+        # judged by decoding after the keyframe it asked for. All viewers losing their start
+        # is the device's doing, not the network's.
+        wrong_start = a["decoding"] - a["first_au_keyframe"] - a["start_lost"]
+        if wrong_start > 0:
+            problems.append(f"{wrong_start} viewers' first access unit was not an IDR with "
+                            "SPS+PPS")
+        if a["start_lost"] and a["start_lost"] >= max(2, a["decoding"]):
+            problems.append(f"every viewer's stream ({a['start_lost']}) began without its SPS")
         if a["decode_errors"]:
             problems.append(f"{a['decode_errors']} decode errors")
         if o.expect.fps:
@@ -654,7 +662,8 @@ def same_fingerprint(a: str | None, b: str | None) -> bool | None:
 def _viewer_row(r: dict[str, Any]) -> dict[str, Any]:
     keys = ("index", "ok", "error", "post_status", "answer_s", "connected_s", "first_rtp_s",
             "first_frame_s", "frames", "fps", "decode_errors", "first_au_nals",
-            "first_au_keyframe", "freezes", "freeze_s", "freeze_s_raw", "watched_s",
+            "first_au_keyframe", "start_lost", "first_rtp_nal", "aus_before_keyframe",
+            "freezes", "freeze_s", "freeze_s_raw", "watched_s",
             "observed_s", "rig_starved_s", "freeze_detail", "max_gap_s", "max_gap_s_raw",
             "bitrate_bps", "packets_lost",
             "packets_unrecovered", "nacks_sent", "plis_sent", "join_phase", "delete_status")
@@ -704,6 +713,8 @@ def analyse_viewers(results: list[dict[str, Any]], opts: RigOptions) -> dict[str
         "connected": sum(1 for r in results if r.get("connected_s") is not None),
         "decoding": sum(1 for r in results if r.get("frames")),
         "first_au_keyframe": sum(1 for r in results if r.get("first_au_keyframe")),
+        "start_lost": sum(1 for r in results
+                          if r.get("start_lost") and not r.get("first_au_keyframe")),
         "decode_errors": sum(r.get("decode_errors", 0) for r in results),
         "fps": _spread(col("fps")),
         "answer_s": percentiles(col("answer_s")),

@@ -135,12 +135,26 @@ class TapFigures:
     access_units: int = 0
     first_au_nals: list[int] = field(default_factory=list)
     first_decoded_au_nals: list[int] = field(default_factory=list)
+    # The NAL type the first media RTP packet carries (the first one of a STAP-A, the
+    # fragmented one of an FU-A; -1 for an FU-A that is not a fragment's start). The device
+    # begins every viewer's stream with its SPS (a keyframe with SPS and PPS prepended), so
+    # anything else first means the network lost the stream's first packets: no receiver can
+    # tell, since no gap is visible before the first packet it sees.
+    first_rtp_nal: int | None = None
+    # Access units before the first IDR, not decoded (as a browser's frame buffer drops them
+    # and asks for a keyframe), and the keyframe requests that made.
+    aus_before_keyframe: int = 0
     decode_errors: int = 0
     frames: list[FrameRecord] = field(default_factory=list)
     # Capture times (device clock, µs) of the IDR pictures seen; they date the device's GOPs.
     idr_capture_us: list[int] = field(default_factory=list)
     media: SequenceTracker = field(default_factory=SequenceTracker)
     recovered: set[int] = field(default_factory=set)
+
+    @property
+    def start_lost(self) -> bool:
+        """The stream's first packets (its SPS) were lost on the way (see :attr:`first_rtp_nal`)."""
+        return self.first_rtp_nal is not None and self.first_rtp_nal != NAL_SPS
 
     @property
     def packets_lost(self) -> int:
@@ -215,6 +229,13 @@ class FrameDecoder:
             fig.access_units += 1
             if fig.access_units == 1:
                 fig.first_au_nals = nals
+            if not fig.frames and NAL_IDR not in nals:
+                # Nothing decodes before a keyframe: a browser drops such access units and asks
+                # for a keyframe (libwebrtc's frame buffer); so does this harness, once.
+                fig.aus_before_keyframe += 1
+                if fig.aus_before_keyframe == 1:
+                    self.on_error()
+                continue
             if not self.decode_all and fig.frames:
                 # Count the access unit as a "frame" for freezes and fps, without decoding.
                 fig.frames.append(FrameRecord(time.monotonic(), time.time_ns() // 1000,
@@ -235,6 +256,20 @@ class FrameDecoder:
                 fig.frames.append(FrameRecord(now, wall_us, keyframe, stamp, arrived))
                 if NAL_IDR in nals and stamp is not None:
                     fig.idr_capture_us.append(stamp[0])
+
+
+def first_nal_type(payload: bytes) -> int:
+    """The NAL type an H.264 RTP payload starts with (RFC 6184): a single NAL's, a STAP-A's
+    first aggregated one, an FU-A's fragmented one at its start (-1 for an FU-A's middle or
+    end, or a payload too short to say)."""
+    if not payload:
+        return -1
+    kind = payload[0] & 0x1F
+    if kind == 24:  # STAP-A: a 2-byte size, then the NAL
+        return payload[3] & 0x1F if len(payload) > 3 else -1
+    if kind == 28:  # FU-A: the FU header's S bit and type
+        return payload[1] & 0x1F if len(payload) > 1 and payload[1] & 0x80 else -1
+    return kind
 
 
 def _rtx_payload_types(sdp: str) -> set[int]:
@@ -272,6 +307,8 @@ def install(
                 seq = struct.unpack("!H", packet.payload[:2])[0]
                 figures.recovered.add(figures.media.extend(seq))
         else:
+            if figures.first_rtp_nal is None:
+                figures.first_rtp_nal = first_nal_type(bytes(packet.payload))
             figures.media.add(packet.sequence_number)
             if recovery is not None:
                 recovery.media_ssrc = packet.ssrc

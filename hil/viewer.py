@@ -179,7 +179,7 @@ async def watch(
             live(None)
     result.update(_summarize(figures, t_post, t_end, plan, result.get("connected_wall_us"),
                              starvation))
-    if result["ok"] and result.get("first_au_keyframe") is False:
+    if result["ok"] and result.get("first_au_keyframe") is False and not result.get("start_lost"):
         result["error"] = "first access unit is not an IDR with SPS and PPS"
     return result
 
@@ -320,6 +320,11 @@ def _summarize(fig: TapFigures, t_post: float, t_end: float, plan: ViewerPlan,
         "packets_abandoned": fig.packets_abandoned,
         "first_au_nals": fig.first_au_nals,
         "first_decoded_au_nals": fig.first_decoded_au_nals,
+        "first_rtp_nal": fig.first_rtp_nal,
+        # The stream's first packets were lost on the way: its first access unit cannot be
+        # whole, and the viewer waited for the keyframe it asked for (as a browser does).
+        "start_lost": fig.start_lost,
+        "aus_before_keyframe": fig.aus_before_keyframe,
         "idr_capture_us": fig.idr_capture_us[:64],
     }
     if fig.first_au_nals:

@@ -13,16 +13,17 @@ import logging
 import socket
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from .access.credentials import Credentials
-from .cameras import Camera, CameraSet
+from .cameras import Camera
+from .cameras.assembly import assemble_cameras
 from .cameras.camera import STUCK_S
-from .capture.controls import CameraControls, camera_with
+from .cameras.layout import camera_dir, migrate_top_level
 from .capture.pipeline import CapturePipeline
 from .capture.sources.base import SourceUnavailable
 from .clock import WallClock
@@ -33,26 +34,24 @@ from .engine.engine import (
     default_advertise,
 )
 from .engine.fanout import Fanout
-from .events import EventBus, RecordingWatcher, StallWatcher, session_listener
+from .events import EventBus, session_listener
 from .heap import release_free_heap
-from .hls import HlsStream
 from .listening import bind_every_host
-from .recording import Recorder, RecorderSettings
 from .relay import RtpRelay
 from .rtsp import RtspServer, RtspSource
 from .rtsp.server import METRICS as RTSP_METRICS
 from .shutdown import StopSignals, bounded, until_stopped
 from .systemd_integration import SystemdNotifier
 from .web import https_certificate
-from .web.app import CAMERAS, DEVICE_API, HLS, make_app
-from .web.controls import ControlsResource
-from .web.hls import HlsResource
+from .web.app import CAMERAS, DEVICE_API, make_app
 from .web.https_certificate import HttpsCertificate
-from .web.metrics import Exposition
+from .web.metrics import Families
 from .web.snapshot import KeyframeSnapshot
 from .webhooks import WebhookSender
 
 if TYPE_CHECKING:
+    from prometheus_client.core import Metric
+
     from .mqtt import HomeAssistantMqtt
     from .mqtt.publisher import SnapshotSource
 
@@ -76,72 +75,37 @@ class Appliance:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.notifier = SystemdNotifier.from_environment()
-        # A camera whose source cannot run (missing, unplugged, a library not installed) is
-        # reported and retried; it never stops start-up, one camera or several: a service that
-        # fails to start is restarted until systemd's start limit gives up on the board.
-        self.cameras = CameraSet.from_configs(config.all_cameras)
-        # The first camera: /whep, /hls/, recording, relays, controls and MQTT serve it.
-        self.capture = self.cameras.first.pipeline
+        # Whether the wall clock is right, and its steps (the archive's times depend on it).
+        rec = config.recording
+        self.clock = WallClock(Path(rec.clock_sync_file) if rec.clock_sync_file else None)
+        # Events (viewer joined/left, camera stalled/recovered, recording) for MQTT and webhooks.
+        self.events = EventBus()
+        # Every camera with its own controls, recorder, HLS stream and watchers, all built the
+        # same way. A camera whose source cannot run (missing, unplugged, a library not
+        # installed) is reported and retried; it never stops start-up: a service that fails to
+        # start is restarted until systemd's start limit gives up on the board.
+        self.cameras = assemble_cameras(config, clock=self.clock, events=self.events)
+        for camera in self.cameras:
+            assert camera.controls is not None
+            camera.controls.on_change = (lambda changed, restarted, cam=camera:
+                                         self._controls_changed(cam, changed, restarted))
         self.engine: Engine | None = None
         self.relays: list[RtpRelay] = []
         # The relays' fan-outs (by camera) when the engine has none (send_path = "aiortc").
         self._relay_fanouts: dict[str, Fanout] = {}
         self.rtsp: RtspServer | None = None
-        self.hls: HlsStream | None = None
-        self.hls_cameras: dict[str, HlsStream] = {}
-        rec = config.recording
-        # recording.max_bytes bounds the whole recording disk: each camera keeps its share.
-        share = rec.max_bytes // len(self.cameras) if rec.max_bytes > 0 else 0
-        # Whether the wall clock is right, and its steps (the archive's times depend on it).
-        self.clock = WallClock(Path(rec.clock_sync_file) if rec.clock_sync_file else None)
-        self.recorder = Recorder(RecorderSettings(
-            directory=rec.directory(config.state.dir), continuous=rec.continuous,
-            segment_s=rec.segment_s, preroll_s=rec.preroll_s, max_bytes=share,
-            max_age_s=rec.max_age_hours * 3600), self.capture.ring, clock=self.clock)
-        # Every camera records; the first into recording.dir (where one camera always did), the
-        # others into recording.dir/cameras/<name>/ (the archive skips sub-directories).
-        self.recorders: dict[str, Recorder] = {self.cameras.first.name: self.recorder}
-        for camera in list(self.cameras)[1:]:
-            self.recorders[camera.name] = Recorder(RecorderSettings(
-                directory=rec.directory(config.state.dir) / "cameras" / camera.name,
-                continuous=rec.continuous, segment_s=rec.segment_s, preroll_s=rec.preroll_s,
-                max_bytes=share, max_age_s=rec.max_age_hours * 3600),
-                camera.pipeline.ring, clock=self.clock)
         self._runner: web.AppRunner | None = None
         # The HTTP server's certificate, with http.tls = "self-signed" or tls_cert / tls_key.
         self.https: HttpsCertificate | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.started = time.monotonic()  # uptime: a wall-clock step must not move it
-        # Events (viewer joined/left, camera stalled/recovered, recording) for MQTT and webhooks.
-        self.events = EventBus()
-        # The first camera's configured settings (its [[camera]] table, or [camera]).
-        self._first_camera = self.capture.camera
-        self.stall_watcher = StallWatcher(
-            self.events, lambda: self.capture.last_frame_monotonic,
-            framerate=self._first_camera.framerate, source=self.capture.source_kind)
-        # The other cameras' stalls and recoveries, their events naming the camera.
-        self.camera_stall_watchers = [
-            StallWatcher(self.events, last_frame_of(camera.pipeline),
-                         framerate=camera.config.framerate,
-                         source=camera.config.source_kind, camera=camera.name)
-            for camera in list(self.cameras)[1:]]
-        self.recording_watcher = RecordingWatcher(
-            self.events, lambda: self.recorder.active, lambda: self.recorder.state)
         self.webhooks = [WebhookSender(hook) for hook in config.webhook]
         self.mqtt: HomeAssistantMqtt | None = None
-        # Live camera controls; the config's [camera] values are the defaults.
-        self.controls = CameraControls(self.capture.source, self._first_camera,
-                                       Path(config.state.dir))
-        self.controls.on_change = self._controls_changed
-        # Every camera's controls by name (the first camera's are self.controls, kept where a
-        # single camera always kept them; the others under <state>/cameras/<name>/).
-        self.camera_controls: dict[str, CameraControls] = {self.cameras.first.name: self.controls}
-        for camera in list(self.cameras)[1:]:
-            controls = CameraControls(camera.pipeline.source, camera.config,
-                                      Path(config.state.dir) / "cameras" / camera.name)
-            controls.on_change = (lambda changed, restarted, cam=camera, ctl=controls:
-                                  self._other_controls_changed(cam, ctl, changed, restarted))
-            self.camera_controls[camera.name] = controls
+
+    @property
+    def capture(self) -> CapturePipeline:
+        """The default camera's pipeline (what the unnamed routes serve)."""
+        return self.cameras.default.pipeline
 
     async def start(self) -> None:
         """Start everything; returns once the appliance serves video."""
@@ -155,14 +119,20 @@ class Appliance:
             log.info("access: viewing is open on the LAN; [auth] token is the admin secret "
                      "(set auth.viewing = \"credential\" to require a credential for viewing)")
 
-        for name, controls in self.camera_controls.items():
-            if controls is not self.controls:
-                (state_dir / "cameras" / name).mkdir(parents=True, exist_ok=True, mode=0o700)
-            await controls.restore()
-        self._follow_stream_controls()
-        for camera in list(self.cameras)[1:]:
-            follow_stream_controls(camera, self.camera_controls[camera.name])
-        await self.cameras.start()  # failures are per camera, reported and retried
+        # The single-camera layout's archive and controls file, into the folders of the camera
+        # that made them (the first listed), once; then every camera's folders exist.
+        try:
+            await asyncio.to_thread(
+                migrate_top_level, config.recording.directory(config.state.dir), state_dir,
+                next(iter(self.cameras)).name)
+        except OSError as exc:  # an archive disk that is read-only or gone: the recorders say so
+            log.warning("could not move the single-camera layout's files: %s", exc,
+                        extra={"EVENT": "layout_migration_failed"})
+        for camera in self.cameras:
+            camera_dir(state_dir, camera.name).mkdir(parents=True, exist_ok=True, mode=0o700)
+        # Controls restored, then sources, recorders and HLS streams; a failing source is
+        # per camera, reported and retried.
+        await self.cameras.start()
         self.engine = Engine(
             config.webrtc,
             state_dir,
@@ -173,46 +143,18 @@ class Appliance:
         await self.engine.start()
         await self._start_relays()
         await self._start_rtsp()
-        for recorder in self.recorders.values():
-            await recorder.start()
-
-        if config.hls.enable:
-            for camera in self.cameras:
-                stream = HlsStream(
-                    camera.pipeline.ring,
-                    framerate=camera.config.framerate,
-                    keyframe_interval=camera.config.keyframe_interval,
-                    part_target_s=config.hls.part_duration_s,
-                    window_s=config.hls.window_s,
-                    max_waiting=config.hls.max_waiting_requests,
-                )
-                await stream.start()
-                self.hls_cameras[camera.name] = stream
-            # /hls/ is the first camera's (as it always was); /hls/<camera>/ is each camera's.
-            self.hls = self.hls_cameras[self.cameras.first.name]
 
         self.engine.add_listener(session_listener(self.events, lambda: len(self.engine.sessions)
                                                   if self.engine else 0))
 
         app = make_app(config, self.engine, self.capture, started=self.started,
-                       relays=self.relays, hls=self.hls, recorder=self.recorder,
-                       cameras=self.cameras, recorders=self.recorders,
-                       credentials=self.credentials)
+                       relays=self.relays, cameras=self.cameras, credentials=self.credentials)
         app[DEVICE_API].status_sections["integrations"] = self._integrations_status
         app[DEVICE_API].status_sections["https"] = self._https_status
         app[DEVICE_API].metrics_sections.append(self._integrations_metrics)
         if self.rtsp is not None:
             app[DEVICE_API].status_sections["rtsp"] = self.rtsp.stats
             app[DEVICE_API].metrics_sections.append(self._rtsp_metrics)
-        ControlsResource(self.controls).add_routes(app)
-        for name, controls in self.camera_controls.items():
-            ControlsResource(controls, path=f"/api/camera/{name}/controls").add_routes(app)
-        token_required = not self.credentials.viewing_open
-        for name, stream in self.hls_cameras.items():
-            # Requests to every camera's HLS count in the one hls status/metrics (the board's
-            # load); the stream figures there stay the first camera's.
-            HlsResource(stream, token_required=token_required, prefix=f"/hls/{name}/",
-                        metrics=app[HLS].metrics if HLS in app else None).add_routes(app)
         app[CAMERAS].add_fallback_routes(app)  # last: after every camera's own routes
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
         await self._runner.setup()
@@ -272,19 +214,18 @@ class Appliance:
         )
 
     async def _start_relays(self) -> None:
-        """One :class:`RtpRelay` per ``[[relay]]`` (of its ``camera``, default the first),
+        """One :class:`RtpRelay` per ``[[relay]]`` (of its ``camera``, default the default camera),
         consumers of the engine's fan-out of that camera (or of one of their own on the aiortc
         send path), so each frame is still packetized once."""
         if not self.config.relay:
             return
         assert self.engine is not None
         for relay_config in self.config.relay:
-            cam = self.cameras.get(relay_config.camera) or self.cameras.first
+            cam = self.cameras.resolve(relay_config.camera) or self.cameras.default
             camera, feed = cam.config, cam.pipeline
             fanout = self._consumer_fanout(cam)
-            catch_up = max(3, -(-camera.framerate * camera.keyframe_request_interval_ms // 1000))
             relay = RtpRelay(relay_config, feed, fanout, framerate=camera.framerate,
-                             catch_up_max_frames=catch_up,
+                             catch_up_max_frames=camera.catch_up_frames,
                              keyframe_interval_frames=camera.keyframe_interval)
             await relay.start()
             self.relays.append(relay)
@@ -311,37 +252,38 @@ class Appliance:
         for cam in self.cameras:
             camera, feed = cam.config, cam.pipeline
             fanout = self._consumer_fanout(cam)
-            catch_up = max(3, -(-camera.framerate * camera.keyframe_request_interval_ms // 1000))
             # As the engine does for viewers: the GOP so far when no fresh IDR can be had.
             gop_bytes = (0 if feed.keyframes_on_demand
                          else int(camera.bitrate / 8 * GOP_CATCH_UP_MAX_S))
             sources.append(RtspSource(cam.name, feed, fanout, framerate=camera.framerate,
-                                      catch_up_max_frames=catch_up,
+                                      catch_up_max_frames=camera.catch_up_frames,
                                       keyframe_interval_frames=camera.keyframe_interval,
                                       catch_up_max_bytes=gop_bytes))
-        self.rtsp = RtspServer(self.config.rtsp, sources, credentials=self.credentials)
+        self.rtsp = RtspServer(self.config.rtsp, sources, credentials=self.credentials,
+                               default=self.cameras.default.name)
         await self.rtsp.start()
 
-    def _rtsp_metrics(self) -> str:
+    def _rtsp_metrics(self) -> Iterator[Metric]:
         """The RTSP server's figures as ``/metrics`` families (``ruseon_rtsp_*``)."""
-        out = Exposition()
+        out = Families()
         if self.rtsp is None:
-            return out.text()
+            return out.collect()
         stats = self.rtsp.stats()
         for key, kind, help_text in RTSP_METRICS:
-            name = f"ruseon_rtsp_{key}" + ("_total" if kind == "counter" else "")
-            out.family(name, kind, help_text, [("", stats[key])])
-        out.family("ruseon_rtsp_requests_total", "counter", "RTSP requests by method.",
-                   [(f'{{method="{m}"}}', n) for m, n in sorted(stats["requests"].items())])
-        return out.text()
+            if kind == "counter":
+                out.counter(f"ruseon_rtsp_{key}_total", help_text).add_metric([], stats[key])
+            else:
+                out.gauge(f"ruseon_rtsp_{key}", help_text).add_metric([], stats[key])
+        requests = out.counter("ruseon_rtsp_requests_total", "RTSP requests by method.", ["method"])
+        for method, n in sorted(stats["requests"].items()):
+            requests.add_metric([method], n)
+        return out.collect()
 
     async def _start_integrations(self) -> None:
         """The stall watcher, webhooks and MQTT: all event-bus consumers that never block the
         stream (bounded queues, background tasks)."""
-        self.stall_watcher.start()
-        for watcher in self.camera_stall_watchers:
-            watcher.start()
-        self.recording_watcher.start()
+        for camera in self.cameras:
+            camera.start_watching()
         for sender in self.webhooks:
             self.events.subscribe(sender.offer)
             await sender.start()
@@ -359,108 +301,118 @@ class Appliance:
 
             return latest
 
-        latest_jpeg = latest_jpeg_of(self.capture)
-        # The other cameras: their own camera entity and sensors in the same HA device.
-        camera_snapshots = {c.name: latest_jpeg_of(c.pipeline) for c in list(self.cameras)[1:]}
+        # Every camera has the same entities in the one HA device; the default camera's keep
+        # the unnamed topics and ids (as its routes do), the others are named after them.
+        default = self.cameras.default
+        named = [c for c in self.cameras if c is not default]
 
         self.mqtt = HomeAssistantMqtt(
             self.config.mqtt,
             device_id=load_device_id(Path(self.config.state.dir), self.config.mqtt.device_id),
             name=socket.gethostname(),
             state=self._sensor_state,
-            snapshot=latest_jpeg,
+            snapshot=latest_jpeg_of(default.pipeline),
             configuration_url=self.urls()[0],
             record=self._toggle_recording,
-            controls=self.controls,
-            camera_snapshots=camera_snapshots,
+            controls=default.controls,
+            camera_snapshots={c.name: latest_jpeg_of(c.pipeline) for c in named},
+            camera_controls={c.name: c.controls for c in named if c.controls is not None},
         )
         self.events.subscribe(self.mqtt.on_event)
         await self.mqtt.start()
 
     def _sensor_state(self) -> dict[str, object]:
-        """What the Home Assistant sensors show."""
-        stats = self.capture.stats()
+        """What the Home Assistant sensors show: the device's figures, and every camera's
+        under ``cameras`` (the default camera's also at the top, where the entities that
+        existed before there were several cameras read them)."""
+        cameras = self._cameras_state()
+        default = cameras[self.cameras.default.name]
         return {
             "viewers": len(self.engine.sessions) if self.engine else 0,
-            "fps": stats.get("fps"),
-            "bitrate": stats.get("bitrate"),
-            "keyframe_age_s": stats.get("keyframe_age_s"),
-            "stalled": self.stall_watcher.stalled,
-            "recording": self.recorder.active,
-            "recording_state": self.recorder.state,
+            **{key: default[key] for key in ("fps", "bitrate", "keyframe_age_s", "stalled",
+                                             "recording", "recording_state")},
             "clock_unsynchronized": not self.clock.synchronized,
-            "cameras": self._cameras_state(),
+            "cameras": cameras,
         }
 
     def _cameras_state(self) -> dict[str, dict[str, object]]:
-        """The other cameras' sensors (state document ``cameras``), by name."""
+        """Every camera's sensors (state document ``cameras``), by name."""
         viewers: dict[int, int] = {}
         for session in (self.engine.sessions.values() if self.engine else ()):
             viewers[id(session.feed)] = viewers.get(id(session.feed), 0) + 1
         out: dict[str, dict[str, object]] = {}
-        for camera in list(self.cameras)[1:]:
+        for camera in self.cameras:
             stats = camera.pipeline.stats()
-            out[camera.name] = {"fps": stats.get("fps"), "bitrate": stats.get("bitrate"),
-                                "viewers": viewers.get(id(camera.pipeline), 0),
-                                "up": camera.problem() is None}
+            recorder = camera.recorder
+            out[camera.name] = {
+                "fps": stats.get("fps"), "bitrate": stats.get("bitrate"),
+                "keyframe_age_s": stats.get("keyframe_age_s"),
+                "viewers": viewers.get(id(camera.pipeline), 0),
+                "up": camera.problem() is None,
+                "stalled": bool(camera.stall_watcher and camera.stall_watcher.stalled),
+                "recording": bool(recorder and recorder.active),
+                "recording_state": recorder.state if recorder else "stopped"}
         return out
 
-    async def _toggle_recording(self) -> None:
-        """The Home Assistant record button: start an on-demand recording, or stop it."""
-        if self.recorder.active:
-            await self.recorder.end()
+    async def _toggle_recording(self, camera: str = "") -> None:
+        """A Home Assistant record button: start an on-demand recording of that camera (the
+        default one without a name), or stop it."""
+        cam = self.cameras.resolve(camera)
+        recorder = cam.recorder if cam is not None else None
+        if recorder is None:
+            return
+        if recorder.active:
+            await recorder.end()
         else:
-            self.recorder.begin()
+            recorder.begin()
 
     def _integrations_status(self) -> dict[str, object]:
         """The events, webhooks and MQTT part of ``/api/status``."""
         return {
             "events": self.events.stats(),
-            "camera_stalled": self.stall_watcher.stalled,
+            "camera_stalled": bool(self.cameras.default.stall_watcher
+                                   and self.cameras.default.stall_watcher.stalled),
+            "cameras_stalled": [c.name for c in self.cameras
+                                if c.stall_watcher is not None and c.stall_watcher.stalled],
             "webhooks": [w.stats() for w in self.webhooks],
             "mqtt": self.mqtt.stats() if self.mqtt else None,
         }
 
-    def _controls_changed(self, changed: dict[str, object], restarted: bool) -> None:
-        self._follow_stream_controls()
-        self.events.publish("controls_changed", controls=changed, restarted=restarted)
-
-    def _follow_stream_controls(self) -> None:
-        """The engine reads frame rate and bitrate from ``capture.camera`` for each new viewer
-        (frame duration, catch-up window): keep it the stream's, not the config's."""
-        self.capture.camera = camera_with(self._first_camera, {
-            k: v for k, v in self.controls.values.items()
-            if k in ("framerate", "bitrate", "resolution")})
-
-    def _other_controls_changed(self, camera: Camera, controls: CameraControls,
-                                changed: dict[str, object], restarted: bool) -> None:
-        follow_stream_controls(camera, controls)
+    def _controls_changed(self, camera: Camera, changed: dict[str, object],
+                          restarted: bool) -> None:
+        camera.follow_stream_controls()
         self.events.publish("controls_changed", camera=camera.name, controls=changed,
                             restarted=restarted)
 
-    def _integrations_metrics(self) -> str:
+    def _integrations_metrics(self) -> Iterator[Metric]:
         """Events, webhooks, MQTT and camera controls as ``/metrics`` families."""
-        out = Exposition()
+        out = Families()
         out.stats("ruseon_events", self.events.stats(), "Appliance events")
-        out.family("ruseon_camera_stalled", "gauge", "1 while no frame arrives from the camera.",
-                   [("", int(self.stall_watcher.stalled))])
-        hooks = [(f'{{webhook="{i}"}}', w.stats()) for i, w in enumerate(self.webhooks)]
+        stalled = out.gauge("ruseon_camera_stalled", "1 while no frame arrives from the camera.",
+                            ["camera"])
+        changes = out.counter("ruseon_camera_control_changes_total",
+                              "Camera control changes applied.", ["camera"])
+        restarts = out.counter("ruseon_camera_control_restarts_total",
+                               "Source restarts made by camera control changes.", ["camera"])
+        for c in self.cameras:
+            stalled.add_metric([c.name], int(bool(c.stall_watcher and c.stall_watcher.stalled)))
+            changes.add_metric([c.name], c.controls.changes if c.controls else 0)
+            restarts.add_metric([c.name], c.controls.restarts if c.controls else 0)
+        hooks = [(str(i), w.stats()) for i, w in enumerate(self.webhooks)]
         for key, kind, help_text in (
                 ("sent", "counter", "Webhook events delivered (2xx)."),
                 ("failed", "counter", "Webhook events given up after their retries."),
                 ("retries", "counter", "Webhook delivery attempts after the first."),
                 ("dropped", "counter", "Webhook events dropped from a full queue."),
                 ("queued", "gauge", "Webhook events waiting.")):
-            name = f"ruseon_webhook_{key}" + ("_total" if kind == "counter" else "")
-            out.family(name, kind, help_text, [(labels, s[key]) for labels, s in hooks])
+            family = (out.counter(f"ruseon_webhook_{key}_total", help_text, ["webhook"])
+                      if kind == "counter" else
+                      out.gauge(f"ruseon_webhook_{key}", help_text, ["webhook"]))
+            for webhook, stats in hooks:
+                family.add_metric([webhook], stats[key])
         if self.mqtt is not None:
             out.stats("ruseon_mqtt", self.mqtt.stats(), "MQTT")
-        out.family("ruseon_camera_control_changes_total", "counter",
-                   "Camera control changes applied.", [("", self.controls.changes)])
-        out.family("ruseon_camera_control_restarts_total", "counter",
-                   "Source restarts made by camera control changes.",
-                   [("", self.controls.restarts)])
-        return out.text()
+        return out.collect()
 
     async def _tls_context(self) -> ssl.SSLContext | None:
         """The HTTP server's TLS context: none, ``http.tls_cert``/``tls_key``, or the
@@ -529,16 +481,12 @@ class Appliance:
         self.notifier.stopping()
         for task in self._tasks:
             task.cancel()
-        for stream in self.hls_cameras.values():
-            await stream.stop()  # wakes held HLS requests before the server waits for them
+        for camera in self.cameras:
+            await camera.quiesce()  # wakes held HLS requests before the server waits for them
         if self.mqtt is not None:
             await self.mqtt.stop()
         for sender in self.webhooks:
             await sender.stop()
-        await self.stall_watcher.stop()
-        for watcher in self.camera_stall_watchers:
-            await watcher.stop()
-        await self.recording_watcher.stop()
         if self._runner is not None:
             await self._runner.cleanup()
         for relay in self.relays:
@@ -549,24 +497,8 @@ class Appliance:
             await fanout.stop()
         if self.engine is not None:
             await self.engine.stop()
-        for recorder in self.recorders.values():
-            await recorder.stop()
-        for controls in self.camera_controls.values():
-            await controls.flush()  # the values file is written off the loop
-        await self.cameras.stop()
+        await self.cameras.stop()  # recorders, controls' writes, then the sources
         log.info("stopped", extra={"EVENT": "stopped"})
-
-
-def last_frame_of(pipeline: CapturePipeline) -> Callable[[], float | None]:
-    """``pipeline.last_frame_monotonic`` as a function (what the stall watcher polls)."""
-    return lambda: pipeline.last_frame_monotonic
-
-
-def follow_stream_controls(camera: Camera, controls: CameraControls) -> None:
-    """Like :meth:`Appliance._follow_stream_controls` for any camera: its pipeline's ``camera``
-    follows the frame rate, bitrate and size set at run time (the engine reads it per viewer)."""
-    camera.pipeline.camera = camera_with(camera.config, {
-        k: v for k, v in controls.values.items() if k in ("framerate", "bitrate", "resolution")})
 
 
 async def serve(config: Config) -> int:

@@ -30,7 +30,8 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--camera", metavar="NAME=SOURCE", action="append",
-        help="a camera named NAME (repeatable; these make the camera list, the first is /whep)",
+        help="a camera named NAME (repeatable; these make the camera list; the first is "
+             "the default one unless http.default_camera names another)",
     )
     parser.add_argument("--http", metavar="HOST:PORT", help="HTTP listen address (WHEP, page, API)")
     parser.add_argument("--rtc", metavar="HOST:PORT", help="the single WebRTC UDP listen address")

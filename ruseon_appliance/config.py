@@ -140,6 +140,12 @@ class CameraConfig:
         return kind if sep and kind in INDEXED_SOURCE_KINDS and index.isdigit() else self.source
 
     @property
+    def catch_up_frames(self) -> int:
+        """Frames a joining consumer may be sent to catch up: one keyframe-request window (a
+        fresh IDR comes within it), at least 3 (WebRTC viewers, RTSP clients, relays)."""
+        return max(3, -(-self.framerate * self.keyframe_request_interval_ms // 1000))
+
+    @property
     def sensor_index(self) -> int:
         """Which CSI camera ``picamera:N`` / ``rpicam:N`` names (0 without an index): picamera2's
         ``Picamera2(camera_num)``, rpicam-vid's ``--camera N``."""
@@ -164,6 +170,9 @@ class HttpConfig:
     # <hostname>.local (DNS rebinding defence): a reverse proxy's name, a DNS name of the board.
     hosts: tuple[str, ...] = ()
     max_offer_bytes: int = 64 * 1024
+    # The camera the unnamed routes serve (/whep, /snapshot.jpg, /hls/, /api/camera/controls,
+    # rtsp://…/stream, a relay without camera): a camera's name; empty = the first listed.
+    default_camera: str = ""
     # Reverse proxies (addresses or CIDR networks) whose Forwarded / X-Forwarded-For name the
     # client; requests from anywhere else count against their own address.
     trusted_proxies: tuple[str, ...] = ()
@@ -314,7 +323,7 @@ class RelayConfig:
     # Local address of the relay's UDP socket; port 0 = any free port.
     bind: HostPort = HostPort("0.0.0.0", 0)
     payload_type: int = 96
-    # Which camera's stream (a [[camera]] name); empty = the first camera.
+    # Which camera's stream (a [[camera]] name); empty = the default camera (http.default_camera).
     camera: str = ""
 
     @property
@@ -450,13 +459,12 @@ class RecordingConfig:
 class Config:
     """The whole configuration, one frozen dataclass per TOML section.
 
-    ``cameras`` holds the ``[[camera]]`` tables in order, and ``camera`` is then always the
-    first of them (the one ``/whep`` and the other single-camera paths serve); with no
-    ``[[camera]]`` tables ``cameras`` is empty and ``camera`` is the only camera.
-    :attr:`all_cameras` is the list either way.
+    ``cameras`` is every camera in order, one form for one camera or several: a ``[camera]``
+    section is a list of one, ``[[camera]]`` tables the list. Which camera the unnamed routes
+    serve is ``http.default_camera`` (:attr:`default_camera`), else the first listed.
     """
 
-    camera: CameraConfig = field(default_factory=CameraConfig)
+    cameras: tuple[CameraConfig, ...] = (CameraConfig(),)
     http: HttpConfig = field(default_factory=HttpConfig)
     webrtc: WebRtcConfig = field(default_factory=WebRtcConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
@@ -470,17 +478,17 @@ class Config:
     mqtt: MqttConfig = field(default_factory=MqttConfig)
     # ``[[webhook]]`` tables (an array, not a section).
     webhook: tuple[WebhookConfig, ...] = ()
-    # ``[[camera]]`` tables; empty means the one ``camera``.
-    cameras: tuple[CameraConfig, ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.cameras:
-            object.__setattr__(self, "camera", self.cameras[0])
 
     @property
-    def all_cameras(self) -> tuple[CameraConfig, ...]:
-        """Every camera, in configured order (the first is the default one)."""
-        return self.cameras or (self.camera,)
+    def default_camera(self) -> CameraConfig:
+        """The default camera's settings (``http.default_camera``, else the first listed)."""
+        wanted = self.http.default_camera
+        return next((cam for cam in self.cameras if cam.name == wanted), self.cameras[0])
+
+
+# The configuration's sections as the file, the environment and flags name them: ``[camera]``
+# (or ``[[camera]]`` tables) fills ``Config.cameras``.
+SECTIONS = tuple("camera" if f.name == "cameras" else f.name for f in dataclasses.fields(Config))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -631,8 +639,8 @@ def _apply_cameras(config: Config, values: Any, origin: str, from_text: bool) ->
 def _apply_camera_flags(config: Config, values: Any, origin: str) -> Config:
     """``--camera NAME=SOURCE`` flags: they make the camera list, in their order. A name the
     file has keeps the file's other settings; a new name takes the first camera's."""
-    current = {cam.name: cam for cam in config.all_cameras}
-    template = config.all_cameras[0]
+    current = {cam.name: cam for cam in config.cameras}
+    template = config.cameras[0]
     cameras: list[CameraConfig] = []
     for flag in values:
         name, sep, source = str(flag).partition("=")
@@ -647,7 +655,7 @@ def _apply_camera_flags(config: Config, values: Any, origin: str) -> Config:
 def _apply(
     config: Config, section: str, values: Mapping[str, Any], origin: str, from_text: bool
 ) -> Config:
-    if section == "camera" and len(config.cameras) > 1:
+    if section == "camera":
         return _apply_to_every_camera(config, values, origin, from_text)
     if section == "cameras" and origin == "the command line":
         return _apply_camera_flags(config, values.get("flags", ()), origin)
@@ -657,7 +665,7 @@ def _apply(
         return _apply_webhooks(config, values, origin, from_text)
     section_field = {f.name: f for f in dataclasses.fields(Config)}.get(section)
     if section_field is None or section == "cameras":
-        known = ", ".join(f.name for f in dataclasses.fields(Config) if f.name != "cameras")
+        known = ", ".join(SECTIONS)
         raise ConfigError(f"[{section}] in {origin} is not a known section: allowed are {known}")
     current = getattr(config, section)
     hints = _section_types(type(current))
@@ -669,24 +677,22 @@ def _apply(
                 f"{section}.{key} in {origin} is not a known key: [{section}] allows {known}"
             )
         changes[key] = _coerce(f"{section}.{key}", hints[key], value, from_text)
-    if section == "camera" and config.cameras:
-        # One [[camera]] table: it is the camera.
-        return dataclasses.replace(config, cameras=(dataclasses.replace(current, **changes),))
     return dataclasses.replace(config, **{section: dataclasses.replace(current, **changes)})
 
 
 def _apply_to_every_camera(
     config: Config, values: Mapping[str, Any], origin: str, from_text: bool
 ) -> Config:
-    """``camera.*`` from the environment or a flag with several cameras: a setting that can be
-    shared applies to each; a name or source cannot (that is what ``--camera`` is for)."""
+    """``[camera]`` from a file, or ``camera.*`` from the environment or a flag: it applies to
+    every camera; a name or source only when there is one (with several, that is what
+    ``--camera`` and ``[[camera]]`` tables are for)."""
     hints = _section_types(CameraConfig)
     changes: dict[str, Any] = {}
     for key, value in values.items():
         if key not in hints:
             raise ConfigError(f"camera.{key} in {origin} is not a known key: [camera] allows "
                               f"{', '.join(hints)}")
-        if key in ("name", "source"):
+        if key in ("name", "source") and len(config.cameras) > 1:
             raise ConfigError(f"camera.{key} in {origin} cannot apply to "
                               f"{len(config.cameras)} cameras: use --camera NAME=SOURCE")
         changes[key] = _coerce(f"camera.{key}", hints[key], value, from_text)
@@ -724,7 +730,7 @@ def _mixes_camera_forms(path: Path) -> bool:
 
 def _env_overrides(env: Mapping[str, str]) -> dict[str, dict[str, str]]:
     """Collect ``RUSEON_<SECTION>_<KEY>`` variables into ``{section: {key: text}}``."""
-    sections = {f.name for f in dataclasses.fields(Config)} - {"relay", "webhook", "cameras"}
+    sections = set(SECTIONS) - {"relay", "webhook"}
     out: dict[str, dict[str, str]] = {}
     for name, value in env.items():
         if not name.startswith("RUSEON_") or name == "RUSEON_CONFIG":
@@ -823,7 +829,7 @@ def _tls_context(section: str, ca_file: str, cert_file: str = "",
 
 def validate(config: Config) -> None:
     """Range checks that types alone do not express."""
-    validate_cameras(config.all_cameras)
+    validate_cameras(config.cameras)
     _check(
         bool(config.http.tls_cert) == bool(config.http.tls_key),
         "http.tls_cert",
@@ -927,10 +933,13 @@ def validate(config: Config) -> None:
            "recording.max_downloads_per_address", rec.max_downloads_per_address,
            "1 to recording.max_downloads")
     validate_relays(config.relay)
-    names = [cam.name for cam in config.all_cameras]
+    names = [cam.name for cam in config.cameras]
     for relay in config.relay:
         _check(not relay.camera or relay.camera in names, f"relay {relay.name!r}: camera",
                relay.camera, "the name of a camera: " + ", ".join(names))
+    _check(not config.http.default_camera or config.http.default_camera in names,
+           "http.default_camera", config.http.default_camera,
+           "the name of a camera: " + ", ".join(names))
     validate_mqtt(config.mqtt)
     validate_webhooks(config.webhook)
 
@@ -1153,11 +1162,12 @@ def to_toml(config: Config, *, hide_secrets: bool = False) -> str:
 
     lines: list[str] = []
     for section in dataclasses.fields(config):
-        if section.name in ("relay", "webhook", "cameras"):
+        if section.name in ("relay", "webhook"):
             continue
-        if section.name == "camera" and config.cameras:
+        if section.name == "cameras":
+            # One camera as the [camera] section it is usually written as; several as tables.
             for camera in config.cameras:
-                lines.append("[[camera]]")
+                lines.append("[camera]" if len(config.cameras) == 1 else "[[camera]]")
                 for f in dataclasses.fields(camera):
                     lines.append(f"{f.name} = {field_value(camera, f.name)}")
                 lines.append("")

@@ -22,7 +22,7 @@ from typing import TextIO
 
 from .capture.sources.rpicam import HELP_TIMEOUT_S, RpicamFeatures, libav_options, parse_help
 from .capture.sources.soc import DEVICE_TREE_COMPATIBLE, is_bcm2712
-from .config import Config, HostPort
+from .config import CameraConfig, Config, HostPort
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,21 +34,34 @@ class Finding:
     detail: str
 
 
+def _needs_pi_camera(camera: CameraConfig) -> bool:
+    source = camera.source_kind
+    return not (source == "synthetic" or source.startswith(("file:", "rtsp://", "rtsps://")))
+
+
+def _pi_camera(config: Config) -> CameraConfig:
+    """The camera whose source is the Pi's camera stack (the first such), else the default."""
+    return next((c for c in config.cameras if _needs_pi_camera(c)), config.default_camera)
+
+
 def check_camera(config: Config) -> Finding:
-    """A Pi camera is present when picamera2 or rpicam-vid exists and a media device is there."""
-    source = config.camera.source_kind
-    if source == "synthetic" or source.startswith(("file:", "rtsp://", "rtsps://")):
-        return Finding("camera", "ok", f"source is {source}; no camera needed")
+    """A Pi camera is present when picamera2 or rpicam-vid exists and a media device is there
+    (checked when any camera's source is the Pi's camera stack)."""
+    camera = _pi_camera(config)
+    source = camera.source_kind
+    if not _needs_pi_camera(camera):
+        sources = ", ".join(dict.fromkeys(c.source_kind for c in config.cameras))
+        return Finding("camera", "ok", f"source is {sources}; no camera needed")
     has_picamera2 = importlib.util.find_spec("picamera2") is not None
     # rpicam_command may carry arguments (e.g. a wrapper): look up its executable.
-    argv = shlex.split(config.camera.rpicam_command)
+    argv = shlex.split(camera.rpicam_command)
     rpicam = shutil.which(argv[0]) if argv else None
     media = sorted(glob.glob("/dev/media*"))
     found = []
     if has_picamera2:
         found.append("picamera2 importable")
     if rpicam:
-        found.append(f"{config.camera.rpicam_command} at {rpicam}")
+        found.append(f"{camera.rpicam_command} at {rpicam}")
     if media:
         found.append("media devices " + " ".join(media))
     if (has_picamera2 or rpicam) and media:
@@ -61,7 +74,7 @@ def check_camera(config: Config) -> Finding:
 
 def _rpicam_features(config: Config) -> RpicamFeatures | None:
     """What ``rpicam-vid --help`` lists, or None without the binary (a CLI: blocking is fine)."""
-    argv = shlex.split(config.camera.rpicam_command)
+    argv = shlex.split(_pi_camera(config).rpicam_command)
     if not argv or shutil.which(argv[0]) is None:
         return None
     try:

@@ -50,8 +50,8 @@ def test_precedence_file_then_env_then_flags(tmp_path: Path) -> None:
     )
     env = {"RUSEON_CAMERA_FRAMERATE": "20", "RUSEON_WEBRTC_ADVERTISE": "127.0.0.1, ::1"}
     config = load_config(path, env=env, overrides={"camera": {"framerate": "15"}})
-    assert config.camera.framerate == 15  # flag beats env beats file
-    assert config.camera.width == 640  # file beats default
+    assert config.default_camera.framerate == 15  # flag beats env beats file
+    assert config.default_camera.width == 640  # file beats default
     assert config.http.listen == HostPort("127.0.0.1", 9000)
     assert config.webrtc.advertise == ("127.0.0.1", "::1")
 
@@ -160,7 +160,7 @@ def test_host_port_never_raises_anything_but_config_error(text: str) -> None:
 
 def test_example_config_loads_and_round_trips(tmp_path: Path) -> None:
     example = load_config(EXAMPLE, env={}, required=True)
-    assert example.camera.profile == "baseline"
+    assert example.default_camera.profile == "baseline"
     rendered = write(tmp_path, to_toml(example))
     assert load_config(rendered, env={}, required=True) == example
 

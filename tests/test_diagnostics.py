@@ -18,8 +18,8 @@ FAKE_RPICAM = Path(__file__).parent / "capture" / "fake_rpicam_vid.py"
 def config_with_fake_rpicam() -> Config:
     command = f"{shlex.quote(sys.executable)} {shlex.quote(str(FAKE_RPICAM))}"
     config = Config()
-    return dataclasses.replace(config, camera=dataclasses.replace(config.camera,
-                                                                   rpicam_command=command))
+    return dataclasses.replace(config, cameras=(dataclasses.replace(config.default_camera,
+                                                                   rpicam_command=command),))
 
 
 @pytest.mark.parametrize(("version", "expect"), [
@@ -44,4 +44,4 @@ def test_check_reports_the_bcm2712_encoder_path(
 def test_check_camera_finds_an_rpicam_command_with_arguments() -> None:
     config = config_with_fake_rpicam()  # "python .../fake_rpicam_vid.py"
     finding = check_camera(config)
-    assert f"{config.camera.rpicam_command} at {sys.executable}" in finding.detail
+    assert f"{config.default_camera.rpicam_command} at {sys.executable}" in finding.detail

@@ -5,6 +5,7 @@ Only ``app.py`` builds a :class:`CameraSet`; the web layer reads it to map camer
 feeds. The engine never sees names: it is handed a camera's pipeline per session.
 """
 
-from .camera import Camera, CameraSet, UnavailableSource, stale_after_s
+from ..capture.liveness import stale_after_s
+from .camera import Camera, CameraSet, UnavailableSource
 
 __all__ = ["Camera", "CameraSet", "UnavailableSource", "stale_after_s"]

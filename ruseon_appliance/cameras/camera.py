@@ -9,19 +9,20 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from ..capture.controls import CameraControls, camera_with
+from ..capture.liveness import stale_after_s
 from ..capture.pipeline import CapturePipeline
 from ..capture.sources.auto import NoCameraDetected
 from ..capture.sources.base import Deliver, SourceUnavailable
 from ..capture.sources.rtsp import redact
 from ..config import CameraConfig
+from ..events import RecordingWatcher, StallWatcher
+from ..hls import HlsStream
+from ..recording import Recorder
 from ..tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
-# A camera is down when its newest frame is older than this many frame intervals, and never
-# sooner than STALL_MIN_S (a 1 fps camera still counts as alive). Same rule as /healthz had.
-STALL_FRAME_INTERVALS = 10
-STALL_MIN_S = 2.0
 # Start-up retries of a camera whose source failed: doubling from the first, up to the last.
 RETRY_FIRST_S = 2.0
 RETRY_MAX_S = 30.0
@@ -34,11 +35,6 @@ SUPERVISE_S = 1.0
 # A camera whose stop or start has not returned for this long is stuck (a driver hung in a
 # worker thread): only a new process frees it, so the watchdog is withheld (app.py).
 STUCK_S = 30.0
-
-
-def stale_after_s(framerate: int) -> float:
-    """Seconds without a frame after which a camera counts as down."""
-    return max(STALL_MIN_S, STALL_FRAME_INTERVALS / max(1, framerate))
 
 
 class UnavailableSource:
@@ -66,12 +62,26 @@ class UnavailableSource:
         return {}
 
 
+# Controls that change what the stream is (the engine reads them per viewer from
+# ``pipeline.camera``: frame duration, catch-up window), not only how the sensor looks.
+STREAM_CONTROLS = ("framerate", "bitrate", "resolution")
+
+
 class Camera:
-    """One configured camera: ``name``, ``config`` and its :class:`CapturePipeline`.
+    """One configured camera and everything that is its own: the :class:`CapturePipeline`
+    (source and ring) and, when the appliance gives them (``cameras/assembly.py``), its live
+    controls, recorder, HLS stream and event watchers. Every camera is built, started and
+    stopped the same way; none is special (the default camera is only routing: ``CameraSet``).
 
     :meth:`start` never raises for the source's sake: a failure is kept in :attr:`error` and
     the start is retried in the background with back-off until it works or :meth:`stop`.
     """
+
+    controls: CameraControls | None = None
+    recorder: Recorder | None = None
+    hls: HlsStream | None = None
+    stall_watcher: StallWatcher | None = None
+    recording_watcher: RecordingWatcher | None = None
 
     def __init__(self, config: CameraConfig, *, pipeline: CapturePipeline | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -97,14 +107,47 @@ class Camera:
         self._busy_since: float | None = None  # a stop or start of the source is under way
 
     async def start(self) -> bool:
-        """Start the source; on failure report it and return False. Either way it is then
-        supervised in the background: retried with back-off while it fails, and restarted if
-        it stops sending frames and cannot recover by itself, until :meth:`stop`."""
+        """Restore the saved controls, start the source, then the recorder and HLS stream.
+
+        A source that fails is reported (False) and, either way, supervised in the
+        background: retried with back-off while it fails, and restarted if it stops sending
+        frames and cannot recover by itself, until :meth:`stop`. The recorder and the HLS
+        stream start regardless: they wait on the ring for the first frame."""
         self._stopped = False
+        if self.controls is not None:
+            await self.controls.restore()
+            self.follow_stream_controls()
         started = await self._try_start()
         self._supervisor = asyncio.create_task(self._supervise(),
                                                name=f"camera-{self.name}-supervisor")
+        if self.recorder is not None:
+            await self.recorder.start()
+        if self.hls is not None:
+            await self.hls.start()
         return started
+
+    def start_watching(self) -> None:
+        """Start the stall and recording watchers (their events name this camera); the
+        appliance does so once the event bus's subscribers are there."""
+        for watcher in (self.stall_watcher, self.recording_watcher):
+            if watcher is not None:
+                watcher.start()
+
+    def follow_stream_controls(self) -> None:
+        """The pipeline's ``camera`` (what the engine, RTSP and HLS read per viewer) follows
+        the frame rate, bitrate and size set at run time, not only the configured ones."""
+        if self.controls is not None:
+            self.pipeline.camera = camera_with(self.config, {
+                k: v for k, v in self.controls.values.items() if k in STREAM_CONTROLS})
+
+    async def quiesce(self) -> None:
+        """The first half of a stop, before the web server closes: the HLS stream wakes its
+        held requests, the watchers stop publishing."""
+        if self.hls is not None:
+            await self.hls.stop()
+        for watcher in (self.stall_watcher, self.recording_watcher):
+            if watcher is not None:
+                await watcher.stop()
 
     async def _try_start(self) -> bool:
         self._busy_since = self._clock()
@@ -179,7 +222,13 @@ class Camera:
         return busy is not None and self._clock() - busy > STUCK_S
 
     async def stop(self) -> None:
-        """Stop supervising and stop the source."""
+        """Stop everything of this camera: :meth:`quiesce` if it was not, the recorder (it
+        closes its segment), the controls' pending write, the supervision and the source."""
+        await self.quiesce()
+        if self.recorder is not None:
+            await self.recorder.stop()
+        if self.controls is not None:
+            await self.controls.flush()  # the values file is written off the loop
         self._stopped = True
         task, self._supervisor = self._supervisor, None
         await cancel_and_wait(task)
@@ -240,13 +289,20 @@ class Camera:
 
 
 class CameraSet:
-    """The cameras in configured order; the first is the default (``/whep``, ``/hls/``)."""
+    """The cameras in configured order, and which one is the default: the camera the unnamed
+    routes serve (``/whep``, ``/snapshot.jpg``, ``/hls/``, ``/api/camera/controls``,
+    ``rtsp://…/stream``, a relay without ``camera``). Routing is the only thing the default
+    camera is: it is built, run, recorded and reported like every other."""
 
-    def __init__(self, cameras: Sequence[Camera]) -> None:
+    def __init__(self, cameras: Sequence[Camera], *, default: str = "") -> None:
         if not cameras:
             raise ValueError("at least one camera")
         self._cameras = list(cameras)
         self._by_name = {camera.name: camera for camera in self._cameras}
+        if default and default not in self._by_name:
+            raise ValueError(f"the default camera {default!r} is not one of "
+                             + ", ".join(self._by_name))
+        self._default = self._by_name[default] if default else self._cameras[0]
 
     @classmethod
     def from_configs(cls, configs: Sequence[CameraConfig]) -> CameraSet:
@@ -265,9 +321,13 @@ class CameraSet:
         return len(self._cameras)
 
     @property
-    def first(self) -> Camera:
-        """The default camera."""
-        return self._cameras[0]
+    def default(self) -> Camera:
+        """The camera the unnamed routes serve (configured, else the first listed)."""
+        return self._default
+
+    def resolve(self, name: str = "") -> Camera | None:
+        """The camera ``name`` names; the default one for an empty name; None if unknown."""
+        return self._by_name.get(name) if name else self._default
 
     @property
     def names(self) -> list[str]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
-import math
 import secrets
 import socket
 import time
@@ -457,7 +456,7 @@ class Engine:
         return (round(90_000 / camera.framerate),
                 # A burst of up to the coalescing window (at least a few frames) is cheaper
                 # than waiting for an IDR that coalescing may not force.
-                max(3, math.ceil(camera.framerate * camera.keyframe_request_interval_ms / 1000)),
+                camera.catch_up_frames,
                 camera.keyframe_interval)
 
     @staticmethod

@@ -9,15 +9,12 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ..capture.liveness import stale_after_s
 from ..tasks import cancel_and_wait
 from .bus import EventBus
 
 log = logging.getLogger(__name__)
 
-# Frames count as stalled after this many frame intervals without one, and never sooner than
-# STALL_MIN_S (the same rule as /healthz).
-STALL_FRAME_INTERVALS = 10
-STALL_MIN_S = 2.0
 # How often the watcher looks at the pipeline's newest frame time.
 STALL_POLL_S = 0.5
 # A camera that has sent no frame at all this long after the watcher first looked is stalled.
@@ -94,9 +91,10 @@ class RecordingWatcher(_Poller):
     _check_first = True
 
     def __init__(self, bus: EventBus, active: Callable[[], bool], state: Callable[[], str],
-                 *, poll_s: float = STALL_POLL_S) -> None:
+                 *, poll_s: float = STALL_POLL_S, camera: str = "") -> None:
         super().__init__(poll_s)
         self._listener = recording_listener(bus)
+        self._names = {"camera": camera} if camera else {}
         self._active = active
         self._state = state
         self.recording = False
@@ -106,7 +104,8 @@ class RecordingWatcher(_Poller):
         active = bool(self._active())
         if active != self.recording:
             self.recording = active
-            self._listener("started" if active else "stopped", {"state": self._state()})
+            self._listener("started" if active else "stopped",
+                           {"state": self._state(), **self._names})
 
 
 class StallWatcher(_Poller):
@@ -128,10 +127,10 @@ class StallWatcher(_Poller):
     ) -> None:
         super().__init__(poll_s)
         self._bus = bus
-        # With several cameras, each watcher's events name its camera (empty: the first's).
+        # Each camera's watcher names its camera in its events (empty: tests without one).
         self._names = {"camera": camera} if camera else {}
         self._last_frame = last_frame
-        self.limit_s = max(STALL_MIN_S, STALL_FRAME_INTERVALS / max(1, framerate))
+        self.limit_s = stale_after_s(framerate)
         self._source = source
         self._clock = clock
         self.stalled = False
@@ -163,6 +162,7 @@ class StallWatcher(_Poller):
         elif self.stalled and age <= self.limit_s:
             self.stalled = False
             gap = last - self._stalled_since
-            log.info("camera recovered after %.1f s", gap)
+            log.info("camera %srecovered after %.1f s",
+                     f"{self._names['camera']} " if self._names else "", gap)
             self._bus.publish("camera_recovered", source=self._source,
                               stalled_for_s=round(gap, 3), **self._names)

@@ -49,31 +49,36 @@ class Topics:
         return f"{self.base}/snapshot"
 
     def camera_snapshot(self, camera: str) -> str:
-        """Another camera's JPEG (the first camera's is :attr:`snapshot`)."""
+        """A named camera's JPEG (the default camera's is :attr:`snapshot`)."""
         return f"{self.base}/snapshot/{camera}"
 
-    def command(self, name: str) -> str:
-        """A button's command topic."""
-        return f"{self.base}/command/{name}"
+    def command(self, name: str, camera: str = "") -> str:
+        """A button's command topic (a named camera's: ``command/<name>/<camera>``)."""
+        return f"{self.base}/command/{name}" + (f"/{camera}" if camera else "")
 
     @property
     def controls(self) -> str:
-        """The camera controls' current values, one JSON document."""
+        """The default camera's controls' current values, one JSON document."""
         return f"{self.base}/controls"
 
-    def control_set(self, name: str) -> str:
-        """Where Home Assistant sends a new value for camera control ``name``."""
-        return f"{self.base}/control/{name}/set"
+    def camera_controls(self, camera: str) -> str:
+        """A named camera's controls' current values."""
+        return f"{self.base}/controls/{camera}"
+
+    def control_set(self, name: str, camera: str = "") -> str:
+        """Where Home Assistant sends a new value for camera control ``name`` (of the
+        default camera, or of ``camera``: ``control/<camera>/<name>/set``)."""
+        return f"{self.base}/control/" + (f"{camera}/" if camera else "") + f"{name}/set"
 
     @property
-    def control_sets(self) -> str:
-        """The wildcard for every control's command topic."""
-        return f"{self.base}/control/+/set"
+    def control_sets(self) -> list[str]:
+        """The wildcards for every control's command topic (default and named cameras)."""
+        return [f"{self.base}/control/+/set", f"{self.base}/control/+/+/set"]
 
     @property
-    def commands(self) -> str:
-        """The wildcard the appliance subscribes to."""
-        return f"{self.base}/command/+"
+    def commands(self) -> list[str]:
+        """The wildcards of the buttons' command topics."""
+        return [f"{self.base}/command/+", f"{self.base}/command/+/+"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +108,9 @@ class Discovery:
     def __init__(self, discovery_prefix: str, topics: Topics, *, name: str,
                  configuration_url: str = "", recording: bool = False,
                  controls: Mapping[str, Mapping[str, Any]] | None = None,
-                 cameras: Sequence[str] = (), commands: bool = True) -> None:
+                 cameras: Sequence[str] = (), commands: bool = True,
+                 camera_controls: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None,
+                 ) -> None:
         self.discovery_prefix = discovery_prefix
         self.topics = topics
         self.name = name
@@ -111,9 +118,12 @@ class Discovery:
         self.recording = recording
         # GET /api/camera/controls's "controls": each becomes a number, switch or select.
         self.controls = dict(controls or {})
-        # The cameras after the first (whose entities keep the ids one camera always had):
-        # each gets a camera entity and its own sensors, read from the state's "cameras".
+        # The cameras other than the default one (whose entities keep the ids one camera
+        # always had, as the unnamed routes serve it): each gets the same entities, named
+        # after it, reading the state's "cameras" and its own controls document.
         self.cameras = list(cameras)
+        self.camera_controls = {name: dict(specs) for name, specs
+                                in (camera_controls or {}).items()}
         # False: no entity that sends commands (buttons, camera controls).
         self.commands = commands
 
@@ -160,19 +170,36 @@ class Discovery:
                                             "command_topic": topics.command("record"),
                                             "payload_press": PRESS}),
             ]
+        entities += [self._control(name, spec) for name, spec in self.controls.items()]
         for camera in self.cameras:
             entities += self._camera_entities(camera)
-        entities += [self._control(name, spec) for name, spec in self.controls.items()]
+            entities += [self._control(name, spec, camera) for name, spec
+                         in self.camera_controls.get(camera, {}).items()]
         if not self.commands:
             return [e for e in entities if "command_topic" not in e.config]
         return entities
 
     def _camera_entities(self, camera: str) -> list[Entity]:
-        """A further camera: its picture, frame rate, bitrate, viewers and a problem sensor."""
+        """A named camera: its picture, frame rate, bitrate, viewers, problem sensors and,
+        with recording, its recording sensors and button."""
         def value(key: str) -> str:
             return f"{{{{ value_json.cameras['{camera}'].{key} }}}}"
 
-        return [
+        def flag(key: str) -> str:
+            return f"{{{{ 'ON' if value_json.cameras['{camera}'].{key} else 'OFF' }}}}"
+
+        recording = [
+            Entity("sensor", f"{camera}_recording_state", {
+                "name": f"{camera} recording state", "value_template": value("recording_state"),
+                "icon": "mdi:record-rec"}),
+            Entity("binary_sensor", f"{camera}_recording", {
+                "name": f"{camera} recording", "device_class": "running", "payload_on": "ON",
+                "payload_off": "OFF", "value_template": flag("recording")}),
+            Entity("button", f"{camera}_record", {
+                "name": f"{camera} record", "icon": "mdi:record",
+                "command_topic": self.topics.command("record", camera), "payload_press": PRESS}),
+        ] if self.recording else []
+        return [*recording,
             Entity("camera", f"camera_{camera}", {"name": f"Camera {camera}",
                                                   "topic": self.topics.camera_snapshot(camera)}),
             Entity("sensor", f"{camera}_fps", {
@@ -190,28 +217,40 @@ class Discovery:
                 "name": f"{camera} down", "device_class": "problem", "payload_on": "ON",
                 "payload_off": "OFF", "value_template":
                 f"{{{{ 'OFF' if value_json.cameras['{camera}'].up else 'ON' }}}}"}),
+            Entity("binary_sensor", f"{camera}_stalled", {
+                "name": f"{camera} stalled", "device_class": "problem", "payload_on": "ON",
+                "payload_off": "OFF", "value_template": flag("stalled")}),
+            Entity("sensor", f"{camera}_keyframe_age_s", {
+                "name": f"{camera} keyframe age", "value_template": value("keyframe_age_s"),
+                "unit_of_measurement": "s", "device_class": "duration",
+                "state_class": "measurement", "entity_category": "diagnostic"}),
         ]
 
-    def _control(self, name: str, spec: Mapping[str, Any]) -> Entity:
+    def _control(self, name: str, spec: Mapping[str, Any], camera: str = "") -> Entity:
         """A camera control as a ``config`` entity that reads the controls document and writes
-        its own command topic (the appliance validates, as PATCH /api/camera/controls does)."""
+        its own command topic (the appliance validates, as PATCH /api/camera/controls does);
+        ``camera`` names a camera other than the default one."""
         label = name.replace("_", " ").capitalize()
         if not spec.get("live", True):
             label += " (restarts camera)"
+        if camera:
+            label = f"{camera} {label[0].lower()}{label[1:]}"
         config: dict[str, Any] = {
             "name": label, "entity_category": "config",
-            "state_topic": self.topics.controls,
-            "command_topic": self.topics.control_set(name),
+            "state_topic": (self.topics.camera_controls(camera) if camera
+                            else self.topics.controls),
+            "command_topic": self.topics.control_set(name, camera),
         }
+        object_id = f"{camera}_control_{name}" if camera else f"control_{name}"
         kind = spec.get("type")
         if kind == "bool":
             config.update(payload_on="ON", payload_off="OFF", state_on="ON", state_off="OFF",
                           value_template=f"{{{{ 'ON' if value_json.{name} else 'OFF' }}}}")
-            return Entity("switch", f"control_{name}", config)
+            return Entity("switch", object_id, config)
         config["value_template"] = f"{{{{ value_json.{name} }}}}"
         if kind == "enum":
             config["options"] = list(spec.get("choices", []))
-            return Entity("select", f"control_{name}", config)
+            return Entity("select", object_id, config)
         low, high = spec.get("min", 0), spec.get("max", 1)
         config.update(min=low, max=high,
                       # HA refuses a step under 0.001 (and the whole config with it).
@@ -219,7 +258,7 @@ class Discovery:
                       mode="box" if high - low > 1000 else "slider")
         if spec.get("unit"):
             config["unit_of_measurement"] = spec["unit"]
-        return Entity("number", f"control_{name}", config)
+        return Entity("number", object_id, config)
 
     def config_topics(self) -> str:
         """The wildcard matching every discovery topic of this device (ours and stale ones)."""

@@ -106,9 +106,10 @@ class HomeAssistantMqtt:
         state: Callable[[], Mapping[str, Any]],
         snapshot: SnapshotSource,
         configuration_url: str = "",
-        record: Callable[[], Awaitable[Any]] | None = None,
+        record: Callable[..., Awaitable[Any]] | None = None,
         controls: CameraControlsPort | None = None,
         camera_snapshots: Mapping[str, SnapshotSource] | None = None,
+        camera_controls: Mapping[str, CameraControlsPort] | None = None,
     ) -> None:
         self.config = config
         self.topics = Topics(config.topic_prefix, device_id)
@@ -117,13 +118,20 @@ class HomeAssistantMqtt:
                                    recording=record is not None,
                                    controls=controls.describe()["controls"] if controls else None,
                                    cameras=list(camera_snapshots or {}),
-                                   commands=config.commands)
-        # The other cameras' snapshots (the first camera's is ``snapshot``), by name.
+                                   commands=config.commands,
+                                   camera_controls={
+                                       name: c.describe()["controls"]
+                                       for name, c in (camera_controls or {}).items()})
+        # The other cameras' snapshots and controls (the default camera's are ``snapshot``
+        # and ``controls``), by name.
         self._camera_snapshots = dict(camera_snapshots or {})
+        # Every camera's controls by name; "" is the default camera's.
+        self._all_controls: dict[str, CameraControlsPort] = dict(camera_controls or {})
+        if controls is not None:
+            self._all_controls[""] = controls
         self._state = state
         self._snapshot = snapshot
         self._record = record
-        self._controls = controls
         self._config_topics = frozenset(self.discovery.configs())
         self.control_errors = 0
         self._state_kick = asyncio.Event()
@@ -276,9 +284,11 @@ class HomeAssistantMqtt:
     async def _session(self, client: aiomqtt.Client) -> None:
         """One connection's work: announce, then state, snapshots and commands until it drops."""
         if self.config.commands:
-            await client.subscribe(self.topics.commands, qos=1)
-            if self._controls is not None:
-                await client.subscribe(self.topics.control_sets, qos=1)
+            for wildcard in self.topics.commands:
+                await client.subscribe(wildcard, qos=1)
+            if self._all_controls:
+                for wildcard in self.topics.control_sets:
+                    await client.subscribe(wildcard, qos=1)
         await client.subscribe(f"{self.config.discovery_prefix}/status", qos=1)
         await self._announce(client)
         # Every retained config under this device id: what is not announced any more (a
@@ -313,11 +323,11 @@ class HomeAssistantMqtt:
             document = dict(self._state())
             await self._publish(client, self.topics.state,
                                 json.dumps(document, sort_keys=True, default=str))
-            if self._controls is not None:
+            for camera, controls in self._all_controls.items():
                 values = {name: spec["value"] for name, spec
-                          in self._controls.describe()["controls"].items()}
-                await self._publish(client, self.topics.controls,
-                                    json.dumps(values, sort_keys=True))
+                          in controls.describe()["controls"].items()}
+                await self._publish(client, self.topics.camera_controls(camera) if camera
+                                    else self.topics.controls, json.dumps(values, sort_keys=True))
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(interval):
                     await self._state_kick.wait()
@@ -367,37 +377,47 @@ class HomeAssistantMqtt:
                 log.warning("mqtt: ignoring the retained command on %s", topic)
                 continue
             self.commands += 1
-            if topic.startswith(f"{self.topics.base}/control/") and topic.endswith("/set"):
-                await self._set_control(topic.split("/")[-2], message.payload)
+            tail = topic.removeprefix(f"{self.topics.base}/").split("/")
+            if tail[0] == "control" and tail[-1] == "set" and len(tail) in (3, 4):
+                # control/<name>/set (the default camera) or control/<camera>/<name>/set
+                camera = tail[1] if len(tail) == 4 else ""
+                await self._set_control(tail[-2], message.payload, camera)
                 continue
-            command = topic.rsplit("/", 1)[-1]
+            # command/<button> (the default camera) or command/<button>/<camera>
+            command = tail[1] if len(tail) > 1 else ""
+            camera = tail[2] if len(tail) == 3 else ""
             if message.payload not in (PRESS, PRESS.encode()):
                 log.debug("mqtt: ignoring %r on %s (a press is %s)", message.payload, topic,
                           PRESS)
             elif command == "snapshot":
                 self._snapshot_forced = True
                 self._snapshot_kick.set()
-            elif command == "record" and self._record is not None:
-                if any(t.get_name() == "mqtt-record" for t in self._tasks):
+            elif command == "record" and self._record is not None and (
+                    not camera or camera in self.discovery.cameras):
+                name = f"mqtt-record-{camera}"
+                if any(t.get_name() == name for t in self._tasks):
                     # A press while the last one still runs: a flood of presses must not
                     # start and stop recording over and over, nor pile up tasks.
                     log.info("mqtt: record pressed again while busy; ignored")
                     continue
-                task = asyncio.create_task(self._run_record(), name="mqtt-record")
+                task = asyncio.create_task(self._run_record(camera), name=name)
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
             else:
                 log.debug("mqtt: ignoring command %r", command)
 
-    async def _set_control(self, name: str, payload: Any) -> None:
-        """A Home Assistant number/switch/select changed a camera control."""
-        assert self._controls is not None
-        spec = self._controls.describe()["controls"].get(name)
+    async def _set_control(self, name: str, payload: Any, camera: str = "") -> None:
+        """A Home Assistant number/switch/select changed a camera control (of the default
+        camera, or of the camera named)."""
+        controls = self._all_controls.get(camera)
+        spec = controls.describe()["controls"].get(name) if controls is not None else None
         try:
             raw = (bytes(payload)[:MAX_COMMAND_BYTES + 1].decode()
                    if isinstance(payload, bytes | bytearray) else str(payload))
-            if spec is None or len(raw) > MAX_COMMAND_BYTES:
-                raise ValueError(f"no camera control {name!r} takes {raw[:40]!r}")
+            if controls is None or spec is None or len(raw) > MAX_COMMAND_BYTES:
+                raise ValueError(f"no camera control {name!r}"
+                                 + (f" of camera {camera[:40]!r}" if camera else "")
+                                 + f" takes {raw[:40]!r}")
             kind = spec["type"]
             value: Any = raw.strip()
             if kind == "bool":
@@ -405,7 +425,7 @@ class HomeAssistantMqtt:
             elif kind in ("int", "float"):
                 number = float(value)
                 value = int(number) if kind == "int" and number.is_integer() else number
-            await self._controls.update({name: value})
+            await controls.update({name: value})
         except (ValueError, TypeError, UnicodeDecodeError) as exc:
             self.control_errors += 1
             log.warning("mqtt: camera control %s refused: %s", name, exc)
@@ -414,10 +434,10 @@ class HomeAssistantMqtt:
             log.exception("mqtt: camera control %s could not be applied", name)
         self._state_kick.set()  # publish the values (changed, or unchanged after a refusal)
 
-    async def _run_record(self) -> None:
+    async def _run_record(self, camera: str = "") -> None:
         assert self._record is not None
         try:
-            await self._record()
+            await (self._record(camera) if camera else self._record())
         except Exception as exc:
             log.warning("mqtt: the record button failed: %s", exc)
         self._state_kick.set()

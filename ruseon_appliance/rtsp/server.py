@@ -169,12 +169,14 @@ class RtspServer:
         buffer_limit: int = TCP_BUFFER_LIMIT,
         socket_send_buffer: int = SOCKET_SEND_BUFFER,
         session_timeout_s: float = SESSION_TIMEOUT_S,
+        default: str = "",
     ) -> None:
         if not sources:
             raise ValueError("an RTSP server needs at least one camera")
         self.config = config
         self.sources = {source.name: source for source in sources}
-        self.first = sources[0]
+        # What rtsp://HOST:PORT/ and /stream play: the default camera (the first by default).
+        self.default = self.sources.get(default) or sources[0]
         # Credentials: the appliance's (viewing open or not, the shared throttle), or a bare
         # token that every request but OPTIONS needs (tests, embedding).
         self.auth: RtspAuth | None = None
@@ -483,7 +485,7 @@ class RtspServer:
                 path = ""
         source = self.sources.get(path)
         if source is None and path in ("", "stream"):
-            source = self.first
+            source = self.default
         base = url.split("?", 1)[0]
         if track and base.rstrip("/").endswith("/" + TRACK_CONTROL):
             base = base.rstrip("/")[: -len(TRACK_CONTROL)]

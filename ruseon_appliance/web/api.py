@@ -5,26 +5,25 @@ from __future__ import annotations
 import dataclasses
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from ruseon_appliance import __version__, build_info
 from ruseon_appliance.access.policy import Role
+from ruseon_appliance.capture.liveness import stale_after_s
 from ruseon_appliance.web import metrics
 from ruseon_appliance.web.access import request_role
 from ruseon_appliance.web.problem import Problem
 from ruseon_appliance.web.snapshot import KeyframeSnapshot, SnapshotError
 
 if TYPE_CHECKING:
+    from prometheus_client.core import Metric
+
     from ruseon_appliance.capture.pipeline import CapturePipeline
     from ruseon_appliance.engine.engine import Engine
 
-# Frames are "flowing" when the newest arrived within this many frame intervals, and never less
-# than this many seconds (a 1 fps camera still counts as alive).
-STALL_FRAME_INTERVALS = 10
-STALL_MIN_S = 2.0
 
 
 def _jsonable(value: Any) -> Any:
@@ -87,9 +86,15 @@ class DeviceApi:
         self.max_viewers = max_viewers
         self.clock = clock
         # Other rooms' parts of the status document and the metrics (e.g. the relays), added by
-        # make_app: a section name -> its JSON data, and callables returning exposition text.
+        # make_app: a section name -> its JSON data, and functions yielding metric families.
         self.status_sections: dict[str, Callable[[], Any]] = {}
-        self.metrics_sections: list[Callable[[], str]] = []
+        self.metrics_sections: list[metrics.Section] = []
+        # This app's metrics: the core families and the sections (this object's collect()),
+        # the process collectors; more collectors (each yielding its families) may be
+        # registered, and families of one name are joined.
+        self.registry = metrics.MetricsRegistry()
+        self.registry.register(self)
+        metrics.process_collectors(self.registry)
         # ``() -> (how many, [(name, why down), ...])`` (web/cameras.py): /healthz then
         # reports which are down, 503 only when every one is (200 "degraded" otherwise).
         self.cameras_down: Callable[[], tuple[int, list[tuple[str, str]]]] | None = None
@@ -168,7 +173,7 @@ class DeviceApi:
         last = self.capture.last_frame_monotonic
         if last is None:
             return f"no frame from the {self.capture.source_kind} source yet"
-        limit = max(STALL_MIN_S, STALL_FRAME_INTERVALS / max(1, self.framerate))
+        limit = stale_after_s(self.framerate)
         age = time.monotonic() - last
         if age > limit:
             return f"no frame from the {self.capture.source_kind} source for {age:.1f} s"
@@ -194,17 +199,21 @@ class DeviceApi:
         """``GET /snapshot.jpg``: the newest keyframe as a JPEG."""
         return await snapshot_response(self.snapshot)
 
-    async def metrics(self, request: web.Request) -> web.Response:
-        """``GET /metrics`` in the Prometheus text format."""
-        body = metrics.render(
+    def collect(self) -> Iterator[Metric]:
+        """The core families and every section's, for :attr:`registry`."""
+        yield from metrics.core_families(
             self.web_metrics,
             sessions=list(self.engine.sessions.values()),
             engine_stats=self.engine.stats(),
             capture_stats=self.capture.stats(),
             http_errors=self.http_errors,
         )
-        body += "".join(section() for section in self.metrics_sections)
-        response = web.Response(body=body.encode())
+        for section in self.metrics_sections:
+            yield from section()
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        """``GET /metrics`` in the Prometheus text format."""
+        response = web.Response(body=self.registry.text().encode())
         response.headers["Content-Type"] = metrics.CONTENT_TYPE
         return response
 

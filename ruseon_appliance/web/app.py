@@ -10,7 +10,7 @@ not start with a route that is not there).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,9 +23,10 @@ from ruseon_appliance.cameras import Camera, CameraSet
 from ruseon_appliance.web.access import SessionResource, access_middleware, host_middleware
 from ruseon_appliance.web.api import DeviceApi
 from ruseon_appliance.web.cameras import CamerasResource
+from ruseon_appliance.web.controls import ControlsResource
 from ruseon_appliance.web.cors import cors_middleware
-from ruseon_appliance.web.hls import HlsResource
-from ruseon_appliance.web.metrics import Exposition, WebMetrics
+from ruseon_appliance.web.hls import HlsMetrics, HlsResource
+from ruseon_appliance.web.metrics import Families, WebMetrics
 from ruseon_appliance.web.problem import ERROR_COUNTS, MAX_BODY_BYTES, problem_middleware
 from ruseon_appliance.web.recordings import RecordingsResource
 from ruseon_appliance.web.relay import RelayResource
@@ -33,6 +34,8 @@ from ruseon_appliance.web.snapshot import KeyframeSnapshot
 from ruseon_appliance.web.whep import WhepResource
 
 if TYPE_CHECKING:
+    from prometheus_client.core import Metric
+
     from ruseon_appliance.capture.pipeline import CapturePipeline
     from ruseon_appliance.config import Config
     from ruseon_appliance.engine.engine import Engine
@@ -74,18 +77,17 @@ def make_app(
     hls: HlsStream | None = None,
     recorder: Recorder | None = None,
     cameras: CameraSet | None = None,
-    recorders: Mapping[str, Recorder] | None = None,
     credentials: Credentials | None = None,
 ) -> web.Application:
-    """The web application for one engine and one capture pipeline.
+    """The web application for one engine and the cameras.
 
     ``started`` is the service's start time (``time.monotonic()``), for ``/api/status``'s uptime;
-    ``relays`` get ``/relay/<name>.sdp`` and their part of the status and metrics; ``hls``, when
-    given, is served under ``/hls/``.
-    ``recorder`` adds the playback API and recording control (web/recordings.py).
-    ``recorders`` (by camera name, with several cameras) are chosen with ``?path=<camera>``.
-    ``cameras`` (default: ``capture`` alone) get ``/whep/<camera>``, ``/snapshot/<camera>.jpg``
-    and their part of status, metrics and health; ``capture`` is the first of them.
+    ``relays`` get ``/relay/<name>.sdp`` and their part of the status and metrics.
+    ``cameras`` get ``/whep/<camera>``, ``/snapshot/<camera>.jpg``, ``/hls/<camera>/`` (with an
+    HLS stream), ``/api/camera/<camera>/controls`` (with controls), the playback API's
+    ``?path=<camera>`` (with a recorder) and their part of status, metrics and health; the
+    unnamed routes serve the default camera, whose pipeline ``capture`` is. Without ``cameras``,
+    ``capture`` is the one camera, with ``hls`` and ``recorder`` as its parts (tests, bench).
     ``credentials`` (default: built from ``config.auth`` and ``config.state.dir``, generating the
     admin secret there on a first start) decide who may view and administer.
     """
@@ -119,50 +121,34 @@ def make_app(
     whep.add_routes(app)
     app[WHEP] = whep
 
+    if cameras is None:
+        alone = Camera(capture.camera, pipeline=capture)
+        alone.hls, alone.recorder = hls, recorder
+        cameras = CameraSet([alone])
+    default = cameras.default
     api = DeviceApi(
         engine,
-        capture,
+        default.pipeline,
         started=started,
-        framerate=config.camera.framerate,
+        framerate=default.config.framerate,
         web_metrics=web_metrics,
         http_errors=app[ERROR_COUNTS],
-        snapshot=KeyframeSnapshot(capture),
+        snapshot=KeyframeSnapshot(default.pipeline),
         max_viewers=config.webrtc.max_viewers,
     )
     api.add_routes(app)
     app[DEVICE_API] = api
-    if cameras is None:
-        cameras = CameraSet([Camera(capture.camera, pipeline=capture)])
     app[CAMERAS] = CamerasResource(cameras, engine, whep, api.snapshot)
     app[CAMERAS].add_routes(app, api)
 
     if relays:
-        relay_resource = RelayResource(relays, capture, captures={
-            r.name: (cameras.get(r.config.camera) or cameras.first).pipeline for r in relays})
+        relay_resource = RelayResource(relays, default.pipeline, captures={
+            r.name: (cameras.resolve(r.config.camera) or default).pipeline for r in relays})
         relay_resource.add_routes(app)
         api.status_sections["relays"] = relay_resource.status
         api.metrics_sections.append(relay_resource.metrics)
 
-    if hls is not None:
-        hls_resource = HlsResource(hls, token_required=not credentials.viewing_open)
-        hls_resource.add_routes(app)
-        api.status_sections["hls"] = hls_resource.status
-        api.metrics_sections.append(hls_resource.metrics_text)
-        app[HLS] = hls_resource
-
-    if recorder is not None:
-        recordings = RecordingsResource(
-            recorder, recorders=recorders, max_downloads=config.recording.max_downloads,
-            max_downloads_per_address=config.recording.max_downloads_per_address)
-        app.on_cleanup.append(recordings.close)
-        if recorders and len(recorders) > 1:
-            api.status_sections["recordings"] = lambda: {
-                name: r.stats() for name, r in recorders.items()}
-        recordings.add_routes(app)
-        api.status_sections["recording"] = recorder.stats
-        api.status_sections["clock"] = recorder.clock.describe
-        api.metrics_sections.append(recordings.metrics)
-
+    _add_camera_routes(app, api, config, cameras, credentials)
     api.status_sections["access"] = credentials.stats
     api.metrics_sections.append(lambda: access_metrics(credentials))
     app.router.add_get("/", _device_page)
@@ -170,24 +156,90 @@ def make_app(
     return app
 
 
-def access_metrics(credentials: Credentials) -> str:
+def _add_camera_routes(app: web.Application, api: DeviceApi, config: Config,
+                       cameras: CameraSet, credentials: Credentials) -> None:
+    """Every camera's HLS, controls and recordings routes; the default camera's also at the
+    unnamed paths (``/hls/``, ``/api/camera/controls``, the playback API without ``?path=``)."""
+    default = cameras.default
+    token_required = not credentials.viewing_open
+    hls_metrics = HlsMetrics()  # requests to every camera's HLS count together (board load)
+    for camera in cameras:
+        if camera.hls is None:
+            continue
+        prefixes = [f"/hls/{camera.name}/"] + (["/hls/"] if camera is default else [])
+        for prefix in prefixes:
+            resource = HlsResource(camera.hls, token_required=token_required, prefix=prefix,
+                                   metrics=hls_metrics)
+            resource.add_routes(app)
+            if prefix == "/hls/":
+                app[HLS] = resource
+    if HLS in app:
+        streams = {c.name: c.hls for c in cameras if c.hls is not None}
+        default_hls = app[HLS]
+        api.status_sections["hls"] = lambda: {
+            **default_hls.status(), "cameras": {n: s.stats() for n, s in streams.items()}}
+        api.metrics_sections.append(default_hls.metrics_families)
+    for camera in cameras:
+        if camera.controls is None:
+            continue
+        ControlsResource(camera.controls, path=f"/api/camera/{camera.name}/controls"
+                         ).add_routes(app)
+        if camera is default:
+            ControlsResource(camera.controls).add_routes(app)
+    recorders = {c.name: c.recorder for c in cameras if c.recorder is not None}
+    if default.recorder is not None:
+        recordings = RecordingsResource(
+            default.recorder, recorders=recorders, max_downloads=config.recording.max_downloads,
+            max_downloads_per_address=config.recording.max_downloads_per_address)
+        app.on_cleanup.append(recordings.close)
+        recordings.add_routes(app)
+        api.status_sections["recording"] = default.recorder.stats
+        api.status_sections["recordings"] = lambda: {
+            name: r.stats() for name, r in recorders.items()}
+        api.status_sections["clock"] = default.recorder.clock.describe
+        api.metrics_sections.append(recordings.metrics)
+    api.metrics_sections.append(lambda: camera_parts_metrics(cameras))
+
+
+def camera_parts_metrics(cameras: CameraSet) -> Iterator[Metric]:
+    """Every camera's recorder and HLS stream figures, labelled ``camera``
+    (``ruseon_camera_recording_*``, ``ruseon_camera_hls_*``); the unlabelled
+    ``ruseon_recording_*`` and ``ruseon_hls_stream_*`` are the default camera's, kept as
+    aliases for existing dashboards."""
+    out = Families()
+    for camera in cameras:
+        labels = {"camera": camera.name}
+        if camera.recorder is not None:
+            out.stats("ruseon_camera_recording", camera.recorder.stats(), "Recording by camera",
+                      labels)
+        if camera.hls is not None:
+            out.stats("ruseon_camera_hls", {k: v for k, v in camera.hls.stats().items()
+                                            if not k.startswith("blocking_")},
+                      "HLS live window by camera", labels)
+    return out.collect()
+
+
+def access_metrics(credentials: Credentials) -> Iterator[Metric]:
     """``ruseon_auth_*``: failed and throttled authentications by protocol, login sessions."""
-    out = Exposition()
+    out = Families()
     throttle = credentials.throttle
-    failures, throttled = throttle.failures, throttle.throttled
-    out.family("ruseon_auth_failures_total", "counter",
-               "Wrong credentials presented (HTTP Bearer/login, RTSP).",
-               [(f'protocol="{p}"', failures.get(p, 0)) for p in ("http", "rtsp")])
-    out.family("ruseon_auth_throttled_total", "counter",
-               "Requests refused (429) while their address waits after wrong credentials.",
-               [(f'protocol="{p}"', throttled.get(p, 0)) for p in ("http", "rtsp")])
-    out.family("ruseon_auth_addresses_waiting", "gauge",
-               "Client addresses that must wait before their next credential.",
-               [("", throttle.addresses_waiting())])
-    sessions = credentials.sessions.count()
-    out.family("ruseon_auth_sessions", "gauge", "Page login sessions by role.",
-               [(f'role="{r}"', sessions.get(r, 0)) for r in ("viewer", "admin")])
-    out.family("ruseon_auth_secret_rotations_total", "counter",
-               "Secret files that changed while running (their sessions ended).",
-               [("", credentials.rotations)])
-    return out.text()
+    failures = out.counter("ruseon_auth_failures_total",
+                           "Wrong credentials presented (HTTP Bearer/login, RTSP).", ["protocol"])
+    throttled = out.counter(
+        "ruseon_auth_throttled_total",
+        "Requests refused (429) while their address waits after wrong credentials.",
+        ["protocol"])
+    for protocol in ("http", "rtsp"):
+        failures.add_metric([protocol], throttle.failures.get(protocol, 0))
+        throttled.add_metric([protocol], throttle.throttled.get(protocol, 0))
+    out.gauge("ruseon_auth_addresses_waiting",
+              "Client addresses that must wait before their next credential.").add_metric(
+        [], throttle.addresses_waiting())
+    sessions = out.gauge("ruseon_auth_sessions", "Page login sessions by role.", ["role"])
+    count = credentials.sessions.count()
+    for role in ("viewer", "admin"):
+        sessions.add_metric([role], count.get(role, 0))
+    out.counter("ruseon_auth_secret_rotations_total",
+                "Secret files that changed while running (their sessions ended).").add_metric(
+        [], credentials.rotations)
+    return out.collect()

@@ -10,17 +10,34 @@ sees the name (sessions are mapped back to cameras by their ``feed``).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from ruseon_appliance.web.api import DeviceApi, snapshot_response
-from ruseon_appliance.web.metrics import Exposition
+from ruseon_appliance.web.metrics import Families
 from ruseon_appliance.web.problem import Problem
 from ruseon_appliance.web.snapshot import KeyframeSnapshot
 from ruseon_appliance.web.whep import ENDPOINT_METHODS, SDP, WhepResource
 
+# Per-camera families from each camera's status row: (name, help, row key); a name ending in
+# _total is a counter.
+_FIGURES = (
+    ("ruseon_camera_viewers", "Live WHEP viewers by camera.", "viewers"),
+    ("ruseon_camera_frames_captured_total", "Access units from the camera.", "frames_in"),
+    ("ruseon_camera_frames_dropped_total", "Access units dropped before the ring.",
+     "frames_dropped"),
+    ("ruseon_camera_fps", "Measured frame rate.", "fps"),
+    ("ruseon_camera_bitrate_bps", "Measured bit rate.", "bitrate"),
+    ("ruseon_camera_keyframe_age_seconds", "Age of the newest keyframe.", "keyframe_age_s"),
+    ("ruseon_camera_start_failures_total",
+     "Failed starts of the camera's source (each is retried).", "start_failures"),
+)
+
 if TYPE_CHECKING:
+    from prometheus_client.core import Metric
+
     from ruseon_appliance.cameras import Camera, CameraSet
     from ruseon_appliance.engine.engine import Engine
 
@@ -34,11 +51,11 @@ class CamerasResource:
         self.engine = engine
         self.whep = whep
         # The first camera's snapshot is the one /snapshot.jpg already caches.
-        self._snapshots = {cameras.first.name: default_snapshot}
+        self._snapshots = {cameras.default.name: default_snapshot}
         whep.camera_problem = self._problem_of
 
     def _problem_of(self, feed: object) -> str | None:
-        camera = self.cameras.first if feed is None else self.cameras.of_feed(feed)
+        camera = self.cameras.default if feed is None else self.cameras.of_feed(feed)
         return camera.problem() if camera is not None else None
 
     def add_routes(self, app: web.Application, api: DeviceApi) -> None:
@@ -116,30 +133,17 @@ class CamerasResource:
         return web.json_response({"cameras": self.status()},
                                  headers={"Cache-Control": "no-store"})
 
-    def metrics(self) -> str:
+    def metrics(self) -> Iterator[Metric]:
         """Per-camera families, labelled ``camera="<name>"``."""
-        rows = self.status()
-        out = Exposition()
-
-        def family(name: str, kind: str, help_text: str, key: str) -> None:
-            samples: list[tuple[str, float]] = []
-            for row in rows:
+        out = Families()
+        up = out.gauge("ruseon_camera_up", "1 while the camera delivers frames.", ["camera"])
+        figures = [(out.family(name, help_text, ["camera"]), key)
+                   for name, help_text, key in _FIGURES]
+        for row in self.status():
+            camera = str(row["name"])
+            up.add_metric([camera], int(bool(row["up"])))
+            for family, key in figures:
                 value = row[key]
                 if value is None or isinstance(value, int | float):
-                    samples.append((f'{{camera="{row["name"]}"}}', float(value or 0)))
-            out.family(name, kind, help_text, samples)
-
-        out.family("ruseon_camera_up", "gauge", "1 while the camera delivers frames.",
-                   [(f'{{camera="{row["name"]}"}}', int(bool(row["up"]))) for row in rows])
-        family("ruseon_camera_viewers", "gauge", "Live WHEP viewers by camera.", "viewers")
-        family("ruseon_camera_frames_captured_total", "counter",
-               "Access units from the camera.", "frames_in")
-        family("ruseon_camera_frames_dropped_total", "counter",
-               "Access units dropped before the ring.", "frames_dropped")
-        family("ruseon_camera_fps", "gauge", "Measured frame rate.", "fps")
-        family("ruseon_camera_bitrate_bps", "gauge", "Measured bit rate.", "bitrate")
-        family("ruseon_camera_keyframe_age_seconds", "gauge", "Age of the newest keyframe.",
-               "keyframe_age_s")
-        family("ruseon_camera_start_failures_total", "counter",
-               "Failed starts of the camera's source (each is retried).", "start_failures")
-        return out.text()
+                    family.add_metric([camera], float(value or 0))
+        return out.collect()

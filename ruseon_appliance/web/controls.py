@@ -32,7 +32,7 @@ class ControlsResource:
 
     def __init__(self, controls: CameraControls, *, path: str = PATH) -> None:
         self.controls = controls
-        # PATH is the first camera's; /api/camera/<name>/controls each camera's.
+        # PATH is the default camera's; /api/camera/<name>/controls each camera's.
         self.path = path
 
     def add_routes(self, app: web.Application) -> None:

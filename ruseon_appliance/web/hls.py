@@ -18,8 +18,8 @@ import math
 import re
 import time
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from aiohttp import web
@@ -27,8 +27,11 @@ from aiohttp import web
 from ruseon_appliance.hls import HlsStream, TooManyWaiting, render
 from ruseon_appliance.hls.window import Part
 from ruseon_appliance.web.access import bearer_token, request_address
-from ruseon_appliance.web.metrics import Exposition
+from ruseon_appliance.web.metrics import Families
 from ruseon_appliance.web.problem import Problem
+
+if TYPE_CHECKING:
+    from prometheus_client.core import Metric
 
 PLAYLIST_TYPE = "application/vnd.apple.mpegurl"
 MEDIA_TYPE = "video/mp4"
@@ -285,29 +288,32 @@ class HlsResource:
             "stream": self.stream.stats(),
         }
 
-    def metrics_text(self) -> str:
+    def metrics_families(self) -> Iterator[Metric]:
         """The HLS families for ``/metrics``."""
-        out = Exposition()
+        out = Families()
         stats = self.stream.stats()
-        out.family("ruseon_hls_clients", "gauge",
-                   f"Distinct HLS requesters in the last {CLIENT_WINDOW_S:.0f} s.",
-                   [("", self.metrics.clients())])
-        out.family("ruseon_hls_requests_total", "counter", "HLS requests, by kind.",
-                   [(f'{{kind="{k}"}}', self.metrics.requests[k]) for k in _KINDS])
-        out.family("ruseon_hls_request_rate", "gauge",
-                   f"HLS requests per second over the last {RATE_WINDOW_S} s, by kind.",
-                   [(f'{{kind="{k}"}}', v) for k, v in self.metrics.rates.rates().items()])
-        out.family("ruseon_hls_sent_bytes_total", "counter", "HLS response bytes.",
-                   [("", self.metrics.bytes_sent)])
-        out.family("ruseon_hls_blocking_outstanding", "gauge",
-                   "Blocking playlist reloads and hinted part requests being held.",
-                   [("", stats["blocking_waiting"])])
-        out.family("ruseon_hls_blocking_refused_total", "counter",
-                   "Blocking requests refused because too many were held.",
-                   [("", stats["blocking_refused"])])
-        out.family("ruseon_hls_blocking_timed_out_total", "counter",
-                   "Blocking requests that the live edge did not satisfy in time.",
-                   [("", stats["blocking_timed_out"])])
+        out.gauge("ruseon_hls_clients",
+                  f"Distinct HLS requesters in the last {CLIENT_WINDOW_S:.0f} s.").add_metric(
+            [], self.metrics.clients())
+        requests = out.counter("ruseon_hls_requests_total", "HLS requests, by kind.", ["kind"])
+        for kind in _KINDS:
+            requests.add_metric([kind], self.metrics.requests[kind])
+        rates = out.gauge("ruseon_hls_request_rate",
+                          f"HLS requests per second over the last {RATE_WINDOW_S} s, by kind.",
+                          ["kind"])
+        for kind, rate in self.metrics.rates.rates().items():
+            rates.add_metric([kind], rate)
+        out.counter("ruseon_hls_sent_bytes_total", "HLS response bytes.").add_metric(
+            [], self.metrics.bytes_sent)
+        out.gauge("ruseon_hls_blocking_outstanding",
+                  "Blocking playlist reloads and hinted part requests being held.").add_metric(
+            [], stats["blocking_waiting"])
+        out.counter("ruseon_hls_blocking_refused_total",
+                    "Blocking requests refused because too many were held.").add_metric(
+            [], stats["blocking_refused"])
+        out.counter("ruseon_hls_blocking_timed_out_total",
+                    "Blocking requests that the live edge did not satisfy in time.").add_metric(
+            [], stats["blocking_timed_out"])
         out.stats("ruseon_hls_stream", {k: v for k, v in stats.items()
                                         if not k.startswith("blocking_")}, "HLS live window")
-        return out.text()
+        return out.collect()

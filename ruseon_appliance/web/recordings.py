@@ -19,14 +19,17 @@ import datetime as dt
 import math
 import re
 import urllib.parse
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from ruseon_appliance.recording import ClipError, Recorder, plan_clip, rfc3339
-from ruseon_appliance.web.metrics import Exposition
+from ruseon_appliance.web.metrics import Families
 from ruseon_appliance.web.problem import Problem
+
+if TYPE_CHECKING:
+    from prometheus_client.core import Metric
 
 # Longest clip one request may ask for (a plan holds a small record per frame).
 MAX_CLIP_S = 3600.0
@@ -127,10 +130,10 @@ class RecordingsResource:
             del self._downloads[address]
 
     def _recorder(self, request: web.Request) -> Recorder:
-        """The recorder ``?path=`` names (several cameras), else the first camera's."""
+        """The recorder of the camera ``?path=`` names, else the default camera's."""
         _check_path(request)
         path = request.query.get("path")
-        if path is None or len(self.recorders) < 2:
+        if path is None:
             return self.recorder
         recorder = self.recorders.get(path)
         if recorder is None:
@@ -249,15 +252,15 @@ class RecordingsResource:
                      for s in result["kept"]],
         })
 
-    def metrics(self) -> str:
+    def metrics(self) -> Iterator[Metric]:
         """The recorder's numbers as ``ruseon_recording_*`` families for ``/metrics``."""
-        out = Exposition()
+        out = Families()
         out.stats("ruseon_recording", {**self.recorder.stats(),
                                        "downloads": sum(self._downloads.values()),
                                        "downloads_refused_total": self.downloads_refused},
                   "Recording")
         out.stats("ruseon_clock", self.recorder.clock.metrics(), "Wall clock")
-        return out.text()
+        return out.collect()
 
     async def status(self, request: web.Request) -> web.Response:
         """``GET /api/recording``."""

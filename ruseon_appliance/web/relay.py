@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from ruseon_appliance.relay import parameter_sets, relay_sdp
 from ruseon_appliance.relay.rtp_relay import RESOLVE_RETRY_S
-from ruseon_appliance.web.metrics import Exposition, metric_name
+from ruseon_appliance.web.metrics import Families, metric_name
 from ruseon_appliance.web.problem import Problem
 
 if TYPE_CHECKING:
+    from prometheus_client.core import Metric
+
     from ruseon_appliance.capture.pipeline import CapturePipeline
     from ruseon_appliance.relay import RtpRelay
 
@@ -71,16 +73,18 @@ class RelayResource:
         """Each relay's figures, for ``/api/status``."""
         return [relay.stats() for relay in self.relays.values()]
 
-    def metrics(self) -> str:
-        """Each relay's counters, labelled ``relay="<name>"``, as ``/metrics`` text."""
-        out = Exposition()
-        stats = self.status()
-        for key, suffix, help_text in _COUNTERS:
-            out.family(metric_name("ruseon_relay", suffix), "counter", help_text,
-                       [(f'{{relay="{s["name"]}"}}', s[key]) for s in stats])
-        errors = [(f'{{relay="{s["name"]}",kind="{kind}"}}', n)
-                  for s in stats for kind, n in sorted(s["errors"].items())]
-        out.family("ruseon_relay_errors_total", "counter", "Relay errors, by kind.", errors)
-        out.family("ruseon_relay_up", "gauge", "1 while the relay target accepts packets.",
-                   [(f'{{relay="{s["name"]}"}}', int(s["state"] == "sending")) for s in stats])
-        return out.text()
+    def metrics(self) -> Iterator[Metric]:
+        """Each relay's counters, labelled ``relay="<name>"``."""
+        out = Families()
+        counters = [(out.counter(metric_name("ruseon_relay", suffix), help_text, ["relay"]), key)
+                    for key, suffix, help_text in _COUNTERS]
+        errors = out.counter("ruseon_relay_errors_total", "Relay errors, by kind.",
+                             ["relay", "kind"])
+        up = out.gauge("ruseon_relay_up", "1 while the relay target accepts packets.", ["relay"])
+        for stats in self.status():
+            for family, key in counters:
+                family.add_metric([stats["name"]], stats[key])
+            for kind, n in sorted(stats["errors"].items()):
+                errors.add_metric([stats["name"], kind], n)
+            up.add_metric([stats["name"]], int(stats["state"] == "sending"))
+        return out.collect()

@@ -29,8 +29,8 @@ name = "gate"
 source = "rtsp://192.0.2.30:554/stream1"
 framerate = 15
 """), env={"RUSEON_CAMERA_BITRATE": "1000000"}, required=True)
-    front, gate = config.all_cameras
-    assert config.camera is front and config.cameras == (front, gate)
+    front, gate = config.cameras
+    assert config.default_camera is front and config.cameras == (front, gate)
     assert (front.name, front.sensor_index, front.source_kind, front.width) == (
         "front", 0, "picamera", 1920)
     assert (gate.name, gate.framerate, gate.width) == ("gate", 15, 1280)
@@ -44,7 +44,7 @@ def test_the_old_camera_section_is_one_camera_with_the_default_name(tmp_path: Pa
     config = load_config(write(tmp_path, '[camera]\nsource = "synthetic"\n'), env={},
                          required=True)
     assert DEFAULT_CAMERA_NAME == "cam"
-    assert [c.name for c in config.all_cameras] == ["cam"] and config.cameras == ()
+    assert [c.name for c in config.cameras] == ["cam"]  # a list of one
     assert "[[camera]]" not in to_toml(config)
 
 
@@ -53,7 +53,7 @@ def test_camera_flags_make_the_list_keeping_the_files_settings(tmp_path: Path) -
                            '[[camera]]\nname = "b"\nwidth = 320\nheight = 240\n')
     config = load_config(path, env={}, required=True, overrides={
         "cameras": {"flags": ["b=synthetic", "c=rpicam:1"]}})
-    assert [(c.name, c.source, c.width) for c in config.all_cameras] == [
+    assert [(c.name, c.source, c.width) for c in config.cameras] == [
         ("b", "synthetic", 320), ("c", "rpicam:1", 640)]  # a new name takes the first's settings
 
 

@@ -98,8 +98,8 @@ async def test_auto_on_a_pi_without_a_camera_says_so_and_picks_it_up(
         tmp_path: Path, on_a_pi: None) -> None:
     port = free_port()
     config = Config(
-        camera=CameraConfig(source="auto", rpicam_command="no-such-rpicam-vid", width=320,
-                            height=240, framerate=30, keyframe_interval=30),
+        cameras=(CameraConfig(source="auto", rpicam_command="no-such-rpicam-vid", width=320,
+                            height=240, framerate=30, keyframe_interval=30),),
         http=HttpConfig(listen=HostPort("127.0.0.1", port)),
         webrtc=WebRtcConfig(listen=HostPort("127.0.0.1", 0), advertise=("127.0.0.1",)),
         auth=AuthConfig(token=TOKEN),
@@ -122,12 +122,12 @@ async def test_auto_on_a_pi_without_a_camera_says_so_and_picks_it_up(
             assert row["kind"] == "auto" and row["frames_in"] == 0  # never the test picture
             # Home Assistant's problem sensor turns on; the watchdog is still fed.
             deadline = time.monotonic() + 30
-            while not app.stall_watcher.stalled:
+            while not app.cameras.default.stall_watcher.stalled:
                 assert time.monotonic() < deadline, "the stall sensor never turned on"
                 await asyncio.sleep(0.1)
             assert app._sensor_state()["stalled"] is True
             assert app.cameras.stuck() == []
-            failures = app.cameras.first.start_failures
+            failures = app.cameras.default.start_failures
 
             # A viewer is refused with the reason (the page shows it and retries).
             offer = await viewer.offer()
@@ -138,7 +138,7 @@ async def test_auto_on_a_pi_without_a_camera_says_so_and_picks_it_up(
                 detail = (await response.json(content_type=None))["detail"]
             assert "no camera detected" in detail, detail
             await asyncio.sleep(1.0)  # a few more probes fail
-            assert app.cameras.first.start_failures > failures
+            assert app.cameras.default.start_failures > failures
             # The ribbon cable is pushed in: the next probe finds the camera.
             stand_in.Picamera2.unplugged = False
             async with http.post(f"{base}/whep", data=offer, headers={
@@ -155,7 +155,7 @@ async def test_auto_on_a_pi_without_a_camera_says_so_and_picks_it_up(
             async with http.get(f"{base}/healthz") as response:
                 assert response.status == 200, await response.text()
             deadline = time.monotonic() + 30
-            while app.stall_watcher.stalled:
+            while app.cameras.default.stall_watcher.stalled:
                 assert time.monotonic() < deadline, "the stall sensor never turned off"
                 await asyncio.sleep(0.1)
     finally:

@@ -120,6 +120,47 @@ def test_nal_types_of_a_real_libx264_keyframe() -> None:
     assert receive_tap.NAL_IDR not in receive_tap.nal_types(bytes(packets[1]))
 
 
+def test_first_rtp_nal_tells_a_lost_start_from_a_whole_one() -> None:
+    sps, pps, idr = bytes([0x67, 0x42]), bytes([0x68, 0xCE]), bytes([0x65, 0x88, 0x84])
+    stap_a = bytes([0x78]) + len(sps).to_bytes(2, "big") + sps + len(pps).to_bytes(2, "big") + pps
+    assert receive_tap.first_nal_type(stap_a) == receive_tap.NAL_SPS
+    assert receive_tap.first_nal_type(sps) == receive_tap.NAL_SPS
+    fu_start = bytes([0x7C, 0x80 | 5]) + idr[1:]
+    fu_middle = bytes([0x7C, 5]) + idr[1:]
+    assert receive_tap.first_nal_type(fu_start) == receive_tap.NAL_IDR
+    assert receive_tap.first_nal_type(fu_middle) == -1
+    assert receive_tap.first_nal_type(b"") == -1
+    whole, lost = receive_tap.TapFigures(), receive_tap.TapFigures()
+    whole.first_rtp_nal = receive_tap.first_nal_type(stap_a)
+    lost.first_rtp_nal = receive_tap.first_nal_type(fu_middle)
+    assert not whole.start_lost and lost.start_lost
+    assert not receive_tap.TapFigures().start_lost  # nothing received: nothing to say
+
+
+def test_access_units_before_the_first_keyframe_are_dropped_and_a_keyframe_asked_for() -> None:
+    """As a browser's frame buffer: what cannot decode before a keyframe is not decoded (no
+    decode errors for it), one keyframe request is made, and decoding starts at the IDR."""
+    codec = av.CodecContext.create("libx264", "w")
+    codec.width, codec.height, codec.pix_fmt = 64, 64, "yuv420p"
+    codec.options = {"x264-params": "repeat-headers=1:keyint=4:min-keyint=4:scenecut=0",
+                     "tune": "zerolatency"}
+    units = [bytes(p) for i in range(8) for p in codec.encode(_frame(i))]
+    units += [bytes(p) for p in codec.encode(None)]
+    # A stream whose first GOP's start was lost: two P pictures, then the next GOP.
+    fed = units[2:4] + units[4:8]
+    assert receive_tap.NAL_IDR not in receive_tap.nal_types(fed[0])
+    asked: list[int] = []
+    figures = receive_tap.TapFigures()
+    decoder = receive_tap.FrameDecoder(figures, lambda: asked.append(1), read=lambda p: None)
+    for unit in fed:
+        decoder.feed(unit)
+    decoder.close()
+    assert figures.aus_before_keyframe == 2 and asked == [1]
+    assert figures.decode_errors == 0
+    assert receive_tap.NAL_IDR in figures.first_decoded_au_nals
+    assert len(figures.frames) >= 1
+
+
 def _frame(i: int) -> av.VideoFrame:
     frame = av.VideoFrame(64, 64, "yuv420p")
     for plane in frame.planes:

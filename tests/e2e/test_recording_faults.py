@@ -27,6 +27,7 @@ from typing import Any
 import aioice.ice
 import pytest
 
+from ruseon_appliance.cameras.layout import camera_dir
 from tests.e2e.whep_viewer import watch
 from tests.segmenter.stream import ffmpeg_errors, probe_frames
 from tests.tooling import free_port, require_root, require_tool
@@ -132,18 +133,19 @@ def digest(path: Path) -> str:
 def test_kill_9_mid_segment_keeps_closed_segments_and_repairs_the_open_one(
         tmp_path: Path) -> None:
     record_dir = tmp_path / "rec"
+    segments = camera_dir(record_dir, "cam")  # the one camera's folder, as every camera's
     # 4 s segments: the open one gets its first batch (2 s flush interval) well before it ends.
     serve = Serve(tmp_path, record_dir, RUSEON_RECORDING_SEGMENT_S="4")
     serve.start()
     try:
         serve.wait("two closed segments and data in the open one",
                    lambda s: s["segments_closed_total"] >= 2
-                   and any(record_dir.glob("*.mp4.part"))
-                   and all(p.stat().st_size > 2000 for p in record_dir.glob("*.mp4.part")))
+                   and any(segments.glob("*.mp4.part"))
+                   and all(p.stat().st_size > 2000 for p in segments.glob("*.mp4.part")))
     finally:
         serve.stop(signal.SIGKILL)
-    closed = {p.name: digest(p) for p in record_dir.glob("*.mp4")}
-    parts = list(record_dir.glob("*.mp4.part"))
+    closed = {p.name: digest(p) for p in segments.glob("*.mp4")}
+    parts = list(segments.glob("*.mp4.part"))
     assert len(closed) >= 2 and len(parts) == 1
     with serving(tmp_path, record_dir) as again:
         state = again.json("/api/recording")
@@ -152,7 +154,7 @@ def test_kill_9_mid_segment_keeps_closed_segments_and_repairs_the_open_one(
                    for line in again.output)
         # Closed segments were not touched, and each one is listed and clip-able.
         for name, sha in closed.items():
-            assert digest(record_dir / name) == sha, name
+            assert digest(segments / name) == sha, name
         ranges = again.json("/recordings/list")
         for name in sorted(closed):
             stamp = name.removesuffix(".mp4")
@@ -169,7 +171,7 @@ def test_kill_9_mid_segment_keeps_closed_segments_and_repairs_the_open_one(
             assert ffmpeg_errors(clip) == ""
             frames = probe_frames(clip)
             assert frames[0][0] and len(frames) >= 30
-        repaired = record_dir / (parts[0].name.removesuffix(".part"))
+        repaired = segments / (parts[0].name.removesuffix(".part"))
         if state["segments_repaired_total"]:
             assert repaired.exists() and ffmpeg_errors(repaired) == ""
 
@@ -199,8 +201,8 @@ def test_a_full_disk_stops_recording_clearly_live_continues_and_recording_resume
             assert (width, height) == (320, 240)
             assert serve.get("/healthz")[0] == 200
             # What was written before the disk filled is closed and valid.
-            closed = sorted(small.glob("*.mp4"))
-            assert closed and not list(small.glob("*.mp4.part"))
+            closed = sorted(camera_dir(small, "cam").glob("*.mp4"))
+            assert closed and not list(camera_dir(small, "cam").glob("*.mp4.part"))
             for f in closed:
                 assert ffmpeg_errors(f) == ""
             # Make room: recording comes back by itself.

@@ -55,9 +55,9 @@ def in_janus_netns(request: pytest.FixtureRequest) -> bool:
 
 def appliance_config(tmp_path: Path, relays: tuple[RelayConfig, ...]) -> Config:
     return Config(
-        camera=CameraConfig(source="synthetic", width=320, height=240, framerate=FPS,
+        cameras=(CameraConfig(source="synthetic", width=320, height=240, framerate=FPS,
                             bitrate=300_000, keyframe_interval=GOP,
-                            keyframe_request_interval_ms=300),
+                            keyframe_request_interval_ms=300),),
         http=HttpConfig(listen=HostPort("127.0.0.1", free_port())),
         webrtc=WebRtcConfig(listen=HostPort("127.0.0.1", 0), advertise=("127.0.0.1",)),
         state=StateConfig(dir=str(tmp_path / "state")),

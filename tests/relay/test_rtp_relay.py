@@ -232,7 +232,7 @@ async def test_appliance_serves_the_relay_sdp_status_and_metrics(tmp_path: Path,
     rtp_port = free_port(kind=socket.SOCK_DGRAM)
     http_port = free_port()
     config = Config(
-        camera=camera(),
+        cameras=(camera(),),
         http=HttpConfig(listen=HostPort("127.0.0.1", http_port)),
         webrtc=WebRtcConfig(listen=HostPort("127.0.0.1", 0), advertise=("127.0.0.1",),
                             send_path=send_path),
@@ -328,7 +328,7 @@ async def test_the_sdp_of_a_relay_whose_name_does_not_resolve_yet_is_503_not_500
         tmp_path: Path) -> None:
     http_port = free_port()
     config = Config(
-        camera=camera(),
+        cameras=(camera(),),
         http=HttpConfig(listen=HostPort("127.0.0.1", http_port)),
         webrtc=WebRtcConfig(listen=HostPort("127.0.0.1", 0), advertise=("127.0.0.1",)),
         state=StateConfig(dir=str(tmp_path / "state")),

@@ -97,7 +97,7 @@ async def test_a_file_source_joins_with_the_gop_so_far_not_a_still_picture(
     data = Path(__file__).resolve().parents[1] / "capture" / "data" / "cam_320x240_baseline.h264"
     rtsp_port = free_port()
     config = Config(
-        camera=camera(source=f"file:{data}"),
+        cameras=(camera(source=f"file:{data}"),),
         http=HttpConfig(listen=HostPort("127.0.0.1", free_port())),
         webrtc=WebRtcConfig(listen=HostPort("127.0.0.1", 0), advertise=("127.0.0.1",)),
         state=StateConfig(dir=str(tmp_path / "state")),
@@ -126,7 +126,7 @@ async def test_a_file_source_joins_with_the_gop_so_far_not_a_still_picture(
 
 async def test_rtsp_is_off_unless_enabled(tmp_path: Path) -> None:
     config = Config(
-        camera=camera(),
+        cameras=(camera(),),
         http=HttpConfig(listen=HostPort("127.0.0.1", free_port())),
         webrtc=WebRtcConfig(listen=HostPort("127.0.0.1", 0), advertise=("127.0.0.1",)),
         state=StateConfig(dir=str(tmp_path / "state")),

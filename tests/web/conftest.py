@@ -40,13 +40,17 @@ def web_config(**sections: dict[str, Any]) -> Config:
     admin secret; ``sections`` override fields."""
     config = Config(
         auth=AuthConfig(token=ADMIN_SECRET),
-        camera=CameraConfig(
+        cameras=(CameraConfig(
             source="synthetic", width=SOURCE_WIDTH, height=SOURCE_HEIGHT, framerate=SOURCE_FPS,
             keyframe_interval=30,
-        ),
+        ),),
         webrtc=WebRtcConfig(listen=HostPort("127.0.0.1", 0), advertise=("127.0.0.1",)),
     )
     for name, values in sections.items():
+        if name == "camera":  # the one camera's settings
+            config = dataclasses.replace(
+                config, cameras=(dataclasses.replace(config.cameras[0], **values),))
+            continue
         config = dataclasses.replace(
             config, **{name: dataclasses.replace(getattr(config, name), **values)}
         )
@@ -64,7 +68,7 @@ async def running_engine(
     config: Config, tmp_path: Path
 ) -> AsyncIterator[tuple[CapturePipeline, Engine]]:
     """Capture (first frame seen) and the engine, started; stopped on exit."""
-    capture = CapturePipeline(config.camera)
+    capture = CapturePipeline(config.default_camera)
     await capture.start()
     engine = Engine(config.webrtc, tmp_path, capture)
     try:

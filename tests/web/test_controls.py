@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 
 from ruseon_appliance.app import Appliance
-from ruseon_appliance.capture.controls import CONTROLS_FILE
+from ruseon_appliance.cameras.layout import camera_dir
+from ruseon_appliance.capture.controls import CONTROLS_FILE, CameraControls
 from ruseon_appliance.capture.stamp import read_stamp
 from ruseon_appliance.config import (
     AuthConfig,
@@ -45,10 +46,22 @@ ORIENTATIONS = {
 }
 
 
+def controls_of(appliance: Appliance) -> CameraControls:
+    """The default camera's controls (what /api/camera/controls changes)."""
+    controls = appliance.cameras.default.controls
+    assert controls is not None
+    return controls
+
+
+def controls_file(config: Config) -> Path:
+    """Where the default camera saves its controls: its own folder, as every camera's."""
+    return camera_dir(Path(config.state.dir), config.cameras[0].name) / CONTROLS_FILE
+
+
 def config_for(tmp_path: Path) -> Config:
     return dataclasses.replace(
         Config(),
-        camera=CameraConfig(source="synthetic", width=320, height=240, keyframe_interval=30),
+        cameras=(CameraConfig(source="synthetic", width=320, height=240, keyframe_interval=30),),
         http=HttpConfig(listen=HostPort("127.0.0.1", free_port())),
         webrtc=WebRtcConfig(listen=HostPort("127.0.0.1", 0), advertise=("127.0.0.1",)),
         auth=AuthConfig(token=TOKEN),
@@ -145,7 +158,7 @@ async def test_picture_follows_the_controls_and_survives_a_restart(tmp_path: Pat
         await patch(http, url, {"hflip": None})  # back to the config's value
         assert {o for o, _ in await pictures_after(appliance, now_us())} == {"vflip"}
 
-    saved = Path(config.state.dir) / CONTROLS_FILE
+    saved = controls_file(config)
     assert saved.stat().st_mode & 0o777 == 0o600
     async with appliance_at(config) as (appliance, http, url):
         async with http.get(url, headers=AUTH) as resp:
@@ -182,8 +195,8 @@ async def test_bad_changes_are_422_and_change_nothing(tmp_path: Path, body: Any,
             data = await patch(http, url, body, status=status)
         for word in words:
             assert word in data["detail"], data
-        assert appliance.controls.values["brightness"] == 0.0
-        assert not (Path(appliance.config.state.dir) / CONTROLS_FILE).exists()
+        assert controls_of(appliance).values["brightness"] == 0.0
+        assert not (controls_file(appliance.config)).exists()
 
 
 async def test_numbers_json_can_spell_are_422_not_500(tmp_path: Path) -> None:
@@ -204,8 +217,8 @@ async def test_numbers_json_can_spell_are_422_not_500(tmp_path: Path) -> None:
                 data = await resp.json(content_type=None)
                 assert resp.status == 422, (body, data)
             assert name in data["detail"], data
-        assert appliance.controls.values["brightness"] == 0.0
-        assert not (Path(appliance.config.state.dir) / CONTROLS_FILE).exists()
+        assert controls_of(appliance).values["brightness"] == 0.0
+        assert not (controls_file(appliance.config)).exists()
 
 
 async def test_a_bad_saved_file_does_not_stop_start_up(tmp_path: Path) -> None:
@@ -213,15 +226,14 @@ async def test_a_bad_saved_file_does_not_stop_start_up(tmp_path: Path) -> None:
     from a crash with loose permissions), the appliance starts on the config's values and the
     next save is 0600."""
     config = config_for(tmp_path)
-    state = Path(config.state.dir)
-    state.mkdir(parents=True, exist_ok=True)
-    saved = state / CONTROLS_FILE
+    saved = controls_file(config)
+    saved.parent.mkdir(parents=True, exist_ok=True)
     for text in ('{"values": {"brightness": 0.', '[1, 2]', '{"values": 7}',
                  '{"values": {"brightness": 9, "zoom": 1, "hflip": 1, "framerate": NaN}}'):
         saved.write_text(text)
         async with appliance_at(config) as (appliance, http, url):
-            assert appliance.controls.values["brightness"] == 0.0, text
-            assert appliance.controls.values["hflip"] is False
+            assert controls_of(appliance).values["brightness"] == 0.0, text
+            assert controls_of(appliance).values["hflip"] is False
     leftover = saved.with_suffix(".tmp")
     leftover.write_text("{}")
     leftover.chmod(0o644)
@@ -242,7 +254,8 @@ async def test_a_camera_that_fails_to_apply_is_503_not_500(
             data = await resp.json(content_type=None)
             assert resp.status == 503, data
         assert "framerate" in data["detail"] and "sensor did not come back" in data["detail"]
-        assert appliance.controls.values["framerate"] == appliance.config.camera.framerate
+        framerate = appliance.config.default_camera.framerate
+        assert controls_of(appliance).values["framerate"] == framerate
 
 
 async def test_restart_requiring_control_keeps_the_viewer_playing(tmp_path: Path) -> None:
@@ -273,7 +286,7 @@ async def test_restart_requiring_control_keeps_the_viewer_playing(tmp_path: Path
             assert data["restarted"] is True
             # New viewers' frame timing follows the stream; the config stays the default.
             assert appliance.capture.camera.framerate == 15
-            assert appliance.config.camera.framerate == 30
+            assert appliance.config.default_camera.framerate == 30
             # The same session goes on decoding pictures, and they come from the restarted
             # encoder (its frame numbers start again from 0).
             after = await stamped_frames_after(now_us(), 20)
@@ -292,11 +305,11 @@ async def test_a_value_the_camera_refuses_is_422_and_the_old_values_run(
     from tests.capture.test_sources import fake_rpicam_camera
 
     camera = fake_rpicam_camera(tmp_path, monkeypatch, FAKE_RPICAM_REJECT="--width=1280")
-    config = dataclasses.replace(config_for(tmp_path), camera=camera)
+    config = dataclasses.replace(config_for(tmp_path), cameras=(camera,))
     async with appliance_at(config) as (appliance, http, url):
         await patch(http, url, {"bitrate": 400_000})
-        await appliance.controls.flush()
-        saved = Path(config.state.dir) / CONTROLS_FILE
+        await controls_of(appliance).flush()
+        saved = controls_file(config)
         before = saved.read_bytes()
         data = await patch(http, url, {"resolution": "1280x720"}, status=422)
         assert "resolution='1280x720'" in data["detail"], data
@@ -314,7 +327,7 @@ async def test_a_value_the_camera_refuses_is_422_and_the_old_values_run(
         finally:
             reader.close()
         assert appliance.capture.frames_out > frames
-        await appliance.controls.flush()
+        await controls_of(appliance).flush()
         assert saved.read_bytes() == before
 
 
@@ -365,7 +378,7 @@ async def test_a_slow_fsync_does_not_stall_the_video(
                 for n in range(12):
                     await patch(http, url, {"brightness": round(0.05 * (n + 1), 2)})
                     await asyncio.sleep(0.1)
-                await appliance.controls.flush()
+                await controls_of(appliance).flush()
                 busy_to = len(arrivals)
             finally:
                 watcher.cancel()
@@ -379,7 +392,7 @@ async def test_a_slow_fsync_does_not_stall_the_video(
             assert busy <= quiet + 2, (quiet, busy)
             assert busy_to - busy_from > 30  # pictures kept coming
             assert 1 <= len(fsyncs) < 12  # written off the loop, overtaken writes never made
-            saved = json.loads((Path(appliance.config.state.dir) / CONTROLS_FILE).read_text())
+            saved = json.loads((controls_file(appliance.config)).read_text())
             assert saved["values"] == {"brightness": 0.6}
         finally:
             await viewer.close()
@@ -390,9 +403,9 @@ async def test_auto_has_the_chosen_sources_controls_and_keeps_them(tmp_path: Pat
     all: they were read from the source before it had found a camera. Now they are the chosen
     source's (here the synthetic camera: this is not a Pi), PATCH works, and the saved values
     are applied to the source auto chooses after a restart."""
-    config = dataclasses.replace(config_for(tmp_path), camera=CameraConfig(
+    config = dataclasses.replace(config_for(tmp_path), cameras=(CameraConfig(
         source="auto", rpicam_command="no-such-rpicam-vid", width=320, height=240,
-        keyframe_interval=30))
+        keyframe_interval=30),))
     async with appliance_at(config) as (appliance, http, url):
         async with http.get(url, headers=AUTH) as resp:
             described = await resp.json()
@@ -400,7 +413,7 @@ async def test_auto_has_the_chosen_sources_controls_and_keeps_them(tmp_path: Pat
         assert described["controls"]["brightness"]["value"] == 0.0
         await patch(http, url, {"brightness": 0.5, "hflip": True})
         assert {o for o, _ in await pictures_after(appliance, now_us())} == {"hflip"}
-    saved = json.loads((Path(config.state.dir) / CONTROLS_FILE).read_text())
+    saved = json.loads((controls_file(config)).read_text())
     assert saved["values"] == {"brightness": 0.5, "hflip": True}
     async with appliance_at(config) as (appliance, http, url):
         async with http.get(url, headers=AUTH) as resp:

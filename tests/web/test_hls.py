@@ -40,8 +40,8 @@ async def hls_device(config: Config, tmp_path: Path, *, max_waiting: int = 1000,
     only when the test says so)."""
     async with running_engine(config, tmp_path) as (capture, engine):
         ring = RingBuffer(256 * 1024, 64) if fed_by_hand else capture.ring
-        stream = HlsStream(ring, framerate=config.camera.framerate,
-                           keyframe_interval=config.camera.keyframe_interval,
+        stream = HlsStream(ring, framerate=config.default_camera.framerate,
+                           keyframe_interval=config.default_camera.keyframe_interval,
                            part_target_s=0.25, window_s=6.0, max_waiting=max_waiting)
         try:
             await stream.start()

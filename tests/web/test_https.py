@@ -41,8 +41,8 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 def config_at(state: Path) -> Config:
     return Config(
-        camera=CameraConfig(source="synthetic", width=160, height=96, framerate=30,
-                            keyframe_interval=30, bitrate=200_000),
+        cameras=(CameraConfig(source="synthetic", width=160, height=96, framerate=30,
+                            keyframe_interval=30, bitrate=200_000),),
         http=HttpConfig(listen=HostPort("127.0.0.1", free_port()), tls="self-signed"),
         webrtc=WebRtcConfig(listen=HostPort("127.0.0.1", 0), advertise=("127.0.0.1",)),
         auth=AuthConfig(token=TOKEN),

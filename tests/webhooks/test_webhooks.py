@@ -106,7 +106,7 @@ async def serve(handler: Any, tls: ssl.SSLContext | None = None) -> AsyncIterato
 def appliance_config(tmp_path: Path, *hooks: WebhookConfig) -> Config:
     return dataclasses.replace(
         Config(),
-        camera=CameraConfig(source="synthetic", width=320, height=240, keyframe_interval=30),
+        cameras=(CameraConfig(source="synthetic", width=320, height=240, keyframe_interval=30),),
         http=HttpConfig(listen=HostPort("127.0.0.1", free_port())),
         webrtc=WebRtcConfig(listen=HostPort("127.0.0.1", 0), advertise=("127.0.0.1",)),
         state=StateConfig(dir=str(tmp_path / "state")),
@@ -153,7 +153,9 @@ async def test_events_arrive_signed_after_retries(tmp_path: Path,
             await appliance.capture.start()
             await receiver.wait_for(lambda: "camera_recovered" in receiver.names(), "recovery")
             # A recording starts (as the API or the MQTT button would start it).
-            appliance.recorder.begin()
+            recorder = appliance.cameras.default.recorder
+            assert recorder is not None
+            recorder.begin()
             await receiver.wait_for(lambda: "recording_started" in receiver.names(), "record")
 
             by_name = {event["event"]: event for event, _ in receiver.accepted}
@@ -162,6 +164,9 @@ async def test_events_arrive_signed_after_retries(tmp_path: Path,
             assert by_name["viewer_left"]["reason"] == "delete"
             assert len(by_name["viewer_joined"]["session"]) == 8  # never the full session id
             assert by_name["camera_stalled"]["source"] == "synthetic"
+            # Every camera's events name it, the one camera's too.
+            assert by_name["camera_stalled"]["camera"] == appliance.cameras.default.name
+            assert by_name["recording_started"]["camera"] == appliance.cameras.default.name
             assert all(signed for _, signed in receiver.accepted)
             # Every delivery failed once and was retried once.
             assert all(n == 2 for n in receiver.attempts.values()), receiver.attempts
