@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from ruseon_appliance.cameras.layout import camera_dir
 from tests.e2e.test_recording_faults import Serve
 from tests.segmenter.stream import ffmpeg_errors, probe_frames
 from tests.tooling import require_tool
@@ -119,8 +120,13 @@ def _tools() -> None:
     require_tool("ffmpeg", "apt-get install ffmpeg")
 
 
+def _segments_dir(tmp: Path) -> Path:
+    """The one camera's folder in the archive (every camera records into its own)."""
+    return camera_dir(tmp / "rec", "cam")
+
+
 def _closed_files(tmp: Path) -> list[Path]:
-    return sorted((tmp / "rec").glob("*.mp4"))
+    return sorted(_segments_dir(tmp).glob("*.mp4"))
 
 
 def test_clock_400_days_behind_then_set(tmp_path: Path) -> None:
@@ -163,7 +169,7 @@ def test_clock_400_days_behind_then_set(tmp_path: Path) -> None:
         assert sum("clock stepped by +400 d" in line for line in steps) == 1, steps
     finally:
         serve.stop()
-    assert not list((tmp_path / "rec").glob("*~uncertain*")), _closed_files(tmp_path)
+    assert not list(_segments_dir(tmp_path).glob("*~uncertain*")), _closed_files(tmp_path)
 
 
 def test_power_cut_with_the_clock_behind_the_archive(tmp_path: Path) -> None:
