@@ -366,12 +366,12 @@ class Appliance:
         # the unnamed topics and ids (as its routes do), the others are named after them.
         default = self.cameras.default
         named = [c for c in self.cameras if c is not default]
-        from .motion.controls import WithMotionControls
 
         def controls_of(camera: Camera) -> Any:
             """The camera's controls, with motion on/off and sensitivity when it detects."""
             if camera.motion is None:
                 return camera.controls
+            from .motion.controls import WithMotionControls  # numpy: only with motion on
             return WithMotionControls(camera.controls, camera.motion,
                                       camera.config.motion_sensitivity)
 
