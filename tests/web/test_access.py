@@ -33,6 +33,7 @@ from ruseon_appliance.config import (
     HlsConfig,
     HostPort,
     HttpConfig,
+    OnvifConfig,
     RecordingConfig,
     RelayConfig,
     StateConfig,
@@ -58,8 +59,9 @@ def free_port() -> int:
 @contextlib.asynccontextmanager
 async def full_appliance(tmp_path: Path, viewing: str, *, token: str = ADMIN_SECRET
                          ) -> AsyncIterator[tuple[Appliance, str]]:
-    """An in-process appliance with every room that adds routes: two cameras, HLS, continuous
-    recording, a relay (to a local UDP socket nobody reads) and the RTSP server."""
+    """An in-process appliance with every room that adds routes: two cameras (with motion
+    detection, the default), HLS, continuous recording, a relay (to a local UDP socket nobody
+    reads) and the ONVIF device (no discovery: no multicast here)."""
     sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sink.bind(("127.0.0.1", 0))
     common: dict[str, Any] = {"source": "synthetic", "width": 160, "height": 96,
@@ -75,6 +77,7 @@ async def full_appliance(tmp_path: Path, viewing: str, *, token: str = ADMIN_SEC
         recording=RecordingConfig(continuous=True, segment_s=2),
         relay=(RelayConfig(name="janus", url=f"rtp://127.0.0.1:{sink.getsockname()[1]}",
                            srtp_key="A" * 40),),
+        onvif=OnvifConfig(enable=True, discovery=False),
     )
     app = Appliance(config)
     await app.start()
@@ -128,7 +131,8 @@ async def test_every_route_by_credential_and_host(tmp_path: Path, viewing: str) 
         # Every room that adds routes is there, and every route has a level.
         patterns = {p for _, p in routes}
         for needed in ("/api/camera/front/controls", "/relay/{name}.sdp", "/recordings",
-                       "/hls/side/index.m3u8", "/whep/{camera}", "/api/session", "/metrics"):
+                       "/hls/side/index.m3u8", "/whep/{camera}", "/api/session", "/metrics",
+                       "/onvif/device_service", "/api/events", "/api/camera/side/motion"):
             assert needed in patterns, needed
         assert all(classify(m, p) is not None for m, p in routes)
         checked = 0
