@@ -36,6 +36,9 @@ STEP_THRESHOLD_US = 1_000_000
 # to OFFSET_READS times, and the closest is taken).
 OFFSET_SPREAD_NS = 5_000_000
 OFFSET_READS = 5
+# A step is believed when this many reads in a row agree on it (a clock that was set stays set;
+# a lone read off by more than the threshold is a glitch: a time shim or a hypervisor hiccup).
+STEP_CONFIRM_READS = 2
 # A step is seen within about a second of when it happened (the recorder looks at every
 # fragment, the housekeeping every second).
 EPOCH_SLACK_US = 2_000_000
@@ -128,7 +131,7 @@ class WallClock:
                  threshold_us: int = STEP_THRESHOLD_US) -> None:
         self.sync_file = sync_file
         self.threshold_us = threshold_us
-        self._offset = self.offset_us()
+        self._offset = self._settled_offset()
         # (monotonic µs from which, offset) for the last few steps: a frame captured before a
         # step but handled after it carries a wall time of the old clock.
         self._epochs: list[tuple[int, int]] = [(0, self._offset)]
@@ -160,6 +163,16 @@ class WallClock:
                 best = (spread, offset)
         assert best is not None
         return best[1]
+
+    @classmethod
+    def _settled_offset(cls) -> int:
+        """The median of three reads: the start-up offset does not rest on a single read."""
+        return sorted(cls.offset_us() for _ in range(3))[1]
+
+    def _confirmed(self, offset: int) -> bool:
+        """Whether reads taken right after agree with ``offset`` (within the threshold)."""
+        return all(abs(self.offset_us() - offset) <= self.threshold_us
+                   for _ in range(STEP_CONFIRM_READS))
 
     @property
     def epoch_offset_us(self) -> int:
@@ -218,6 +231,10 @@ class WallClock:
                 if delta:
                     self._offset = offset  # follow slewing, so it never adds up to a "step"
                     self._epochs[-1] = (self._epochs[-1][0], offset)
+                return None
+            if not self._confirmed(offset):
+                # The reads disagree: not a step (a step that did happen is seen at the next
+                # look, when they agree).
                 return None
             self._offset = offset
             step = ClockStep(delta, monotonic_us(), offset + monotonic_us())

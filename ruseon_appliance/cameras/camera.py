@@ -161,7 +161,7 @@ class Camera:
                 await watcher.stop()
 
     async def _try_start(self) -> bool:
-        self._busy_since = self._clock()
+        self._busy_since = began = self._clock()
         try:
             await self.pipeline.start()
         except Exception as exc:  # any source failure: this camera only
@@ -185,7 +185,11 @@ class Camera:
         self.error = None
         self.missing = False
         self.next_attempt = None
-        self._started_at = self._clock()
+        # From before the start was asked for: a source delivers its first frames while its
+        # start is still returning (picamera2 under load), and a source that froze then is
+        # stalled too (CI's loaded run: frames stopped before start() returned, and the camera
+        # was never restarted).
+        self._started_at = began
         return True
 
     async def _supervise(self) -> None:

@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import aioice.ice
@@ -238,11 +239,23 @@ async def test_serve_stays_up_for_an_ip_camera_that_answers_later(
     assert "ready: open" in text and "start-up failed" not in text, text
 
 
-async def test_a_camera_that_stops_sending_is_restarted_in_process(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The watchdog no longer restarts the service for a silent camera; the camera's own
-    supervisor restarts a source that cannot recover by itself (picamera2): the stand-in's
-    sensor freezes, and the camera is reopened and delivers again, same process."""
+async def _restarted_after_freeze(camera: Any, frozen: Any) -> None:
+    """The camera delivers again after ``frozen`` froze: reopened once, same process."""
+    await asyncio.sleep(0.2)
+    frames = camera.pipeline.frames_out
+    # A liveness bound, not a timing claim: the restart takes a second or two.
+    deadline = time.monotonic() + 60
+    while camera.pipeline.frames_out < frames + 10 or camera.problem() is not None:
+        assert time.monotonic() < deadline, (
+            camera.problem(), camera.stall_restarts, camera.start_failures,
+            camera.pipeline.frames_out - frames, len(stand_in.Picamera2.instances))
+        await asyncio.sleep(0.1)
+    assert camera.stall_restarts == 1
+    assert stand_in.Picamera2.instances[-1] is not frozen and frozen.closed
+    assert not camera.stuck()
+
+
+def _supervised_picamera(monkeypatch: pytest.MonkeyPatch) -> Any:
     from ruseon_appliance.cameras import Camera
     from ruseon_appliance.capture.pipeline import CapturePipeline
     from ruseon_appliance.capture.sources.picamera import PicameraSource
@@ -251,25 +264,47 @@ async def test_a_camera_that_stops_sending_is_restarted_in_process(
     monkeypatch.setattr(camera_module, "SUPERVISE_S", 0.1)
     config = CameraConfig(source="picamera", width=320, height=240, framerate=30)
     source = PicameraSource(config, api=stand_in.make_api())
-    camera = Camera(config, pipeline=CapturePipeline(config, source=source))
+    return Camera(config, pipeline=CapturePipeline(config, source=source))
+
+
+async def test_a_camera_that_stops_sending_is_restarted_in_process(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The watchdog no longer restarts the service for a silent camera; the camera's own
+    supervisor restarts a source that cannot recover by itself (picamera2): the stand-in's
+    sensor freezes, and the camera is reopened and delivers again, same process."""
+    camera = _supervised_picamera(monkeypatch)
     assert await camera.start()
     try:
         assert await camera.pipeline.wait_first_frame(20)
         frozen = stand_in.Picamera2.instances[-1]
         frozen.freeze()
-        await asyncio.sleep(0.2)
-        frames = camera.pipeline.frames_out
-        # A liveness bound, not a timing claim: the restart takes a second or two; CI's loaded
-        # clean run once needed more than 30 s (what it was waiting for is printed).
-        deadline = time.monotonic() + 60
-        while camera.pipeline.frames_out < frames + 10 or camera.problem() is not None:
-            assert time.monotonic() < deadline, (
-                camera.problem(), camera.stall_restarts, camera.start_failures,
-                camera.pipeline.frames_out - frames, len(stand_in.Picamera2.instances))
-            await asyncio.sleep(0.1)
-        assert camera.stall_restarts == 1
-        assert stand_in.Picamera2.instances[-1] is not frozen and frozen.closed
-        assert not camera.stuck()
+        await _restarted_after_freeze(camera, frozen)
+    finally:
+        await camera.stop()
+
+
+async def test_a_camera_that_freezes_while_its_start_returns_is_restarted(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Frames that came and stopped before the source's start returned (picamera2 on a loaded
+    board: CI's run) are this start's frames: the freeze is seen and the camera reopened. It
+    was not: the stall rule only counted frames after start() had returned, and the camera
+    stayed down for good."""
+    camera = _supervised_picamera(monkeypatch)
+    start = camera.pipeline.start
+    frozen: list[Any] = []
+
+    async def start_that_returns_late() -> None:
+        await start()
+        if not frozen:  # the first start only: the sensor freezes before start() returns
+            assert await camera.pipeline.wait_first_frame(20)
+            frozen.append(stand_in.Picamera2.instances[-1])
+            frozen[0].freeze()
+            await asyncio.sleep(0.3)
+
+    monkeypatch.setattr(camera.pipeline, "start", start_that_returns_late)
+    assert await camera.start()
+    try:
+        await _restarted_after_freeze(camera, frozen[0])
     finally:
         await camera.stop()
 

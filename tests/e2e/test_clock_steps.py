@@ -2,10 +2,13 @@
 recording, 2 s segments, default retention) whose wall clock is stepped while it records.
 
 The time shim is PyPI ``libfaketime`` 3.0.1's vendored ``libfaketime.so.1`` (Debian's faketime
-breaks ``time.sleep``): the service reads its offset from a file on every call
-(``FAKETIME_NO_CACHE``), monotonic time stays real, so writing ``-400d`` then ``+0`` steps the
-running process's wall clock. Whether the system calls the clock synchronized comes from a flag
-file (``recording.clock_sync_file``), created when the "NTP" step is made.
+breaks ``time.sleep``): the service reads its offset from a file once a second
+(``FAKETIME_CACHE_DURATION``), monotonic time stays real, so writing ``-400d`` then ``+0`` steps
+the running process's wall clock. Not on every call (``FAKETIME_NO_CACHE``): the shim parses the
+file into globals without a lock, and with several threads reading the time about one read in a
+thousand came back as the real time (measured: isolated single reads), and now and then a torn
+parse made the shim exit the process. Whether the system calls the clock synchronized comes
+from a flag file (``recording.clock_sync_file``), created when the "NTP" step is made.
 
 Each scenario: nothing is deleted, the ranges of ``/recordings/list`` are disjoint and ordered,
 and every range's clip decodes silently with non-decreasing timestamps (ffmpeg/ffprobe).
@@ -55,7 +58,7 @@ class ClockedServe(Serve):
         super().__init__(tmp, tmp / "rec", **{
             "LD_PRELOAD": str(_faketime_library()),
             "FAKETIME_TIMESTAMP_FILE": str(self.offset_file),
-            "FAKETIME_NO_CACHE": "1", "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+            "FAKETIME_CACHE_DURATION": "1", "FAKETIME_DONT_FAKE_MONOTONIC": "1",
             "RUSEON_AUTH_TOKEN": TOKEN,
             "RUSEON_RECORDING_CLOCK_SYNC_FILE": str(self.flag),
             "RUSEON_RECORDING_CONTINUOUS": "true",
