@@ -65,7 +65,11 @@ from aioice import Candidate, Connection
 from aioice.ice import StunProtocol
 from aiortc import RTCCertificate, RTCPeerConnection, RTCRtpSender
 from aiortc.codecs import CODECS
-from aiortc.rtcrtpparameters import RTCRtpCodecParameters, RTCRtpSendParameters
+from aiortc.rtcrtpparameters import (
+    RTCRtcpFeedback,
+    RTCRtpCodecParameters,
+    RTCRtpSendParameters,
+)
 from aiortc.sdp import SessionDescription
 
 AIORTC_VERSION = "1.16.0"
@@ -575,11 +579,14 @@ def _lean_wrap(description: SessionDescription | None) -> Any:
     return wrapped
 
 
-def _copy_codec(codec: RTCRtpCodecParameters) -> RTCRtpCodecParameters:
-    # What deepcopy does, for the three mutable fields aiortc's codec objects have.
+def copy_codec(codec: RTCRtpCodecParameters) -> RTCRtpCodecParameters:
+    """What ``deepcopy`` does, at a fraction of its cost: a codec that shares nothing with
+    ``codec`` (the offer cache hands the same parsed offer to many sessions)."""
     return RTCRtpCodecParameters(
         mimeType=codec.mimeType, clockRate=codec.clockRate, channels=codec.channels,
-        payloadType=codec.payloadType, rtcpFeedback=list(codec.rtcpFeedback),
+        payloadType=codec.payloadType,
+        rtcpFeedback=[RTCRtcpFeedback(type=f.type, parameter=f.parameter)
+                      for f in codec.rtcpFeedback],
         parameters=dict(codec.parameters))
 
 
@@ -596,11 +603,11 @@ def lean_find_common_codecs(
             apt = c.parameters.get("apt")
             if (isinstance(apt, int) and apt in common_base
                     and c.clockRate == common_base[apt].clockRate):
-                common.append(_copy_codec(c))
+                common.append(copy_codec(c))
             continue
         for local in local_codecs:
             if is_compatible(local, c):
-                codec = _copy_codec(local)
+                codec = copy_codec(local)
                 if c.payloadType in dynamic:
                     codec.payloadType = c.payloadType
                 codec.rtcpFeedback = [x for x in codec.rtcpFeedback if x in c.rtcpFeedback]

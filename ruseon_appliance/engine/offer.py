@@ -11,12 +11,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from aiortc.rtcrtpparameters import (
-    RTCRtcpFeedback,
     RTCRtpCodecParameters,
     RTCRtpHeaderExtensionParameters,
 )
 from aiortc.sdp import H264Profile, SessionDescription
 
+from ruseon_appliance.engine.aiortc_internals import copy_codec
 from ruseon_appliance.engine.codec_registry import profile_name, profile_of
 from ruseon_appliance.engine.errors import MalformedOffer, OfferTooLarge, UnsupportedOffer
 
@@ -49,15 +49,6 @@ def strip_remote_candidates(sdp: str) -> str:
     kept = [ln for ln in lines
             if not ln.startswith("a=candidate:") and not ln.startswith("a=end-of-candidates")]
     return "\r\n".join(kept) + "\r\n"
-
-
-def _copy_codec(codec: RTCRtpCodecParameters) -> RTCRtpCodecParameters:
-    return RTCRtpCodecParameters(
-        mimeType=codec.mimeType, clockRate=codec.clockRate, channels=codec.channels,
-        payloadType=codec.payloadType,
-        rtcpFeedback=[RTCRtcpFeedback(type=f.type, parameter=f.parameter)
-                      for f in codec.rtcpFeedback],
-        parameters=dict(codec.parameters))
 
 
 def _copy_extension(
@@ -120,7 +111,7 @@ class OfferParser:
             description = SessionDescription.parse(sdp)
             if len(description.media) == len(keys):
                 for key, media in zip(keys, description.media, strict=True):
-                    self._keep(key, ([_copy_codec(c) for c in media.rtp.codecs],
+                    self._keep(key, ([copy_codec(c) for c in media.rtp.codecs],
                                      [_copy_extension(x) for x in media.rtp.headerExtensions]))
             return description
         self.hits += 1
@@ -131,7 +122,7 @@ class OfferParser:
             assert template is not None
             self._codecs.move_to_end(key)
             codecs, extensions = template
-            media.rtp.codecs = [_copy_codec(c) for c in codecs]
+            media.rtp.codecs = [copy_codec(c) for c in codecs]
             media.rtp.headerExtensions = [_copy_extension(x) for x in extensions]
         return description
 
