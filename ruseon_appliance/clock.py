@@ -164,10 +164,9 @@ class WallClock:
         assert best is not None
         return best[1]
 
-    @classmethod
-    def _settled_offset(cls) -> int:
+    def _settled_offset(self) -> int:
         """The median of three reads: the start-up offset does not rest on a single read."""
-        return sorted(cls.offset_us() for _ in range(3))[1]
+        return sorted(self.offset_us() for _ in range(3))[1]
 
     def _confirmed(self, offset: int) -> bool:
         """Whether reads taken right after agree with ``offset`` (within the threshold)."""

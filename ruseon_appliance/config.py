@@ -488,6 +488,10 @@ class RecordingConfig:
     # Retention: oldest segments are deleted once the archive exceeds either limit (0: none).
     max_bytes: int = 2 * 1024 * 1024 * 1024
     max_age_hours: float = 168.0
+    # Segments that hold a motion event (with its pre- and post-roll) are kept this long by age
+    # instead, when it is longer than max_age_hours (Frigate's tiers; 0: the same as the rest).
+    # The size limit takes the oldest segments either way.
+    event_max_age_hours: float = 0.0
     # Clip downloads (/recordings/get) at once, in total and from one client address; beyond
     # them 503 with Retry-After.
     max_downloads: int = 4
@@ -985,6 +989,8 @@ def validate(config: Config) -> None:
            rec.max_bytes, "0 (no limit) or at least 1048576 bytes")
     _check(rec.max_age_hours >= 0, "recording.max_age_hours", rec.max_age_hours,
            "0 (no limit) or more hours")
+    _check(rec.event_max_age_hours >= 0, "recording.event_max_age_hours",
+           rec.event_max_age_hours, "0 (as max_age_hours) or more hours")
     _check(1 <= rec.max_downloads <= 1000, "recording.max_downloads", rec.max_downloads,
            "1 to 1000")
     _check(1 <= rec.max_downloads_per_address <= rec.max_downloads,

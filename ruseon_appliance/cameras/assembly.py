@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -50,6 +51,7 @@ def _equip(camera: Camera, cam: CameraConfig, config: Config, *, archive: Path, 
     recorder = camera.recorder = Recorder(RecorderSettings(
         directory=archive, continuous=rec.records_continuously, segment_s=rec.segment_s,
         preroll_s=rec.preroll_s, max_bytes=share, max_age_s=rec.max_age_hours * 3600,
+        event_max_age_s=rec.event_max_age_hours * 3600 if cam.motion else 0.0,
         sync_interval_s=rec.sync_interval_s),
         pipeline.ring, clock=clock)
     if config.hls.enable:
@@ -71,12 +73,16 @@ def _equip(camera: Camera, cam: CameraConfig, config: Config, *, archive: Path, 
         # picamera2's lores stream where the source has one (no decode), else the ring's H.264.
         source = pipeline.source
         lores = source if isinstance(source, PicameraSource) and source.offers_lores else None
+        store = EventStore(archive / "events", camera.name,
+                           max_age_s=max(rec.max_age_hours, rec.event_max_age_hours) * 3600,
+                           trusted=lambda: clock.synchronized)
         camera.motion = MotionMonitor(
             pipeline.ring, motion_settings(cam), camera=camera.name, publish=events.publish,
-            store=EventStore(archive / "events", camera.name,
-                             max_age_s=rec.max_age_hours * 3600,
-                             trusted=lambda: clock.synchronized), lores=lores,
+            store=store, lores=lores,
             announce_at_once=False)  # Camera.start_watching: once the bus has subscribers
+        # The footage of an event: what a motion recording holds of it (the pre- and post-roll).
+        recorder.event_windows = functools.partial(
+            store.windows, before_s=rec.preroll_s, after_s=rec.postroll_s)
         if rec.mode == "motion":
             camera.motion_recording = MotionRecording(
                 recorder, camera=camera.name, preroll_s=rec.preroll_s, postroll_s=rec.postroll_s)

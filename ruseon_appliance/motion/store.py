@@ -170,6 +170,27 @@ class EventStore:
                 if (since is None or (e.end if e.end is not None else float("inf")) >= since)
                 and (until is None or e.start <= until)]
 
+    def windows(self, start_us: int, end_us: int, *, before_s: float = 0.0,
+                after_s: float = 0.0) -> list[tuple[int, int]]:
+        """The events' spans widened by ``before_s``/``after_s`` (a recording's pre- and
+        post-roll), in wall µs, merged where they overlap, clipped to ``[start_us, end_us)``;
+        an event that lasts reaches to ``end_us``."""
+        before, after = round(before_s * 1e6), round(after_s * 1e6)
+        spans: list[tuple[int, int]] = []
+        with self._lock:
+            events = list(self._events.values())
+        for e in events:  # in start order
+            lo = round(e.start * 1e6) - before
+            hi = end_us if e.end is None else round(e.end * 1e6) + after
+            lo, hi = max(lo, start_us), min(hi, end_us)
+            if hi <= lo:
+                continue
+            if spans and lo <= spans[-1][1]:
+                spans[-1] = (spans[-1][0], max(spans[-1][1], hi))
+            else:
+                spans.append((lo, hi))
+        return spans
+
     def __len__(self) -> int:
         with self._lock:
             return len(self._events)

@@ -238,21 +238,26 @@ class Archive:
         return [s for s in self.with_open(current) if s.start_us < end_us and s.end_us > start_us]
 
     def expired(self, *, max_bytes: int, max_age_us: int, age_us: Callable[[Segment], int | None],
-                open_bytes: int = 0) -> list[Segment]:
+                open_bytes: int = 0, kept_longer: Callable[[Segment], bool] | None = None,
+                longer_age_us: int = 0) -> list[Segment]:
         """Closed segments retention removes now: oldest first, until the archive (with the
         open segment's ``open_bytes``) fits ``max_bytes``, and every one older than the age.
 
         ``age_us(segment)`` is how long ago it ended, or None when that cannot be trusted (it
         then never expires by age): a wall clock that stepped must not make anything "old".
+        A segment ``kept_longer`` says holds an event (motion) expires by age only after
+        ``longer_age_us`` (Frigate's tiers); the size bound takes the oldest either way.
         """
         out: list[Segment] = []
         total = self.total_bytes + open_bytes
         for s in self.segments:
             too_big = max_bytes > 0 and total > max_bytes
-            age = age_us(s) if max_age_us > 0 and not too_big else None
-            too_old = age is not None and age > max_age_us
-            if not (too_big or too_old):
-                break
+            if not too_big:
+                age = age_us(s) if max_age_us > 0 else None
+                if age is None or age <= max_age_us:
+                    break  # newer ones are younger (or as untrusted)
+                if kept_longer is not None and age <= longer_age_us and kept_longer(s):
+                    continue  # an event's footage, within its own age
             out.append(s)
             total -= s.size
         return out

@@ -27,6 +27,7 @@ import collections
 import concurrent.futures
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,9 @@ class RecorderSettings:
     preroll_s: float = 5.0
     max_bytes: int = 0
     max_age_s: float = 0.0
+    # Segments that hold an event (Recorder.event_windows) expire by age after this instead,
+    # when it is longer than max_age_s (0: no longer tier).
+    event_max_age_s: float = 0.0
     # Whole fragments of the open segment are made durable (fdatasync) at least this often;
     # 0: only when the segment closes.
     sync_interval_s: float = 5.0
@@ -122,6 +126,10 @@ class Recorder:
                  clock: WallClock | None = None) -> None:
         self.settings = settings
         self.ring = ring
+        # The event windows (µs, merged, with their pre- and post-roll) overlapping a range:
+        # set by the camera's assembly when it detects motion. Retention keeps those segments
+        # for settings.event_max_age_s; /recordings/list?events=motion lists only them.
+        self.event_windows: Callable[[int, int], list[tuple[int, int]]] | None = None
         self.clock = clock or WallClock()
         self.clock.add_listener(self._on_clock_step)
         self.archive = Archive(settings.directory)
@@ -605,10 +613,15 @@ class Recorder:
         """Delete the oldest closed segments beyond the size or age limit (never the open one)."""
         s = self.settings
         cur = self._current
+        windows = self.event_windows
+        longer = windows is not None and s.event_max_age_s > s.max_age_s > 0
         expired = self.archive.expired(
             max_bytes=s.max_bytes, max_age_us=int(s.max_age_s * 1_000_000),
             age_us=self._age_us,
-            open_bytes=(cur.written_bytes + cur.pending_bytes) if cur else 0)
+            open_bytes=(cur.written_bytes + cur.pending_bytes) if cur else 0,
+            kept_longer=(lambda seg: bool(windows(seg.start_us, seg.end_us)))
+            if longer and windows is not None else None,
+            longer_age_us=int(s.event_max_age_s * 1_000_000))
         if expired:
             self._forget_and_delete(expired, "retention")
         return expired
@@ -734,4 +747,5 @@ class Recorder:
             "preroll_s": self.settings.preroll_s,
             "max_bytes": self.settings.max_bytes,
             "max_age_s": self.settings.max_age_s,
+            "event_max_age_s": self.settings.event_max_age_s,
         }

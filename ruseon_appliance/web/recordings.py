@@ -87,6 +87,25 @@ def _check_path(request: web.Request) -> None:
                            "left out, it means the first camera")
 
 
+def _recorded_ranges(recorder: Recorder, start: int | None, end: int | None, *,
+                events: bool) -> list[tuple[int, int, bool]]:
+        """The recorded ranges clipped to [start, end), and with ``events`` to the motion
+        events' windows (their pre- and post-roll) within them."""
+        out: list[tuple[int, int, bool]] = []
+        for lo, hi, uncertain in recorder.archive.timed_ranges(recorder.current_segment()):
+            if start is not None:
+                lo = max(lo, start)
+            if end is not None:
+                hi = min(hi, end)
+            if hi <= lo:
+                continue
+            if events and recorder.event_windows is not None:
+                out.extend((a, b, uncertain) for a, b in recorder.event_windows(lo, hi))
+            else:
+                out.append((lo, hi, uncertain))
+        return out
+
+
 class RecordingsResource:
     """HTTP handlers over one :class:`Recorder`."""
 
@@ -155,14 +174,15 @@ class RecordingsResource:
         recorder = self._recorder(request)
         start = parse_time("start", request.query["start"]) if "start" in request.query else None
         end = parse_time("end", request.query["end"]) if "end" in request.query else None
+        events = request.query.get("events", "")
+        if events not in ("", "motion"):
+            raise Problem(400, f"events = {events[:20]!r} is not valid: motion (only the "
+                               "ranges that hold a motion event) or leave it out")
+        windows = recorder.event_windows
+        if events and windows is None:
+            raise Problem(404, "this camera does not detect motion (motion = false)")
         out: list[dict[str, Any]] = []
-        for lo, hi, uncertain in recorder.archive.timed_ranges(recorder.current_segment()):
-            if start is not None:
-                lo = max(lo, start)
-            if end is not None:
-                hi = min(hi, end)
-            if hi <= lo:
-                continue
+        for lo, hi, uncertain in _recorded_ranges(recorder, start, end, events=bool(events)):
             seconds = (hi - lo) / 1e6
             query = urllib.parse.urlencode({"start": rfc3339(lo), "duration": f"{seconds:.6f}",
                                             **({"path": request.query["path"]}
