@@ -387,6 +387,9 @@ class Appliance:
             camera_snapshots={c.name: latest_jpeg_of(c.pipeline) for c in named},
             camera_controls={c.name: controls_of(c) for c in named
                              if controls_of(c) is not None},
+            event_snapshots={c.name: c.motion.store.snapshot_path for c in self.cameras
+                             if c.motion is not None and c.motion.store is not None},
+            default_camera=default.name,
         )
         self.events.subscribe(self.mqtt.on_event)
         await self.mqtt.start()

@@ -52,6 +52,11 @@ class Topics:
         """A named camera's JPEG (the default camera's is :attr:`snapshot`)."""
         return f"{self.base}/snapshot/{camera}"
 
+    def event_snapshot(self, camera: str = "") -> str:
+        """The picture of a camera's latest motion event (retained; the default camera's at
+        ``motion_snapshot``, a named one's at ``motion_snapshot/<camera>``)."""
+        return f"{self.base}/motion_snapshot" + (f"/{camera}" if camera else "")
+
     def command(self, name: str, camera: str = "") -> str:
         """A button's command topic (a named camera's: ``command/<name>/<camera>``)."""
         return f"{self.base}/command/{name}" + (f"/{camera}" if camera else "")
@@ -110,7 +115,7 @@ class Discovery:
                  controls: Mapping[str, Mapping[str, Any]] | None = None,
                  cameras: Sequence[str] = (), commands: bool = True,
                  camera_controls: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None,
-                 ) -> None:
+                 motion_images: Sequence[str] = ()) -> None:
         self.discovery_prefix = discovery_prefix
         self.topics = topics
         self.name = name
@@ -126,6 +131,9 @@ class Discovery:
                                 in (camera_controls or {}).items()}
         # False: no entity that sends commands (buttons, camera controls).
         self.commands = commands
+        # The cameras that detect motion ("" for the default one): each gets an image entity
+        # showing its latest event's picture.
+        self.motion_images = list(motion_images)
 
     def device(self) -> dict[str, Any]:
         """The shared ``device`` block (``identifiers`` ties every entity to one device)."""
@@ -173,6 +181,7 @@ class Discovery:
                                             "payload_press": PRESS}),
             ]
         entities += [self._control(name, spec) for name, spec in self.controls.items()]
+        entities += [self._motion_image(camera) for camera in self.motion_images]
         for camera in self.cameras:
             entities += self._camera_entities(camera)
             entities += [self._control(name, spec, camera) for name, spec
@@ -230,6 +239,14 @@ class Discovery:
                 "unit_of_measurement": "s", "device_class": "duration",
                 "state_class": "measurement", "entity_category": "diagnostic"}),
         ]
+
+    def _motion_image(self, camera: str) -> Entity:
+        """HA's MQTT image entity: the picture of the camera's latest motion event (its first
+        motion, then its peak), as the binary_sensor turns ON and OFF."""
+        return Entity("image", f"{camera}_motion_snapshot" if camera else "motion_snapshot", {
+            "name": f"{camera} motion snapshot" if camera else "Motion snapshot",
+            "image_topic": self.topics.event_snapshot(camera), "content_type": "image/jpeg",
+            "icon": "mdi:motion-sensor"})
 
     def _control(self, name: str, spec: Mapping[str, Any], camera: str = "") -> Entity:
         """A camera control as a ``config`` entity that reads the controls document and writes

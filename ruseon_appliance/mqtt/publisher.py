@@ -18,6 +18,7 @@ import random
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
 from typing import Any, Protocol
 
 import aiomqtt
@@ -110,6 +111,8 @@ class HomeAssistantMqtt:
         controls: CameraControlsPort | None = None,
         camera_snapshots: Mapping[str, SnapshotSource] | None = None,
         camera_controls: Mapping[str, CameraControlsPort] | None = None,
+        event_snapshots: Mapping[str, Callable[[str], Path]] | None = None,
+        default_camera: str = "",
     ) -> None:
         self.config = config
         self.topics = Topics(config.topic_prefix, device_id)
@@ -121,7 +124,18 @@ class HomeAssistantMqtt:
                                    commands=config.commands,
                                    camera_controls={
                                        name: c.describe()["controls"]
-                                       for name, c in (camera_controls or {}).items()})
+                                       for name, c in (camera_controls or {}).items()},
+                                   motion_images=[
+                                       "" if name == default_camera else name
+                                       for name in (event_snapshots or {})])
+        # Where each camera that detects motion keeps an event's picture (event id -> path);
+        # the default camera's is published at the unnamed topic.
+        self._event_snapshots = dict(event_snapshots or {})
+        self._default_camera = default_camera
+        self._event_pending: dict[str, str] = {}  # camera -> the event id to publish
+        self._event_jpegs: dict[str, bytes] = {}  # camera -> the last picture (for reconnects)
+        self._event_kick = asyncio.Event()
+        self.event_snapshots_published = 0
         # The other cameras' snapshots and controls (the default camera's are ``snapshot``
         # and ``controls``), by name.
         self._camera_snapshots = dict(camera_snapshots or {})
@@ -159,8 +173,14 @@ class HomeAssistantMqtt:
     # -- wiring ------------------------------------------------------------------------------
 
     def on_event(self, event: Event) -> None:
-        """An event bus subscriber: something changed, publish the state soon."""
+        """An event bus subscriber: something changed, publish the state soon (and a motion
+        event's picture, when the event has one)."""
         self._state_kick.set()
+        if event.name in ("motion_started", "motion_ended") and event.data.get("snapshot"):
+            camera, event_id = event.data.get("camera"), event.data.get("event_id")
+            if camera in self._event_snapshots and isinstance(event_id, str):
+                self._event_pending[camera] = event_id
+                self._event_kick.set()
 
     async def start(self) -> None:
         """Connect in the background; returns at once (a broker being down is not an error)."""
@@ -196,6 +216,7 @@ class HomeAssistantMqtt:
             "disconnects": self.disconnects,
             "published": self.published,
             "snapshots": self.snapshots,
+            "event_snapshots": self.event_snapshots_published,
             "commands": self.commands,
             "control_errors": self.control_errors,
             # Why the last attempt failed or the connection dropped ("" once connected).
@@ -300,6 +321,8 @@ class HomeAssistantMqtt:
             group.create_task(self._state_loop(client))
             group.create_task(self._snapshot_loop(client))
             group.create_task(self._command_loop(client))
+            if self._event_snapshots:
+                group.create_task(self._event_snapshot_loop(client))
 
     async def _publish(self, client: aiomqtt.Client, topic: str, payload: str | bytes,
                        *, qos: int = 0, retain: bool = True) -> None:
@@ -354,6 +377,30 @@ class HomeAssistantMqtt:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.config.snapshot_interval_s):
                     await self._snapshot_kick.wait()
+
+    async def _event_snapshot_loop(self, client: aiomqtt.Client) -> None:
+        """Each camera's latest motion picture, retained on its image topic; after a
+        reconnect the last one again (a broker without persistence forgot it)."""
+        loop = asyncio.get_running_loop()
+        for camera, jpeg in self._event_jpegs.items():
+            await self._publish(client, self._event_topic(camera), jpeg)
+        while True:
+            await self._event_kick.wait()
+            self._event_kick.clear()
+            pending, self._event_pending = self._event_pending, {}
+            for camera, event_id in pending.items():
+                path = self._event_snapshots[camera](event_id)
+                try:
+                    jpeg = await loop.run_in_executor(None, path.read_bytes)
+                except OSError as exc:  # pruned meanwhile, or a disk error: the picture only
+                    log.debug("mqtt: no picture for motion event %s (%s)", event_id, exc)
+                    continue
+                self._event_jpegs[camera] = jpeg
+                await self._publish(client, self._event_topic(camera), jpeg)
+                self.event_snapshots_published += 1
+
+    def _event_topic(self, camera: str) -> str:
+        return self.topics.event_snapshot("" if camera == self._default_camera else camera)
 
     async def _command_loop(self, client: aiomqtt.Client) -> None:
         ha_status = f"{self.config.discovery_prefix}/status"

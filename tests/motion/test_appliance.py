@@ -147,6 +147,19 @@ async def run(config: Config, broker: Mosquitto, receiver: Receiver) -> None:
                 picture = next(container.decode(video=0)).to_ndarray(format="gray")
             assert picture.shape == (H, W)
             assert int(np.min(picture)) < 50  # the dark object is in the peak frame
+            # Home Assistant's image entity shows the event's picture: the peak frame, retained
+            # on its image topic once the event ended.
+            image = configs["homeassistant/image/dev1/motion_snapshot/config"]
+            assert image["content_type"] == "image/jpeg" and image["unique_id"]
+            assert image["image_topic"] == "ruseon/dev1/motion_snapshot"
+            await seen.wait_for(
+                lambda: getattr(seen.last.get(image["image_topic"]), "payload", b"") == jpeg,
+                timeout=10, what="the event's picture on the image topic")
+            async with Recorder(broker.port, (image["image_topic"],)) as late:  # retained
+                await late.wait_for(lambda: late.last.get(image["image_topic"]), timeout=10,
+                                    what="the retained picture, for a subscriber that comes later")
+                assert late.last[image["image_topic"]].retain
+                assert late.last[image["image_topic"]].payload == jpeg
 
             # Filters and refusals.
             assert (await get_json(http, f"{base}/api/events?until={event['start'] - 10}")

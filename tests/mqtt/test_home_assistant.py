@@ -30,11 +30,13 @@ REQUIRED = {
     "number": {"command_topic", "min", "max", "step"},
     "switch": {"command_topic"},
     "select": {"command_topic", "options"},
+    "image": {"image_topic"},  # or url_topic; we publish the JPEG itself
 }
 # Camera, 4 sensors + recording state, 4 binary sensors (stalled, motion, recording, clock not
 # synchronized), 2 buttons, the synthetic source's 8 camera controls (5 numbers/switches
-# live, bitrate, framerate, resolution) and motion detection's 2 (a switch, a number).
-ENTITIES = 12 + 8 + 2
+# live, bitrate, framerate, resolution), motion detection's 2 (a switch, a number) and its
+# image (the latest event's picture).
+ENTITIES = 12 + 8 + 2 + 1
 DISCOVERY_TOPIC = re.compile(
     r"^homeassistant/(?P<component>[a-z_]+)/(?P<node>[A-Za-z0-9_-]+)/"
     r"(?P<object>[A-Za-z0-9_-]+)/config$")
