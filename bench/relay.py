@@ -18,6 +18,13 @@ read from ``/proc/<pid>/stat`` (every thread) over a window in each scenario:
 The claim: relay+20 is within noise of relay+1 (the board serves one consumer whatever Janus
 does), while whep+20 costs about 20 consumers. Janus's own CPU is shown beside.
 
+``--joins N``: instead, how long a viewer joining through Janus waits for its first decoded
+picture (watch -> first frame, p50/p95 of N joins one after another; the synthetic camera at
+720p30, an IDR every 2 s unless asked: it makes one on request as a Pi's encoder does), with
+the relay's RTCP port left out (the default: the RTP port + 1, the mountpoint's rtcpport here)
+against ``rtcp_port = 0`` (no RTCP: Janus's keyframe requests never reach the camera, and a
+joiner waits for the camera's own next keyframe), in the same run.
+
 It runs in a private network namespace it creates (``unshare --net``, root) with a veth address
 for Janus's ICE; nothing leaves the machine.
 
@@ -79,16 +86,21 @@ def cpu_seconds(pid: int) -> float:
 class Board:
     """``ruseon serve`` with the file source, optionally relaying to Janus."""
 
-    def __init__(self, stream: Path, state: Path, *, relay: bool) -> None:
+    def __init__(self, stream: Path | None, state: Path, *, relay: bool,
+                 rtcp: str = f"rtcp_port = {RTCP_PORT}\n") -> None:
         from tests.tooling import free_port
 
         self.http = free_port()
+        self.state = state
         config = state / ("relay.toml" if relay else "plain.toml")
-        text = (f'[camera]\nsource = "file:{stream}"\nframerate = 30\nkeyframe_interval = 60\n'
+        # None: the synthetic camera (libx264, which makes an IDR on request, as a Pi's encoder
+        # does; a recording cannot).
+        source = f"file:{stream}" if stream is not None else "synthetic"
+        text = (f'[camera]\nsource = "{source}"\nframerate = 30\nkeyframe_interval = 60\n'
                 f'[webrtc]\nmax_viewers = 100\n')
         if relay:
             text += (f'[[relay]]\nname = "janus"\nurl = "rtp://127.0.0.1:{RTP_PORT}"\n'
-                     f'rtcp_port = {RTCP_PORT}\nbind = "127.0.0.1:0"\n')
+                     f'{rtcp}bind = "127.0.0.1:0"\n')
         config.write_text(text)
         env = {k: v for k, v in os.environ.items() if not k.startswith("RUSEON_")}
         self.proc = subprocess.Popen(
@@ -110,7 +122,12 @@ class Board:
         return f"http://127.0.0.1:{self.http}"
 
     def status(self) -> dict[str, Any]:
-        with urllib.request.urlopen(f"{self.url}/api/status", timeout=5) as response:
+        """The full ``/api/status`` (with the admin secret the board made on its first start:
+        without a credential it is the reduced form)."""
+        secret = (self.state / "admin-secret").read_text().strip()
+        request = urllib.request.Request(f"{self.url}/api/status",
+                                         headers={"Authorization": f"Bearer {secret}"})
+        with urllib.request.urlopen(request, timeout=5) as response:
             data: dict[str, Any] = json.load(response)
             return data
 
@@ -221,6 +238,70 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     return results
 
 
+async def joins(args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """Watch -> first decoded picture through Janus, for each RTCP setting of the relay."""
+    import statistics
+
+    import aioice.ice
+
+    gather = aioice.ice.get_host_addresses
+    from fanout import recorded_stream  # (pins aioice to 127.0.0.1: undone below)
+
+    from tests.relay.janus import Janus, JanusViewer
+
+    del recorded_stream  # the synthetic camera: it makes IDRs on request
+    # Janus's ICE is on the veth (libnice skips loopback): the viewers gather there too.
+    aioice.ice.get_host_addresses = gather
+    out: dict[str, dict[str, float]] = {}
+    settings = {"rtcp left out (RTP port + 1)": "", "rtcp_port = 0 (none)": "rtcp_port = 0\n"}
+    with tempfile.TemporaryDirectory(prefix="ruseon-bench-relay-") as tmp:
+        for i, (label, rtcp) in enumerate(settings.items()):
+            base = Path(tmp) / str(i)
+            base.mkdir()
+            janus = Janus(base / "janus")  # a fresh one per setting (and board)
+            janus.start()
+            board = Board(None, base, relay=True, rtcp=rtcp)
+            try:
+                info = board.status()["source"]
+                await asyncio.to_thread(janus.create_mountpoint, MOUNTPOINT, port=RTP_PORT,
+                                        rtcp_port=RTP_PORT + 1,
+                                        profile_level_id=info["profile_level_id"])
+                waits: list[float] = []
+                connects: list[float] = []
+                for _ in range(args.joins):
+                    viewer = JanusViewer(janus, MOUNTPOINT)
+                    began = time.monotonic()
+                    await viewer.watch()
+                    deadline = began + 20
+                    connected: float | None = None
+                    while viewer.first_frame_at is None and time.monotonic() < deadline:
+                        if connected is None and viewer.pc.connectionState == "connected":
+                            connected = time.monotonic()
+                        await asyncio.sleep(0.005)
+                    if connected is not None:
+                        connects.append(connected - began)
+                    if viewer.first_frame_at is not None:
+                        waits.append(viewer.first_frame_at - began)
+                    await viewer.close()
+                    await asyncio.sleep(0.3)
+                relay = board.status()["relays"][0]
+            finally:
+                board.close()
+                janus.stop()
+            waits.sort()
+            q = (statistics.quantiles(waits, n=20, method="inclusive") if len(waits) > 1
+                 else waits * 19)
+            out[label] = {"joins": len(waits), "of": args.joins,
+                          "p50_ms": round(statistics.median(waits) * 1000),
+                          "p95_ms": round(q[18] * 1000),
+                          "connected_p50_ms": round(statistics.median(connects) * 1000)
+                          if connects else None,
+                          "keyframe_requests": relay["keyframe_requests_received"],
+                          "rtcp_port": relay["rtcp_port"]}
+            print(json.dumps({label: out[label]}), flush=True)
+    return out
+
+
 def summary(results: list[dict[str, Any]], viewers: int) -> None:
     """Costs from differences: with no consumer nothing is packetized, so the first consumer
     (a relay, or the first WHEP viewer) also pays the shared packetization."""
@@ -253,6 +334,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--window", type=float, default=10.0, help="seconds per scenario")
     parser.add_argument("--viewers", type=int, default=20)
+    parser.add_argument("--joins", type=int, default=0,
+                        help="measure N joins' first picture through Janus instead")
     args = parser.parse_args()
     if os.environ.get(NETNS_ENV) != "1":
         if os.geteuid() != 0:
@@ -260,6 +343,17 @@ def main() -> None:
         raise SystemExit(rerun_in_netns())
     prepare_namespace()
     WINDOW[0] = args.window
+    if args.joins:
+        figures = asyncio.run(joins(args))
+        labels = list(figures)
+        on, off = figures[labels[0]], figures[labels[1]]
+        print(f"watch -> first picture through Janus, {args.joins} joins each:")
+        for label, f in figures.items():
+            print(f"  {label:<30} p50 {f['p50_ms']:>5} ms  p95 {f['p95_ms']:>5} ms  "
+                  f"(DTLS up p50 {f['connected_p50_ms']} ms; PLIs reaching the camera: "
+                  f"{f['keyframe_requests']})")
+        print(f"  p50 without RTCP / with: {off['p50_ms'] / max(1, on['p50_ms']):.1f}x")
+        return
     results = asyncio.run(run(args))
     summary(results, args.viewers)
 

@@ -320,6 +320,10 @@ RELAY_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWX
 SRTP_MASTER_LENGTH = 30
 
 
+# [[relay]] rtcp_port's default: the RTP port + 1.
+RTCP_NEXT_PORT = -1
+
+
 @dataclass(frozen=True, slots=True)
 class RelayConfig:
     """One ``[[relay]]`` table: the camera's RTP to a media server (e.g. a Janus mountpoint)."""
@@ -329,8 +333,9 @@ class RelayConfig:
     url: str = ""
     # Base64 of 30 bytes (key + salt) for SRTP AES_CM_128_HMAC_SHA1_80; empty = plain RTP.
     srtp_key: str = ""
-    # The server's RTCP port (sender reports go there; its PLI/FIR come back); 0 = none.
-    rtcp_port: int = 0
+    # The server's RTCP port (sender reports go there; its PLI/FIR come back): -1 (the
+    # default) = the RTP port + 1, RTP's convention (RFC 3550 11); 0 = none.
+    rtcp_port: int = RTCP_NEXT_PORT
     # Local address of the relay's UDP socket; port 0 = any free port.
     bind: HostPort = HostPort("0.0.0.0", 0)
     payload_type: int = 96
@@ -341,6 +346,14 @@ class RelayConfig:
     def target(self) -> HostPort:
         """``HOST:PORT`` of :attr:`url` (validated by :func:`validate`)."""
         return parse_host_port(f"relay {self.name}: url", self.url.removeprefix("rtp://"))
+
+    @property
+    def rtcp_target_port(self) -> int:
+        """The RTCP port in use: :attr:`rtcp_port`, the RTP port + 1 for its default; 0 =
+        none."""
+        if self.rtcp_port == RTCP_NEXT_PORT:
+            return self.target.port + 1
+        return self.rtcp_port
 
     def srtp_master(self) -> bytes | None:
         """The decoded SRTP master key + salt, or None for plain RTP."""
@@ -1192,10 +1205,14 @@ def validate_relays(relays: tuple[RelayConfig, ...]) -> None:
         _check(bool(target.host), f"{key}: url", relay.url,
                "expected rtp://HOST:PORT, e.g. rtp://192.0.2.10:5004")
         _check(1 <= target.port <= 65535, f"{key}: url", relay.url, "a port from 1 to 65535")
-        _check(relay.rtcp_port == 0 or (1 <= relay.rtcp_port <= 65535
-                                        and relay.rtcp_port != target.port),
+        _check(relay.rtcp_port in (0, RTCP_NEXT_PORT) or (1 <= relay.rtcp_port <= 65535
+                                                          and relay.rtcp_port != target.port),
                f"{key}: rtcp_port", relay.rtcp_port,
-               "0 (none) or a port from 1 to 65535 other than the RTP port")
+               "0 (none) or a port from 1 to 65535 other than the RTP port (left out: the "
+               "RTP port + 1)")
+        _check(relay.rtcp_port != RTCP_NEXT_PORT or target.port < 65535, f"{key}: url",
+               relay.url, "RTCP goes to the RTP port + 1 unless rtcp_port says otherwise: "
+               "set rtcp_port (or 0 for none) with RTP port 65535")
         _check(96 <= relay.payload_type <= 127, f"{key}: payload_type", relay.payload_type,
                "a dynamic payload type, 96 to 127")
         if relay.srtp_key:

@@ -201,8 +201,9 @@ class RtpRelay:
     def _open(self, family: int, address: tuple[str, int]) -> None:
         assert self._loop is not None
         self.target = address
-        if self.config.rtcp_port:
-            self.rtcp_target = (self.target[0], self.config.rtcp_port)
+        rtcp_port = self.config.rtcp_target_port
+        if rtcp_port:
+            self.rtcp_target = (self.target[0], rtcp_port)
         sock = socket.socket(family, socket.SOCK_DGRAM)
         try:
             sock.setblocking(False)
@@ -523,7 +524,7 @@ class RtpRelay:
             "srtp": self._srtp is not None,
             "ssrc": self.ssrc,
             "local_port": self.local_port,
-            "rtcp_port": self.config.rtcp_port,
+            "rtcp_port": self.config.rtcp_target_port,
             "packets_sent": self.packets_sent,
             "bytes_sent": self.bytes_sent,
             "payload_bytes_sent": self.payload_bytes_sent,

@@ -62,7 +62,7 @@ class RelayResource:
             raise Problem(503, "no keyframe from the camera yet", headers={"Retry-After": "1"})
         host, port = relay.target
         body = relay_sdp(
-            name=relay.name, host=host, port=port, rtcp_port=relay.config.rtcp_port,
+            name=relay.name, host=host, port=port, rtcp_port=relay.config.rtcp_target_port,
             payload_type=relay.payload_type, ssrc=relay.ssrc, cname=relay.cname,
             profile_level_id=info.profile_level_id, sps=sets[0], pps=sets[1],
             srtp_key=relay.config.srtp_key)

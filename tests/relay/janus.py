@@ -249,6 +249,8 @@ class JanusViewer:
     _task: asyncio.Task[None] | None = None
     _keepalive: asyncio.Task[None] | None = None
     ended: bool = False
+    # time.monotonic() of the first decoded picture (decode=True).
+    first_frame_at: float | None = None
 
     async def watch(self) -> None:
         """Join the mountpoint; frames are decoded in the background from then on."""
@@ -296,6 +298,8 @@ class JanusViewer:
         try:
             while True:
                 frame = await track.recv()
+                if self.first_frame_at is None:
+                    self.first_frame_at = time.monotonic()
                 self.decoded += 1
                 stamp = read_stamp(frame)
                 if stamp is not None:

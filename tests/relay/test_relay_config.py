@@ -33,6 +33,11 @@ bind = "0.0.0.0:40000"
         "janus-a", HostPort("192.0.2.10", 5004), 5005, bytes(range(30)))
     assert (b.target, b.bind, b.srtp_master()) == (HostPort("2001:db8::1", 6004),
                                                    HostPort("0.0.0.0", 40000), None)
+    # RTCP: the configured port; left out, RTP's convention (the RTP port + 1); 0, none.
+    assert (a.rtcp_target_port, b.rtcp_target_port) == (5005, 6005)
+    off = tmp_path / "off.toml"
+    off.write_text('[[relay]]\nurl = "rtp://192.0.2.10:5004"\nrtcp_port = 0\n')
+    assert load_config(off, env={}).relay[0].rtcp_target_port == 0
     # --relay adds one named default next to the file's.
     config = load_config(path, env={}, overrides={"relay": {"url": "rtp://127.0.0.1:5004"}})
     assert [r.name for r in config.relay] == ["janus-a", "janus-b", "default"]
@@ -44,6 +49,8 @@ bind = "0.0.0.0:40000"
     ('url = "rtp://192.0.2.1:0"', "a port from 1 to 65535"),
     ('url = "rtp://192.0.2.1:5004"\nsrtp_key = "c2hvcnQ="', "base64 of 30 bytes"),
     ('url = "rtp://192.0.2.1:5004"\nrtcp_port = 5004', "other than the RTP port"),
+    ('url = "rtp://192.0.2.1:5004"\nrtcp_port = -2', "other than the RTP port"),
+    ('url = "rtp://192.0.2.1:65535"', "set rtcp_port (or 0 for none)"),
     ('url = "rtp://192.0.2.1:5004"\nname = "a/b"', "letters, digits"),
     ('url = "rtp://192.0.2.1:5004"\npayload_type = 8', "dynamic payload type"),
     ('url = "rtp://192.0.2.1:5004"\ncolour = 1', "not a known key"),

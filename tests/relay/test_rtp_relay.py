@@ -51,8 +51,10 @@ def camera(**overrides: Any) -> CameraConfig:
 
 
 def relay_config(port: int, **overrides: Any) -> RelayConfig:
+    # No RTCP unless a test opens a port for it (the default, the RTP port + 1, would send
+    # sender reports to whatever holds that port on this machine).
     values: dict[str, Any] = dict(name="test", url=f"rtp://127.0.0.1:{port}",
-                                  bind=HostPort("127.0.0.1", 0))
+                                  bind=HostPort("127.0.0.1", 0), rtcp_port=0)
     values.update(overrides)
     return RelayConfig(**values)
 
