@@ -35,9 +35,11 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
         "--relay", metavar="rtp://HOST:PORT",
         help="also send the camera's RTP to this media server (a relay named default)",
     )
-    for section, key, flag in config_flags():
-        parser.add_argument(flag.name, metavar=flag.metavar, help=flag.help,
-                            dest=f"{section}.{key}", action="append" if flag.repeat else "store")
+    for section, key, row in config_flags():
+        assert row.flag is not None
+        parser.add_argument(row.flag.name, metavar=row.flag.metavar, help=row.doc,
+                            dest=f"{section}.{key}",
+                            action="append" if row.flag.repeat else "store")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -107,10 +109,10 @@ def config_from_args(args: argparse.Namespace) -> Config:
         flags["cameras"] = {"flags": args.camera}
     if args.relay is not None:
         flags["relay"] = {"url": args.relay}
-    for section, key, flag in config_flags():
+    for section, key, row in config_flags():
         value = getattr(args, f"{section}.{key}")
-        if value is not None:
-            flags.setdefault(section, {}).update({key: value, **dict(flag.also)})
+        if value is not None and row.flag is not None:
+            flags.setdefault(section, {}).update({key: value, **dict(row.flag.also)})
     return load_config(args.config, overrides=flags, required=args.config is not None)
 
 

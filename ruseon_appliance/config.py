@@ -111,12 +111,11 @@ def parse_host_port(key: str, text: str) -> HostPort:
 
 @dataclass(frozen=True, slots=True)
 class Flag:
-    """A CLI flag that sets one setting (``also``: further ``(key, text)`` of the same section
-    it sets, e.g. ``--rtsp`` turns ``rtsp.enable`` on)."""
+    """A CLI flag that sets one setting (its help: the setting's doc; ``also``: further
+    ``(key, text)`` of the same section it sets, e.g. ``--rtsp`` turns ``rtsp.enable`` on)."""
 
     name: str
     metavar: str
-    help: str
     repeat: bool = False
     also: tuple[tuple[str, str], ...] = ()
 
@@ -279,6 +278,7 @@ def _zone(text: str) -> object:
 
 
 _ZONES = "{error} (a zone is \"x,y x,y x,y ...\", coordinates 0 to 1)"
+_EVEN = "an even number from 16 to 4096"
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,52 +287,45 @@ class CameraConfig:
     they are encoded."""
 
     name: str = setting(
-        DEFAULT_CAMERA_NAME, "URL-safe and unique: /whep/<name>, /snapshot/<name>.jpg, "
-        "/hls/<name>/, metrics labels", ok=lambda v: _is_name(v) and v not in RESERVED_CAMERA_NAMES,
-        allowed="1-64 letters, digits, - or _ (and not " + ", ".join(sorted(RESERVED_CAMERA_NAMES))
-        + ")")
+        DEFAULT_CAMERA_NAME, "URL-safe, unique: /whep/<name>, /hls/<name>/, metrics labels",
+        ok=lambda v: _is_name(v) and v not in RESERVED_CAMERA_NAMES,
+        allowed="1-64 letters, digits, - or _ (and not "
+        + ", ".join(sorted(RESERVED_CAMERA_NAMES)) + ")")
     source: str = setting(
-        "auto", "auto | synthetic | picamera[:N] | rpicam[:N] | file:PATH | rtsp://... (N: the "
-        "sensor index)", ok=_is_source, secret="url",
+        "auto", "camera source: auto, synthetic, picamera[:N], rpicam[:N], file:PATH or "
+        "rtsp://URL", ok=_is_source, secret="url", flag=Flag("--source", "KIND"),
         allowed="allowed are auto, synthetic, picamera, rpicam, file:PATH, picamera:N, rpicam:N "
-        "(N: the sensor index), rtsp://HOST[:PORT]/PATH",
-        flag=Flag("--source", "KIND", "camera source: auto, synthetic, picamera[:N], rpicam[:N], "
-                  "file:PATH or rtsp://URL"))
-    width: int = setting(1280, lo=16, hi=4096, ok=lambda v: v % 2 == 0,
-                         allowed="an even number from 16 to 4096")
-    height: int = setting(720, lo=16, hi=4096, ok=lambda v: v % 2 == 0,
-                          allowed="an even number from 16 to 4096")
+        "(N: the sensor index), rtsp://HOST[:PORT]/PATH")
+    width: int = setting(1280, lo=16, hi=4096, ok=lambda v: v % 2 == 0, allowed=_EVEN)
+    height: int = setting(720, lo=16, hi=4096, ok=lambda v: v % 2 == 0, allowed=_EVEN)
     framerate: int = setting(30, lo=1, hi=120)
     bitrate: int = setting(2_000_000, lo=50_000, hi=50_000_000, unit="bits/s")
-    keyframe_interval: int = setting(60, "frames between forced IDRs (the GOP length)", lo=1,
-                                     hi=600, unit="frames")
+    keyframe_interval: int = setting(60, "frames between IDRs (GOP)", lo=1, hi=600, unit="frames")
     profile: str = setting("baseline", choices=PROFILES)
     keyframe_request_interval_ms: int = setting(
-        500, "shortest time between two keyframes forced on viewers' request", lo=0, hi=60_000,
-        unit="ms")
+        500, "shortest time between two IDRs viewers force", lo=0, hi=60_000, unit="ms")
     hflip: bool = setting(False)
     vflip: bool = setting(False)
-    exposure_us: int = setting(0, "manual exposure in µs; 0: automatic", lo=0,
-                               allowed="0 (auto) or more µs")
-    gain: float = setting(0.0, "analogue gain; 0: automatic", lo=0, allowed="0 (auto) or more")
-    awb: str = setting("auto", "auto white balance mode as picamera2 knows it", choices=AWB_MODES)
-    ring_bytes: int = setting(0, "ring buffer arena (0: sized from the bitrate, see "
-                              "ring_arena_bytes)", off=0, lo=64 * 1024, hi=512 * 1024 * 1024,
+    exposure_us: int = setting(0, "0: automatic", lo=0, allowed="0 (auto) or more µs")
+    gain: float = setting(0.0, "analogue; 0: automatic", lo=0, allowed="0 (auto) or more")
+    awb: str = setting("auto", "white balance mode, as picamera2 names it", choices=AWB_MODES)
+    ring_bytes: int = setting(0, "ring arena; 0: sized from the bitrate (ring_arena_bytes)", off=0,
+                              lo=64 * 1024, hi=512 * 1024 * 1024,
                               allowed="0 (sized from the bitrate) or 64 KiB to 512 MiB")
     ring_slots: int = setting(1024, lo=16, hi=65536)
-    max_frame_bytes: int = setting(1024 * 1024, "largest access unit the muxer can assemble "
-                                   "(bounds: _camera_rules)")
-    rpicam_command: str = setting("rpicam-vid", "rpicam-vid executable (for source = rpicam)")
-    # Motion detection (ruseon_appliance/motion/): motion must last min_duration_s to start an
-    # event, which ends off_delay_s after the last motion; the next starts min_gap_s after it at
-    # the soonest. Zones: polygons "x,y x,y x,y ..." from 0 to 1 (y down).
-    motion: bool = setting(True, "motion detection, on by default")
+    max_frame_bytes: int = setting(1024 * 1024, "largest access unit (bounds: _camera_rules)")
+    rpicam_command: str = setting("rpicam-vid", "the rpicam-vid executable")
+    # Motion detection (motion/): motion lasting min_duration_s starts an event; it ends
+    # off_delay_s after the last motion; the next starts min_gap_s after it at the soonest.
+    motion: bool = setting(True, "motion detection")
     motion_sensitivity: int = setting(50, "0 (large changes only) to 100", lo=0, hi=100)
     motion_min_duration_s: float = setting(0.3, lo=0, hi=60, unit="seconds")
     motion_off_delay_s: float = setting(10.0, lo=0, hi=3600, unit="seconds")
     motion_min_gap_s: float = setting(5.0, lo=0, hi=3600, unit="seconds")
-    motion_include: tuple[str, ...] = setting((), "look only there", ok=_zone, allowed=_ZONES)
-    motion_exclude: tuple[str, ...] = setting((), "masks", ok=_zone, allowed=_ZONES)
+    motion_include: tuple[str, ...] = setting((), "zones to look at only", ok=_zone,
+                                              allowed=_ZONES)
+    motion_exclude: tuple[str, ...] = setting((), "zones never looked at", ok=_zone,
+                                              allowed=_ZONES)
 
     @property
     def ring_arena_bytes(self) -> int:
@@ -374,52 +367,34 @@ def _camera_rules(cam: CameraConfig, key: str) -> None:
            f"16 KiB up to the ring arena ({cam.ring_arena_bytes} bytes, camera.ring_bytes)")
 
 
-def _cameras_rules(cameras: tuple[CameraConfig, ...]) -> None:
-    """Every camera's values; names unique."""
-    seen: set[str] = set()
-    for cam in cameras:
-        key = "camera" if len(cameras) == 1 else f"camera {cam.name!r}"
-        validate_camera(cam, key)
-        _check(cam.name not in seen, f"{key}.name", cam.name, "each camera needs its own name")
-        seen.add(cam.name)
-
-
 def validate_camera(cam: CameraConfig, key: str = "camera") -> None:
     """One camera's values; ``key`` names it in messages (``camera`` or ``camera 'back'``)."""
     _validate_section(cam, key)
-
-
-def _is_network(entry: str) -> object:
-    return ipaddress.ip_network(entry)
 
 
 @dataclass(frozen=True, slots=True)
 class HttpConfig:
     """``[http]``: the device page, WHEP and the API."""
 
-    listen: HostPort = setting(HostPort("0.0.0.0", 8080), flag=Flag(
-        "--http", "HOST:PORT", "HTTP listen address (WHEP, page, API)"))
+    listen: HostPort = setting(HostPort("0.0.0.0", 8080), "HTTP listen address (WHEP, page, API)",
+                               flag=Flag("--http", "HOST:PORT"))
     tls: str = setting(
-        "", '"self-signed": HTTPS with a certificate made once and kept in state.dir '
-        '(web/https_certificate.py); "": plain HTTP, or HTTPS with tls_cert and tls_key',
+        "", '"self-signed": HTTPS with a certificate made once (web/https_certificate.py)',
         choices=("", "self-signed"), allowed='"self-signed" (a certificate made once and kept '
         'in state.dir) or "" (plain HTTP, or HTTPS with http.tls_cert and http.tls_key)')
     tls_cert: str = setting("", "HTTPS with your own certificate: both paths set")
     tls_key: str = setting("")
-    cors_origins: tuple[str, ...] = setting((), "extra origins allowed by CORS besides the page's")
+    cors_origins: tuple[str, ...] = setting((), "extra origins allowed by CORS")
     hosts: tuple[str, ...] = setting(
-        (), "host names the board answers to besides its IP addresses, localhost, its hostname "
-        "and <hostname>.local (DNS rebinding defence)",
+        (), "host names besides its addresses, localhost, <hostname>(.local): DNS rebinding",
         ok=lambda v: bool(v.strip()) and "/" not in v and " " not in v.strip(),
         allowed="host names (no scheme, path or spaces)")
     max_offer_bytes: int = setting(64 * 1024, lo=1024)
-    default_camera: str = setting(
-        "", "the camera the unnamed routes serve (/whep, /snapshot.jpg, /hls/, "
-        "/api/camera/controls, rtsp://…/stream, a relay without camera); empty: the first listed")
+    default_camera: str = setting("", "the camera the unnamed routes serve; empty: the first")
     trusted_proxies: tuple[str, ...] = setting(
-        (), "reverse proxies (addresses or CIDR networks) whose Forwarded / X-Forwarded-For "
-        "name the client", ok=_is_network, allowed="an IPv4 or IPv6 address or CIDR network, "
-        "e.g. 192.0.2.10 or 10.0.0.0/8 ({error})")
+        (), "reverse proxies whose Forwarded / X-Forwarded-For name the client",
+        ok=ipaddress.ip_network, allowed="an IPv4 or IPv6 address or CIDR network, e.g. "
+        "192.0.2.10 or 10.0.0.0/8 ({error})")
 
     @property
     def https(self) -> bool:
@@ -439,44 +414,34 @@ def _http_rules(http: HttpConfig, key: str) -> None:
            "not together with http.tls_cert/tls_key: use one or the other")
 
 
-def _srtp_profiles_ok(profiles: tuple[str, ...]) -> bool:
-    return profiles == ("auto",) or (bool(profiles) and len(set(profiles)) == len(profiles)
-                                     and all(p in SRTP_PROFILE_NAMES for p in profiles))
-
-
 @dataclass(frozen=True, slots=True)
 class WebRtcConfig:
     """``[webrtc]``: the single UDP port and what the answers advertise."""
 
-    listen: HostPort = setting(HostPort("0.0.0.0", 8189), flag=Flag(
-        "--rtc", "HOST:PORT", "the single WebRTC UDP listen address"))
+    listen: HostPort = setting(HostPort("0.0.0.0", 8189), "the single WebRTC UDP listen address",
+                               flag=Flag("--rtc", "HOST:PORT"))
     advertise: tuple[str, ...] = setting(
-        (), "addresses put in answers as host candidates; empty: the board's own",
-        ok=ipaddress.ip_address, allowed="an IPv4 or IPv6 address",
-        flag=Flag("--advertise", "ADDR", "address to put in answers as a host candidate "
-                  "(repeatable)", repeat=True))
+        (), "address to put in answers as a host candidate (repeatable)", ok=ipaddress.ip_address,
+        allowed="an IPv4 or IPv6 address", flag=Flag("--advertise", "ADDR", repeat=True))
     ice_servers: tuple[str, ...] = setting(
-        (), "STUN/TURN URLs; none by default, so nothing is contacted unless configured",
-        ok=lambda v: v.split(":", 1)[0] in ("stun", "stuns", "turn", "turns"),
-        allowed="stun:, stuns:, turn: or turns: URLs")
-    max_viewers: int = setting(50, lo=1, hi=10_000,
-                               flag=Flag("--max-viewers", "N", "maximum concurrent viewers"))
+        (), "STUN/TURN URLs; none: nothing is contacted", allowed="stun:, stuns:, turn: or turns: "
+        "URLs", ok=lambda v: v.split(":", 1)[0] in ("stun", "stuns", "turn", "turns"))
+    max_viewers: int = setting(50, "maximum concurrent viewers", lo=1, hi=10_000,
+                               flag=Flag("--max-viewers", "N"))
     max_viewers_per_address: int = setting(
-        0, "places one client address (an IPv6 /64) may hold, connected and pending together; "
-        "0: the default rule (places_per_address); bounds: _webrtc_rules")
-    connect_timeout_s: float = setting(
-        10.0, "seconds a session may stay pending (answered, not connected) before it is reaped",
-        ok=lambda v: v > 0, allowed="more than 0 seconds")
+        0, "places one address (/64) may hold; 0: places_per_address (bounds: _webrtc_rules)")
+    connect_timeout_s: float = setting(10.0, "a pending session is reaped after this",
+                                       ok=lambda v: v > 0, allowed="more than 0 seconds")
     pending_per_address: int = setting(
-        0, "deprecated (0: not set): a value above the default share widens it; the engine "
-        "warns at start", lo=0, hi=10_000,
+        0, "deprecated (0: not set); a value above the default share widens it", lo=0, hi=10_000,
         allowed="0 to 10000 (deprecated: set webrtc.max_viewers_per_address instead)")
-    send_path: str = setting("fanout", "fanout: packetize once, send per viewer; aiortc: stock "
-                             "RTCRtpSender (comparison/fallback)", choices=("fanout", "aiortc"))
+    send_path: str = setting("fanout", "fanout: packetize once; aiortc: the stock sender",
+                             choices=("fanout", "aiortc"))
     srtp_profiles: tuple[str, ...] = setting(
-        ("auto",), "SRTP profiles offered in the DTLS handshake, most preferred first; \"auto\": "
-        "AES-GCM first on CPUs with AES instructions, only AES128_CM_SHA1_80 without (Pi 4)",
-        one_or_list=True, each=False, ok=_srtp_profiles_ok,
+        ("auto",), "most preferred first; auto: AES-GCM first with AES instructions, else "
+        "AES128_CM only", one_or_list=True, each=False,
+        ok=lambda v: v == ("auto",) or (bool(v) and len(set(v)) == len(v)
+                                        and all(p in SRTP_PROFILE_NAMES for p in v)),
         allowed=f'"auto" or a list of {", ".join(SRTP_PROFILE_NAMES)} (no repeats)')
 
     def places_per_address(self) -> int:
@@ -503,14 +468,12 @@ def _webrtc_rules(webrtc: WebRtcConfig, key: str) -> None:
 
 
 def _read_secret(key: str, value: str, path: str) -> str:
-    if value:
+    if value or not path:
         return value
-    if path:
-        try:
-            return Path(path).read_text(encoding="utf-8").strip()
-        except OSError as exc:
-            raise ConfigError(f"{key} = {path!r} cannot be read: {exc.strerror}") from exc
-    return ""
+    try:
+        return Path(path).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ConfigError(f"{key} = {path!r} cannot be read: {exc.strerror}") from exc
 
 
 @dataclass(frozen=True, slots=True)
@@ -523,13 +486,11 @@ class AuthConfig:
     view only) or the admin secret.
     """
 
-    token: str = setting("", "the admin secret; empty: the generated one", secret=True, flag=Flag(
-        "--token", "TOKEN", "the admin secret (default: the one made on first start in the "
-        "state dir)"))
+    token: str = setting("", "the admin secret (default: the one made on first start in the "
+                         "state dir)", secret=True, flag=Flag("--token", "TOKEN"))
     token_file: str = setting("", "or read it from this file")
     viewing: str = setting(
-        "open", '"open": anyone on the LAN may watch; "credential": the viewer token or admin',
-        choices=("open", "credential"),
+        "open", choices=("open", "credential"),
         allowed='"open" (anyone on the LAN may watch) or "credential" (viewer token or admin)')
     viewer_token: str = setting("", "a view-only credential to share", secret=True)
     viewer_token_file: str = setting("", "or read it from this file")
@@ -548,8 +509,8 @@ class AuthConfig:
 class StateConfig:
     """``[state]``: where the certificate and other persistent state live."""
 
-    dir: str = setting("/var/lib/ruseon", ok=bool, allowed="a directory path", flag=Flag(
-        "--state-dir", "DIR", "state directory (certificate, ...)"))
+    dir: str = setting("/var/lib/ruseon", "state directory (certificate, ...)", ok=bool,
+                       allowed="a directory path", flag=Flag("--state-dir", "DIR"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -558,12 +519,12 @@ class HlsConfig:
 
     enable: bool = setting(True)
     part_duration_s: float = setting(
-        0.25, "PART-TARGET: every partial segment is at most this long", lo=0.1, hi=2.0,
+        0.25, "PART-TARGET, the longest partial segment", lo=0.1, hi=2.0,
         allowed="0.1 to 2.0 seconds (LL-HLS parts are usually 0.2-0.33 s)")
-    window_s: float = setting(12.0, "seconds of complete segments kept in memory (never fewer "
-                              "than three target durations)", lo=4, hi=120, unit="seconds")
-    max_waiting_requests: int = setting(1000, "blocking playlist reloads and hinted part "
-                                        "requests held at once; more get 503", lo=1, hi=100_000)
+    window_s: float = setting(12.0, "seconds of segments kept in memory (at least 3 targets)",
+                              lo=4, hi=120, unit="seconds")
+    max_waiting_requests: int = setting(1000, "blocking reloads held at once; more get 503", lo=1,
+                                        hi=100_000)
 
 
 @dataclass(frozen=True, slots=True)
@@ -571,20 +532,19 @@ class RtspConfig:
     """``[rtsp]``: an RTSP server (RFC 2326) for NVRs and players: ``rtsp://HOST:8554/<camera>``."""
 
     enable: bool = setting(False)
-    listen: HostPort = setting(HostPort("0.0.0.0", 8554), flag=Flag(
-        "--rtsp", "HOST:PORT", "serve RTSP for NVRs here (rtsp.enable + rtsp.listen, e.g. "
-        "0.0.0.0:8554)", also=(("enable", "true"),)))
-    max_clients: int = setting(20, "RTSP connections at once; more are answered 503", lo=1,
-                               hi=10_000)
+    listen: HostPort = setting(HostPort("0.0.0.0", 8554), "serve RTSP for NVRs here (rtsp.enable "
+                               "+ rtsp.listen, e.g. 0.0.0.0:8554)",
+                               flag=Flag("--rtsp", "HOST:PORT", also=(("enable", "true"),)))
+    max_clients: int = setting(20, "connections at once; more are answered 503", lo=1, hi=10_000)
 
 
 @dataclass(frozen=True, slots=True)
 class LogConfig:
     """``[log]``: verbosity."""
 
-    level: str = setting("info", ok=lambda v: v.lower() in LOG_LEVELS,
-                         allowed="allowed are " + ", ".join(LOG_LEVELS),
-                         flag=Flag("--log-level", "LEVEL", "debug, info, warning or error"))
+    level: str = setting("info", "debug, info, warning or error", ok=lambda v: v.lower() in
+                         LOG_LEVELS, allowed="allowed are " + ", ".join(LOG_LEVELS),
+                         flag=Flag("--log-level", "LEVEL"))
 
 
 def _srtp_key_ok(key: str) -> bool:
@@ -599,20 +559,17 @@ class RelayConfig:
     """One ``[[relay]]`` table: the camera's RTP to a media server (e.g. a Janus mountpoint)."""
 
     name: str = setting("default", ok=_is_name, allowed="1-64 letters, digits, - or _")
-    url: str = setting("", "rtp://HOST:PORT, the server's RTP port (HOST an IP literal or a name "
-                       "resolved at start)", secret="url")
+    url: str = setting("", "rtp://HOST:PORT (HOST an IP literal or a name resolved at start)",
+                       secret="url")
     srtp_key: str = setting(
-        "", "base64 of 30 bytes (key + salt) for SRTP AES_CM_128_HMAC_SHA1_80; empty: plain RTP",
+        "", "base64 of key + salt for SRTP AES_CM_128_HMAC_SHA1_80; empty: plain RTP",
         secret=True, off="", ok=_srtp_key_ok,
         allowed=f"base64 of {SRTP_MASTER_LENGTH} bytes (AES_CM_128_HMAC_SHA1_80 key + salt, as "
         "Janus's srtpcrypto), e.g. from: head -c 30 /dev/urandom | base64")
-    rtcp_port: int = setting(0, "the server's RTCP port (sender reports go there; its PLI/FIR "
-                             "come back); 0: none")
-    bind: HostPort = setting(HostPort("0.0.0.0", 0), "local address of the relay's UDP socket; "
-                             "port 0: any free port")
+    rtcp_port: int = setting(0, "the server's RTCP port (SRs out, PLI/FIR back); 0: none")
+    bind: HostPort = setting(HostPort("0.0.0.0", 0), "the relay's UDP socket; port 0: any")
     payload_type: int = setting(96, lo=96, hi=127, allowed="a dynamic payload type, 96 to 127")
-    camera: str = setting("", "which camera's stream (a [[camera]] name); empty: the default "
-                          "camera (http.default_camera)")
+    camera: str = setting("", "which camera's stream; empty: the default camera")
 
     @property
     def target(self) -> HostPort:
@@ -640,16 +597,6 @@ def _relay_rules(relay: RelayConfig, key: str) -> None:
            "0 (none) or a port from 1 to 65535 other than the RTP port")
 
 
-def _relays_rules(relays: tuple[RelayConfig, ...]) -> None:
-    """``[[relay]]``: names unique."""
-    seen: set[str] = set()
-    for relay in relays:
-        key = f"relay {relay.name!r}"
-        _validate_section(relay, key, ": ")
-        _check(relay.name not in seen, f"{key}: name", relay.name, "each relay needs its own name")
-        seen.add(relay.name)
-
-
 def _is_topic(value: str) -> bool:
     return (bool(value) and set(value) <= RELAY_NAME_CHARS | frozenset("/")
             and not value.startswith("/") and not value.endswith("/"))
@@ -662,32 +609,26 @@ _TOPIC = "letters, digits, -, _ and inner /, no MQTT wildcards"
 class MqttConfig:
     """``[mqtt]``: Home Assistant discovery and state over MQTT; off while ``url`` is empty."""
 
-    url: str = setting("", "mqtt://HOST[:PORT] (1883) or mqtts://HOST[:PORT] (8883, TLS with the "
-                       "system's CAs)", secret="url", flag=Flag(
-                           "--mqtt", "URL", "MQTT broker for Home Assistant (mqtt://HOST[:PORT] "
-                           "or mqtts://)"))
-    ca_file: str = setting("", "mqtts:// only: trust the CA(s) in this PEM file instead of the "
-                           "system's; verification and the host-name check always stay on")
-    cert_file: str = setting("", "mqtts:// only: a client certificate (PEM), for brokers that "
-                             "require one")
-    key_file: str = setting("", "its key; may stay empty when cert_file holds the key")
+    url: str = setting("", "MQTT broker for Home Assistant (mqtt://HOST[:PORT] or mqtts://)",
+                       secret="url", flag=Flag("--mqtt", "URL"))
+    ca_file: str = setting("", "mqtts: trust this PEM CA instead of the system's")
+    cert_file: str = setting("", "mqtts: a client certificate (PEM)")
+    key_file: str = setting("", "its key; empty when cert_file holds it")
     username: str = setting("")
     password: str = setting("", secret=True)
-    password_file: str = setting("", "or read the password from this file (keep it 0600)")
-    topic_prefix: str = setting("ruseon", "state, availability and commands live under "
-                                "<topic_prefix>/<device id>/...", ok=_is_topic, allowed=_TOPIC)
+    password_file: str = setting("", "or read the password from this file")
+    topic_prefix: str = setting("ruseon", "<topic_prefix>/<device id>/...", ok=_is_topic,
+                                allowed=_TOPIC)
     discovery_prefix: str = setting("homeassistant", ok=_is_topic, allowed=_TOPIC)
     device_id: str = setting(
-        "", "empty: a random id kept in the state dir (Home Assistant's unique_ids survive)",
-        ok=lambda v: set(v) <= RELAY_NAME_CHARS,
+        "", "empty: generated once, kept in the state dir", ok=lambda v: set(v) <= RELAY_NAME_CHARS,
         allowed="letters, digits, - or _ (empty: generated and kept in the state dir)")
     state_interval_s: float = setting(5.0, "shortest time between two state messages", lo=0.5,
                                       hi=3600, unit="seconds")
     snapshot_interval_s: float = setting(30.0, "the snapshot image's period", lo=1, hi=86400,
                                          unit="seconds")
-    commands: bool = setting(
-        True, "buttons and camera controls from any client the broker lets publish under "
-        "<topic_prefix>/ (restrict them with the broker's ACL); false: state only")
+    commands: bool = setting(True, "buttons and controls from MQTT (restrict with the broker's "
+                             "ACL); false: state only")
 
     def endpoint(self) -> tuple[str, int, bool]:
         """``(host, port, tls)`` of :attr:`url`; ``ValueError`` when it is not a broker URL."""
@@ -742,13 +683,17 @@ class OnvifConfig:
     enable: bool = setting(False)
     username: str = setting("admin", "the ONVIF account")
     password: str = setting("", "empty: the admin secret", secret=True)
-    password_file: str = setting("", "or read the password from this file (keep it 0600)")
-    discovery: bool = setting(True, "answer WS-Discovery probes (and announce Hello/Bye) on the "
-                              "HTTP listen address")
+    password_file: str = setting("", "or read the password from this file")
+    discovery: bool = setting(True, "answer WS-Discovery probes, announce Hello/Bye")
 
     def resolve_password(self) -> str:
         """The configured password, reading ``password_file`` if set (stripped)."""
         return _read_secret("onvif.password_file", self.password, self.password_file)
+
+
+def _webhook_scheme(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    return scheme if scheme in ("http", "https") and sep and rest.split("/")[0] else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -757,30 +702,22 @@ class WebhookConfig:
 
     url: str = setting("", secret="url", ok=lambda v: _webhook_scheme(v) != "",
                        allowed="expected http://HOST[:PORT]/PATH or https://...")
-    ca_file: str = setting("", "https:// only: trust the CA(s) in this PEM file instead of the "
-                           "system's; verification and the host-name check always stay on")
+    ca_file: str = setting("", "https: trust this PEM CA instead of the system's")
     events: tuple[str, ...] = setting((), "event names to send; empty: all", choices=WEBHOOK_EVENTS)
-    secret: str = setting(
-        "", "HMAC-SHA256 key: every POST carries X-Ruseon-Timestamp and X-Ruseon-Signature: "
-        "sha256=<hex HMAC of \"<timestamp>.<body>\"> (docs/home-assistant.md)", secret=True)
+    secret: str = setting("", "HMAC-SHA256 key of X-Ruseon-Signature (docs/home-assistant.md)",
+                          secret=True)
     timeout_s: float = setting(5.0, hi=300, ok=lambda v: v > 0,
                                allowed="more than 0, at most 300 seconds")
-    retries: int = setting(3, "attempts after the first, back-off doubling from retry_delay_s",
-                           lo=0, hi=20)
+    retries: int = setting(3, "attempts after the first, back-off doubling", lo=0, hi=20)
     retry_delay_s: float = setting(1.0, hi=600, ok=lambda v: v > 0,
                                    allowed="more than 0, at most 600 seconds")
-    queue_size: int = setting(100, "events waiting to be sent; full: the oldest is dropped "
-                              "(counted)", lo=1, hi=10_000, unit="events")
+    queue_size: int = setting(100, "events waiting; full: the oldest is dropped", lo=1,
+                              hi=10_000, unit="events")
 
     def tls_context(self) -> ssl.SSLContext | None:
         """A context trusting :attr:`ca_file` for an https:// URL, or None (aiohttp's default:
         the system's CAs)."""
         return _tls_context("webhook", self.ca_file) if self.ca_file else None
-
-
-def _webhook_scheme(url: str) -> str:
-    scheme, sep, rest = url.partition("://")
-    return scheme if scheme in ("http", "https") and sep and rest.split("/")[0] else ""
 
 
 @_rules(WebhookConfig)
@@ -795,35 +732,29 @@ def _webhook_rules(hook: WebhookConfig, key: str) -> None:
 class RecordingConfig:
     """``[recording]``: the fMP4 archive on the board and its playback API."""
 
-    continuous: bool = setting(False, "record from start-up on (otherwise only between POST "
-                               "/api/recording/start and stop)")
-    dir: str = setting("", "where segments go; empty: <state.dir>/recordings", flag=Flag(
-        "--record-dir", "DIR", "record continuously into DIR (recording.dir + "
-        "recording.continuous)", also=(("continuous", "true"),)))
-    segment_s: float = setting(60.0, "segment length (cut at the first IDR after it)", lo=2,
-                               hi=3600, unit="seconds")
-    preroll_s: float = setting(5.0, "seconds of the ring's past an on-demand recording begins "
-                               "with", lo=0, hi=60, unit="seconds")
+    continuous: bool = setting(False, "record from start-up on (else only on request)")
+    dir: str = setting("", "record continuously into DIR (recording.dir + recording.continuous)",
+                       flag=Flag("--record-dir", "DIR", also=(("continuous", "true"),)))
+    segment_s: float = setting(60.0, "cut at the first IDR after it", lo=2, hi=3600,
+                               unit="seconds")
+    preroll_s: float = setting(5.0, "the ring's past an on-demand recording begins with", lo=0,
+                               hi=60, unit="seconds")
     sync_interval_s: float = setting(
-        5.0, "the open segment's whole fragments made durable (fdatasync) this often; 0: only "
-        "when a segment closes", off=0, lo=1, hi=600, allowed="0 (off) or 1 to 600 seconds")
+        5.0, "the open segment made durable this often; 0: when it closes", off=0, lo=1, hi=600,
+        allowed="0 (off) or 1 to 600 seconds")
     mode: str = setting(
-        "", "continuous (from start-up on), motion (from preroll_s before each camera's motion "
-        "events to postroll_s after them), off (only on request); empty: as continuous says",
-        choices=("", "continuous", "motion", "off"), allowed="allowed are continuous, motion, off")
+        "", "continuous, motion (preroll_s before each motion event to postroll_s after), off; "
+        "empty: as continuous says", choices=("", "continuous", "motion", "off"),
+        allowed="allowed are continuous, motion, off")
     postroll_s: float = setting(5.0, lo=0, hi=600, unit="seconds")
-    max_bytes: int = setting(
-        2 * 1024 * 1024 * 1024, "retention: oldest segments deleted beyond this (0: no limit)",
-        off=0, lo=1024 * 1024, allowed="0 (no limit) or at least 1048576 bytes")
-    max_age_hours: float = setting(168.0, "...and beyond this age (0: no limit)", lo=0,
+    max_bytes: int = setting(2 * 1024 * 1024 * 1024, "retention; 0: no limit", off=0,
+                             lo=1024 * 1024, allowed="0 (no limit) or at least 1048576 bytes")
+    max_age_hours: float = setting(168.0, "retention; 0: no limit", lo=0,
                                    allowed="0 (no limit) or more hours")
-    max_downloads: int = setting(4, "clip downloads (/recordings/get) at once; beyond, 503 with "
-                                 "Retry-After", lo=1, hi=1000)
-    max_downloads_per_address: int = setting(2, "...and from one client address (bounds: "
-                                             "_recording_rules)")
-    clock_sync_file: str = setting(
-        "", "the clock counts as synchronized while this file exists; empty: the kernel's NTP "
-        "state (adjtimex) or systemd-timesyncd's /run/systemd/timesync/synchronized")
+    max_downloads: int = setting(4, "clip downloads at once; beyond, 503", lo=1, hi=1000)
+    max_downloads_per_address: int = setting(2, "...from one address (bounds: _recording_rules)")
+    clock_sync_file: str = setting("", "the clock is synchronized while it exists; empty: "
+                                   "adjtimex or systemd-timesyncd's flag file")
 
     def directory(self, state_dir: str) -> Path:
         """The archive directory, resolved against the state directory."""
@@ -894,7 +825,13 @@ def section_classes() -> Iterator[tuple[str, type]]:
 
 
 def _config_rules(config: Config) -> None:
-    """What ties sections together: names that must name a camera."""
+    """What ties sections and tables together: unique names, names that must name a camera."""
+    for what, key, items in (("camera", "camera {!r}.name", config.cameras),
+                             ("relay", "relay {!r}: name", config.relay)):
+        names = [item.name for item in items]
+        for index, name in enumerate(names):
+            _check(name not in names[:index], key.format(name), name,
+                   f"each {what} needs its own name")
     names = [cam.name for cam in config.cameras]
     for relay in config.relay:
         _check(not relay.camera or relay.camera in names, f"relay {relay.name!r}: camera",
@@ -906,11 +843,13 @@ def _config_rules(config: Config) -> None:
 
 def validate(config: Config) -> None:
     """Every value against the table, then the rules that tie fields and sections together."""
-    _cameras_rules(config.cameras)
+    for cam in config.cameras:
+        validate_camera(cam, "camera" if len(config.cameras) == 1 else f"camera {cam.name!r}")
     for name, _ in section_classes():
         if name not in TABLES:
             _validate_section(getattr(config, name), name)
-    _relays_rules(config.relay)
+    for relay in config.relay:
+        _validate_section(relay, f"relay {relay.name!r}", ": ")
     for index, hook in enumerate(config.webhook):
         _validate_section(hook, f"webhook[{index}]")
     _config_rules(config)
@@ -955,7 +894,7 @@ def _coerce(key: str, tp: Any, row: Setting, value: Any, from_text: bool) -> Any
             return value
         if not isinstance(value, Mapping):
             raise bad
-        return _build(tp(), value, key, from_text, origin="", table=f"{key} =")
+        return _build(tp(), value, key, from_text, origin="", table=key)
     if isinstance(value, bool):
         if tp is bool:
             return value
@@ -1141,13 +1080,11 @@ def load_config(
     return config
 
 
-def flags() -> Iterator[tuple[str, str, Flag]]:
-    """Every setting's CLI flag as ``(section, key, flag)``, in the table's order."""
+def flags() -> Iterator[tuple[str, str, Setting]]:
+    """Every setting with a CLI flag (``row.flag``) as ``(section, key, row)``, in order."""
     for section, cls in section_classes():
         if section not in TABLES or section == "camera":
-            for key, row in settings(cls):
-                if row.flag is not None:
-                    yield section, key, row.flag
+            yield from ((section, key, row) for key, row in settings(cls) if row.flag)
 
 
 def _tls_context(section: str, ca_file: str, cert_file: str = "",
