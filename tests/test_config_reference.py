@@ -17,6 +17,7 @@ from ruseon_appliance.config import (
     TABLES,
     Config,
     ConfigError,
+    Setting,
     env_name,
     flags,
     load_config,
@@ -90,7 +91,10 @@ def test_the_readme_table_lists_every_key_and_no_other() -> None:
     assert set(TABLES) <= set(rows)
 
 
-def as_text(value: Any) -> str:
+def as_text(row: Setting, value: Any) -> str:
+    """A value as an environment variable spells it."""
+    if row.render is not None:  # a type of its own: its TOML form, unquoted
+        return row.render(value).strip('"')
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, tuple):
@@ -100,10 +104,10 @@ def as_text(value: Any) -> str:
 
 def test_every_section_key_has_its_environment_variable(tmp_path: Path) -> None:
     """RUSEON_<SECTION>_<KEY> reaches every key of every section (tables have none)."""
-    env = {env_name(section, key): as_text(getattr(
+    env = {env_name(section, key): as_text(row, getattr(
         Config().cameras[0] if section == "camera" else getattr(Config(), section), key))
         for section, cls in section_classes() if section == "camera" or section not in TABLES
-        for key, _ in settings(cls)}
+        for key, row in settings(cls)}
     assert env["RUSEON_WEBRTC_MAX_VIEWERS_PER_ADDRESS"] == "0"
     assert load_config(tmp_path / "absent.toml", env=env) == Config()
     env["RUSEON_RECORDING_POSTROLL_S"] = "7.5"
