@@ -12,11 +12,14 @@ from typing import Any
 
 from . import __version__
 from .config import Config, ConfigError, load_config, to_toml
+from .config import flags as config_flags
 from .logs import setup_logging
 from .systemd_integration import LOG_PATHS, journal_handler
 
 
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
+    """``--config``, the camera and relay lists, and every setting's flag from the config table
+    (:func:`ruseon_appliance.config.flags`)."""
     parser.add_argument(
         "--config",
         type=Path,
@@ -24,41 +27,19 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
         help="TOML config file (default: $RUSEON_CONFIG or /etc/ruseon/ruseon.toml)",
     )
     parser.add_argument(
-        "--source",
-        metavar="KIND",
-        help="camera source: auto, synthetic, picamera[:N], rpicam[:N], file:PATH or rtsp://URL",
-    )
-    parser.add_argument(
         "--camera", metavar="NAME=SOURCE", action="append",
         help="a camera named NAME (repeatable; these make the camera list; the first is "
              "the default one unless http.default_camera names another)",
     )
-    parser.add_argument("--http", metavar="HOST:PORT", help="HTTP listen address (WHEP, page, API)")
-    parser.add_argument("--rtc", metavar="HOST:PORT", help="the single WebRTC UDP listen address")
-    parser.add_argument(
-        "--advertise",
-        metavar="ADDR",
-        action="append",
-        help="address to put in answers as a host candidate (repeatable)",
-    )
-    parser.add_argument("--state-dir", metavar="DIR", help="state directory (certificate, ...)")
-    parser.add_argument(
-        "--token", metavar="TOKEN",
-        help="the admin secret (default: the one made on first start in the state dir)"
-    )
-    parser.add_argument("--max-viewers", metavar="N", help="maximum concurrent viewers")
-    parser.add_argument("--log-level", metavar="LEVEL", help="debug, info, warning or error")
     parser.add_argument(
         "--relay", metavar="rtp://HOST:PORT",
         help="also send the camera's RTP to this media server (a relay named default)",
     )
-    parser.add_argument("--record-dir", metavar="DIR",
-                        help="record continuously into DIR (recording.dir + recording.continuous)")
-    parser.add_argument("--mqtt", metavar="URL",
-                        help="MQTT broker for Home Assistant (mqtt://HOST[:PORT] or mqtts://)")
-    parser.add_argument("--rtsp", metavar="HOST:PORT",
-                        help="serve RTSP for NVRs here (rtsp.enable + rtsp.listen, e.g. "
-                             "0.0.0.0:8554)")
+    for section, key, row in config_flags():
+        assert row.flag is not None
+        parser.add_argument(row.flag.name, metavar=row.flag.metavar, help=row.doc,
+                            dest=f"{section}.{key}",
+                            action="append" if row.flag.repeat else "store")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -119,34 +100,19 @@ def config_from_args(args: argparse.Namespace) -> Config:
     """Apply file, environment and the command line's flags, in that order."""
     flags: dict[str, dict[str, Any]] = {}
 
-    def put(section: str, key: str, value: Any) -> None:
-        if value is not None:
-            flags.setdefault(section, {})[key] = value
-
-    if args.camera and args.source is not None:
+    if args.camera and getattr(args, "camera.source") is not None:
         # One rule, whatever the count: --source would otherwise quietly replace the source
         # a single --camera just named.
         raise ConfigError("--source and --camera cannot be used together: give each camera "
                           "its source as --camera NAME=SOURCE")
     if args.camera:
         flags["cameras"] = {"flags": args.camera}
-    put("camera", "source", args.source)
-    put("http", "listen", args.http)
-    put("webrtc", "listen", args.rtc)
-    put("webrtc", "advertise", args.advertise)
-    put("state", "dir", args.state_dir)
-    put("auth", "token", args.token)
-    put("webrtc", "max_viewers", args.max_viewers)
-    put("log", "level", args.log_level)
-    put("mqtt", "url", args.mqtt)
-    if args.rtsp is not None:
-        put("rtsp", "listen", args.rtsp)
-        put("rtsp", "enable", "true")
     if args.relay is not None:
         flags["relay"] = {"url": args.relay}
-    if args.record_dir is not None:
-        put("recording", "dir", args.record_dir)
-        put("recording", "continuous", "true")
+    for section, key, row in config_flags():
+        value = getattr(args, f"{section}.{key}")
+        if value is not None and row.flag is not None:
+            flags.setdefault(section, {}).update({key: value, **dict(row.flag.also)})
     return load_config(args.config, overrides=flags, required=args.config is not None)
 
 

@@ -4,6 +4,14 @@ Precedence, lowest first: built-in defaults, the TOML file (default ``/etc/ruseo
 ``RUSEON_<SECTION>_<KEY>`` environment variables, then CLI flags. Every value is validated once,
 here; a bad value raises :class:`ConfigError` whose message is one line naming the key, the value
 and what is allowed.
+
+Each setting is described once, where its dataclass field is declared (:func:`setting`): its
+default, bounds or allowed values, the message naming them, whether it is a secret, its CLI flag
+and a one-line doc. One builder (:func:`_build`) reads any section from the file, the
+environment and flags; one validator (:func:`_validate_section`) enforces what the table says;
+rules that tie several fields together are small functions registered with :func:`_rules` right
+after the section they check. ``ruseon config`` (:func:`to_toml`), the CLI's flags (cli.py) and
+the tests that keep ``ruseon.example.toml`` and README's table in step read the same table.
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ import ssl
 import tomllib
 import typing
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +45,8 @@ RESERVED_CAMERA_NAMES = frozenset({"sessions"})
 PROFILES = ("baseline", "main", "high")
 # White balance modes both camera sources accept: libcamera's AwbModeEnum (picamera2) and
 # rpicam-apps' --awb table (core/options.cpp), which also has "normal" as a synonym of auto.
+AWB_MODES = ("auto", "incandescent", "tungsten", "fluorescent", "indoor", "daylight", "cloudy",
+             "custom")
 # camera.ring_bytes = 0: the arena holds this many seconds of the configured bitrate (the GOP
 # catch-up needs up to 2.5 s, a recording's pre-roll 5 s plus a GOP), within these bounds.
 RING_SECONDS = 16
@@ -44,13 +54,21 @@ RING_AUTO_MIN_BYTES = 2 * 1024 * 1024
 RING_AUTO_MAX_BYTES = 8 * 1024 * 1024
 # SRTP protection profiles webrtc.srtp_profiles may name (OpenSSL's names), in aiortc's order.
 SRTP_PROFILE_NAMES = ("SRTP_AEAD_AES_256_GCM", "SRTP_AEAD_AES_128_GCM", "SRTP_AES128_CM_SHA1_80")
-# List keys that also take one string ("auto") from a file.
-STRING_OR_LIST_KEYS = frozenset({"webrtc.srtp_profiles"})
 # A camera grid's tiles (the page, a Home Assistant dashboard, an NVR): the default share of
 # webrtc.max_viewers one client address may hold is at least this, where max_viewers allows.
 GRID_PLACES = 16
-AWB_MODES = ("auto", "incandescent", "tungsten", "fluorescent", "indoor", "daylight", "cloudy",
-             "custom")
+RELAY_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
+# AES_CM_128_HMAC_SHA1_80: a 16-byte master key and a 14-byte master salt, base64 as Janus's
+# srtpcrypto (and SDES's inline:) spell them.
+SRTP_MASTER_LENGTH = 30
+MQTT_SCHEMES = ("mqtt", "mqtts")
+# What a [[webhook]] may subscribe to (the event bus's names, ruseon_appliance/events).
+WEBHOOK_EVENTS = ("viewer_joined", "viewer_left", "camera_stalled", "camera_recovered",
+                  "recording_started", "recording_stopped", "controls_changed",
+                  "motion_started", "motion_ended")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+# What ``ruseon config`` prints for a secret that is set (unless --show-secrets).
+HIDDEN = "(hidden: ruseon config --show-secrets)"
 
 
 class ConfigError(ValueError):
@@ -87,49 +105,227 @@ def parse_host_port(key: str, text: str) -> HostPort:
     return HostPort(host, int(port_text))
 
 
+# ---------------------------------------------------------------------------------------------
+# The table: one Setting per field
+
+
+@dataclass(frozen=True, slots=True)
+class Flag:
+    """A CLI flag that sets one setting (its help: the setting's doc; ``also``: further
+    ``(key, text)`` of the same section it sets, e.g. ``--rtsp`` turns ``rtsp.enable`` on)."""
+
+    name: str
+    metavar: str
+    repeat: bool = False
+    also: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """What one field is: the table's row (see :func:`setting`)."""
+
+    doc: str = ""
+    lo: float | None = None
+    hi: float | None = None
+    choices: tuple[str, ...] = ()
+    ok: Callable[[Any], Any] | None = None
+    each: bool = True
+    allowed: str = ""
+    unit: str = ""
+    off: Any = None
+    secret: bool | str = False
+    flag: Flag | None = None
+    parse: Callable[[str, Any, bool], Any] | None = None
+    render: Callable[[Any], str] | None = None
+    one_or_list: bool = False
+
+    def allowed_text(self) -> str:
+        """What the error message says is allowed."""
+        if self.allowed:
+            return self.allowed
+        if self.choices:
+            return "allowed are " + ", ".join(self.choices)
+        text = (f"{_number(self.lo)} to {_number(self.hi)}" if self.hi is not None
+                else f"at least {_number(self.lo)}")
+        return f"{text} {self.unit}" if self.unit else text
+
+
+def _number(value: float | None) -> str:
+    return str(int(value)) if value is not None and float(value).is_integer() else str(value)
+
+
+def setting(default: Any, doc: str = "", **row: Any) -> Any:
+    """A dataclass field with its row of the table (:class:`Setting`):
+
+    - ``lo``/``hi``: inclusive bounds; ``choices``: the allowed values; ``ok``: a check
+      (``False`` or ``ValueError`` = invalid); ``off``: a value allowed besides (0: off/auto).
+      For a list they apply to each item, unless ``each=False`` (then to the whole list).
+    - ``allowed``: what the message says is allowed (default: from the bounds or choices, with
+      ``unit``); ``{error}`` in it is the ``ValueError``'s text.
+    - ``secret``: ``True`` (hidden by ``ruseon config``, never in messages) or ``"url"`` (a
+      password in it is); ``flag``: its CLI :class:`Flag`.
+    - ``parse(key, value, from_text)``/``render(value)``: a type of its own (e.g. a table or a
+      bool); ``one_or_list``: a list that also takes one string.
+
+    Its environment variable is ``RUSEON_<SECTION>_<KEY>`` (:func:`env_name`)."""
+    return field(default=default, metadata={"setting": Setting(doc=doc, **row)})
+
+
+def settings(cls: type) -> Iterator[tuple[str, Setting]]:
+    """A section class's fields and their rows, in order."""
+    for f in dataclasses.fields(cls):
+        yield f.name, f.metadata.get("setting", Setting())
+
+
+def env_name(section: str, key: str) -> str:
+    """The environment variable of ``section.key`` (tables have none)."""
+    return f"RUSEON_{section.upper()}_{key.upper()}"
+
+
+_RULES: dict[type, list[Callable[[Any, str], None]]] = {}
+
+
+def _rules(cls: type) -> Callable[[Callable[[Any, str], None]], Callable[[Any, str], None]]:
+    """Register a cross-field rule of ``cls``: ``rule(section, key)`` raises :class:`ConfigError`
+    (``key``: how messages name the section, e.g. ``camera 'back'``)."""
+
+    def register(rule: Callable[[Any, str], None]) -> Callable[[Any, str], None]:
+        _RULES.setdefault(cls, []).append(rule)
+        return rule
+
+    return register
+
+
+def _check(ok: bool, key: str, value: Any, allowed: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key} = {value!r} is not valid: {allowed}")
+
+
+def _hide_url_password(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    authority, slash, path = rest.partition("/")
+    userinfo, at, host = authority.rpartition("@")
+    if not sep or not at or ":" not in userinfo:
+        return url
+    return f"{scheme}://{userinfo.split(':', 1)[0]}:***@{host}{slash}{path}"
+
+
+def _shown(row: Setting, value: Any) -> Any:
+    """A value as messages may show it: a secret never, a URL without its password."""
+    if row.secret is True:
+        return "(hidden)"
+    if row.secret == "url" and isinstance(value, str):
+        return _hide_url_password(value)
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _validate_value(key: str, row: Setting, value: Any) -> None:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        _validate_section(value, key)
+    for item in value if isinstance(value, tuple) and row.each else (value,):
+        if row.off is not None and item == row.off:
+            continue
+        valid, error = True, ""
+        if (row.lo is not None and item < row.lo) or (row.hi is not None and item > row.hi):
+            valid = False
+        if row.choices and item not in row.choices:
+            valid = False
+        if valid and row.ok is not None:
+            try:
+                valid = row.ok(item) is not False
+            except ValueError as exc:
+                valid, error = False, str(exc)
+        if not valid:
+            allowed = row.allowed_text().replace("{error}", error)
+            raise ConfigError(f"{key} = {_shown(row, item)!r} is not valid: {allowed}")
+
+
+def _validate_section(section: Any, key: str, sep: str = ".") -> None:
+    """Every field of ``section`` against its row, then the section's rules."""
+    for name, row in settings(type(section)):
+        _validate_value(f"{key}{sep}{name}", row, getattr(section, name))
+    for rule in _RULES.get(type(section), ()):
+        rule(section, key)
+
+
+# ---------------------------------------------------------------------------------------------
+# The sections
+
+
+def _is_name(value: str) -> bool:
+    return 0 < len(value) <= 64 and set(value) <= RELAY_NAME_CHARS
+
+
+def _network_host(url: str) -> str:
+    try:
+        return urllib.parse.urlsplit(url).hostname or ""
+    except ValueError:
+        return ""
+
+
+def _is_source(source: str) -> bool:
+    kind, _, index = source.partition(":")
+    return (source in SOURCE_KINDS
+            or (kind in INDEXED_SOURCE_KINDS and index.isdigit() and int(index) <= 15)
+            or (source.startswith("file:") and len(source) > 5)
+            or (source.startswith(NETWORK_SOURCE_SCHEMES) and _network_host(source) != ""))
+
+
+def _zone(text: str) -> object:
+    from .motion.zones import parse_polygon
+
+    return parse_polygon(text)
+
+
+_ZONES = "{error} (a zone is \"x,y x,y x,y ...\", coordinates 0 to 1)"
+_EVEN = "an even number from 16 to 4096"
+
+
 @dataclass(frozen=True, slots=True)
 class CameraConfig:
     """``[camera]`` (one camera) or one ``[[camera]]`` table: where frames come from and how
     they are encoded."""
 
-    # URL-safe and unique: /whep/<name>, /snapshot/<name>.jpg, /hls/<name>/, metrics labels.
-    name: str = DEFAULT_CAMERA_NAME
-    # auto | synthetic | picamera[:N] | rpicam[:N] | file:PATH | rtsp://... (N: sensor index)
-    source: str = "auto"
-    width: int = 1280
-    height: int = 720
-    framerate: int = 30
-    bitrate: int = 2_000_000
-    # Frames between forced IDRs (the GOP length).
-    keyframe_interval: int = 60
-    profile: str = "baseline"
-    # Shortest time between two keyframes forced on viewers' request (coalescing window).
-    keyframe_request_interval_ms: int = 500
-    hflip: bool = False
-    vflip: bool = False
-    # Manual exposure in µs and analogue gain; 0 means automatic.
-    exposure_us: int = 0
-    gain: float = 0.0
-    # Auto white balance mode name as picamera2 knows it (auto, daylight, cloudy, ...).
-    awb: str = "auto"
-    # Ring buffer arena (0: sized from the bitrate, see ring_arena_bytes) and slot table.
-    ring_bytes: int = 0
-    ring_slots: int = 1024
-    # Largest access unit the muxer can assemble.
-    max_frame_bytes: int = 1024 * 1024
-    # rpicam-vid executable (for source = rpicam).
-    rpicam_command: str = "rpicam-vid"
-    # Motion detection (ruseon_appliance/motion/), on by default: sensitivity 0 to 100; motion
-    # must last min_duration_s to start an event, which ends off_delay_s after the last motion;
-    # the next starts min_gap_s after it at the soonest. Zones are polygons "x,y x,y x,y ..."
-    # in picture coordinates from 0 to 1 (y down): include (look only there), exclude (masks).
-    motion: bool = True
-    motion_sensitivity: int = 50
-    motion_min_duration_s: float = 0.3
-    motion_off_delay_s: float = 10.0
-    motion_min_gap_s: float = 5.0
-    motion_include: tuple[str, ...] = ()
-    motion_exclude: tuple[str, ...] = ()
+    name: str = setting(
+        DEFAULT_CAMERA_NAME, "URL-safe, unique: /whep/<name>, /hls/<name>/, metrics labels",
+        ok=lambda v: _is_name(v) and v not in RESERVED_CAMERA_NAMES,
+        allowed="1-64 letters, digits, - or _ (and not "
+        + ", ".join(sorted(RESERVED_CAMERA_NAMES)) + ")")
+    source: str = setting(
+        "auto", "camera source: auto, synthetic, picamera[:N], rpicam[:N], file:PATH or "
+        "rtsp://URL", ok=_is_source, secret="url", flag=Flag("--source", "KIND"),
+        allowed="allowed are auto, synthetic, picamera, rpicam, file:PATH, picamera:N, rpicam:N "
+        "(N: the sensor index), rtsp://HOST[:PORT]/PATH")
+    width: int = setting(1280, lo=16, hi=4096, ok=lambda v: v % 2 == 0, allowed=_EVEN)
+    height: int = setting(720, lo=16, hi=4096, ok=lambda v: v % 2 == 0, allowed=_EVEN)
+    framerate: int = setting(30, lo=1, hi=120)
+    bitrate: int = setting(2_000_000, lo=50_000, hi=50_000_000, unit="bits/s")
+    keyframe_interval: int = setting(60, "frames between IDRs (GOP)", lo=1, hi=600, unit="frames")
+    profile: str = setting("baseline", choices=PROFILES)
+    keyframe_request_interval_ms: int = setting(
+        500, "shortest time between two IDRs viewers force", lo=0, hi=60_000, unit="ms")
+    hflip: bool = setting(False)
+    vflip: bool = setting(False)
+    exposure_us: int = setting(0, "0: automatic", lo=0, allowed="0 (auto) or more µs")
+    gain: float = setting(0.0, "analogue; 0: automatic", lo=0, allowed="0 (auto) or more")
+    awb: str = setting("auto", "white balance mode, as picamera2 names it", choices=AWB_MODES)
+    ring_bytes: int = setting(0, "ring arena; 0: sized from the bitrate (ring_arena_bytes)", off=0,
+                              lo=64 * 1024, hi=512 * 1024 * 1024,
+                              allowed="0 (sized from the bitrate) or 64 KiB to 512 MiB")
+    ring_slots: int = setting(1024, lo=16, hi=65536)
+    max_frame_bytes: int = setting(1024 * 1024, "largest access unit (bounds: _camera_rules)")
+    rpicam_command: str = setting("rpicam-vid", "the rpicam-vid executable")
+    # Motion detection (motion/): motion lasting min_duration_s starts an event; it ends
+    # off_delay_s after the last motion; the next starts min_gap_s after it at the soonest.
+    motion: bool = setting(True, "motion detection")
+    motion_sensitivity: int = setting(50, "0 (large changes only) to 100", lo=0, hi=100)
+    motion_min_duration_s: float = setting(0.3, lo=0, hi=60, unit="seconds")
+    motion_off_delay_s: float = setting(10.0, lo=0, hi=3600, unit="seconds")
+    motion_min_gap_s: float = setting(5.0, lo=0, hi=3600, unit="seconds")
+    motion_include: tuple[str, ...] = setting((), "zones to look at only", ok=_zone,
+                                              allowed=_ZONES)
+    motion_exclude: tuple[str, ...] = setting((), "zones never looked at", ok=_zone,
+                                              allowed=_ZONES)
 
     @property
     def ring_arena_bytes(self) -> int:
@@ -164,29 +360,41 @@ class CameraConfig:
         return int(index) if sep and kind in INDEXED_SOURCE_KINDS and index.isdigit() else 0
 
 
+@_rules(CameraConfig)
+def _camera_rules(cam: CameraConfig, key: str) -> None:
+    _check(16 * 1024 <= cam.max_frame_bytes <= cam.ring_arena_bytes, f"{key}.max_frame_bytes",
+           cam.max_frame_bytes,
+           f"16 KiB up to the ring arena ({cam.ring_arena_bytes} bytes, camera.ring_bytes)")
+
+
+def validate_camera(cam: CameraConfig, key: str = "camera") -> None:
+    """One camera's values; ``key`` names it in messages (``camera`` or ``camera 'back'``)."""
+    _validate_section(cam, key)
+
+
 @dataclass(frozen=True, slots=True)
 class HttpConfig:
     """``[http]``: the device page, WHEP and the API."""
 
-    listen: HostPort = HostPort("0.0.0.0", 8080)
-    # "self-signed": HTTPS with a certificate made once and kept in state.dir
-    # (web/https_certificate.py); "" (default): plain HTTP, or HTTPS with tls_cert and tls_key.
-    tls: str = ""
-    # Optional HTTPS: both paths set means TLS.
-    tls_cert: str = ""
-    tls_key: str = ""
-    # Extra origins allowed by CORS besides the device page's own.
-    cors_origins: tuple[str, ...] = ()
-    # Host names the board answers to besides its IP addresses, localhost, its hostname and
-    # <hostname>.local (DNS rebinding defence): a reverse proxy's name, a DNS name of the board.
-    hosts: tuple[str, ...] = ()
-    max_offer_bytes: int = 64 * 1024
-    # The camera the unnamed routes serve (/whep, /snapshot.jpg, /hls/, /api/camera/controls,
-    # rtsp://…/stream, a relay without camera): a camera's name; empty = the first listed.
-    default_camera: str = ""
-    # Reverse proxies (addresses or CIDR networks) whose Forwarded / X-Forwarded-For name the
-    # client; requests from anywhere else count against their own address.
-    trusted_proxies: tuple[str, ...] = ()
+    listen: HostPort = setting(HostPort("0.0.0.0", 8080), "HTTP listen address (WHEP, page, API)",
+                               flag=Flag("--http", "HOST:PORT"))
+    tls: str = setting(
+        "", '"self-signed": HTTPS with a certificate made once (web/https_certificate.py)',
+        choices=("", "self-signed"), allowed='"self-signed" (a certificate made once and kept '
+        'in state.dir) or "" (plain HTTP, or HTTPS with http.tls_cert and http.tls_key)')
+    tls_cert: str = setting("", "HTTPS with your own certificate: both paths set")
+    tls_key: str = setting("")
+    cors_origins: tuple[str, ...] = setting((), "extra origins allowed by CORS")
+    hosts: tuple[str, ...] = setting(
+        (), "host names besides its addresses, localhost, <hostname>(.local): DNS rebinding",
+        ok=lambda v: bool(v.strip()) and "/" not in v and " " not in v.strip(),
+        allowed="host names (no scheme, path or spaces)")
+    max_offer_bytes: int = setting(64 * 1024, lo=1024)
+    default_camera: str = setting("", "the camera the unnamed routes serve; empty: the first")
+    trusted_proxies: tuple[str, ...] = setting(
+        (), "reverse proxies whose Forwarded / X-Forwarded-For name the client",
+        ok=ipaddress.ip_network, allowed="an IPv4 or IPv6 address or CIDR network, e.g. "
+        "192.0.2.10 or 10.0.0.0/8 ({error})")
 
     @property
     def https(self) -> bool:
@@ -198,31 +406,43 @@ class HttpConfig:
         return tuple(ipaddress.ip_network(entry) for entry in self.trusted_proxies)
 
 
+@_rules(HttpConfig)
+def _http_rules(http: HttpConfig, key: str) -> None:
+    _check(bool(http.tls_cert) == bool(http.tls_key), f"{key}.tls_cert", http.tls_cert,
+           "set together with http.tls_key (both or neither)")
+    _check(not (http.tls and http.tls_cert), f"{key}.tls", http.tls,
+           "not together with http.tls_cert/tls_key: use one or the other")
+
+
 @dataclass(frozen=True, slots=True)
 class WebRtcConfig:
     """``[webrtc]``: the single UDP port and what the answers advertise."""
 
-    listen: HostPort = HostPort("0.0.0.0", 8189)
-    # Addresses put in answers as host candidates; empty means the board's own interface addresses.
-    advertise: tuple[str, ...] = ()
-    # STUN/TURN URLs; none by default, so nothing is contacted unless configured.
-    ice_servers: tuple[str, ...] = ()
-    max_viewers: int = 50
-    # Places one client address (an IPv6 /64) may hold, connected and pending together;
-    # 0: the default rule (places_per_address).
-    max_viewers_per_address: int = 0
-    # Seconds a session may stay pending (answered, not connected) before it is reaped; a
-    # browser on a LAN connects in well under one.
-    connect_timeout_s: float = 10.0
-    # Deprecated (0: not set): it capped pending sessions per address, refusing a camera grid's
-    # burst. A value above the default share widens the share (a reverse proxy's advice was to
-    # raise it); a smaller one is ignored. The engine warns at start.
-    pending_per_address: int = 0
-    # fanout: packetize once, send per viewer; aiortc: stock RTCRtpSender (comparison/fallback).
-    send_path: str = "fanout"
-    # SRTP profiles offered in the DTLS handshake, most preferred first; "auto": AES-GCM first
-    # (aiortc's order) on CPUs with AES instructions, only AES128_CM_SHA1_80 without (Pi 4).
-    srtp_profiles: tuple[str, ...] = ("auto",)
+    listen: HostPort = setting(HostPort("0.0.0.0", 8189), "the single WebRTC UDP listen address",
+                               flag=Flag("--rtc", "HOST:PORT"))
+    advertise: tuple[str, ...] = setting(
+        (), "address to put in answers as a host candidate (repeatable)", ok=ipaddress.ip_address,
+        allowed="an IPv4 or IPv6 address", flag=Flag("--advertise", "ADDR", repeat=True))
+    ice_servers: tuple[str, ...] = setting(
+        (), "STUN/TURN URLs; none: nothing is contacted", allowed="stun:, stuns:, turn: or turns: "
+        "URLs", ok=lambda v: v.split(":", 1)[0] in ("stun", "stuns", "turn", "turns"))
+    max_viewers: int = setting(50, "maximum concurrent viewers", lo=1, hi=10_000,
+                               flag=Flag("--max-viewers", "N"))
+    max_viewers_per_address: int = setting(
+        0, "places one address (/64) may hold; 0: places_per_address (bounds: _webrtc_rules)")
+    connect_timeout_s: float = setting(10.0, "a pending session is reaped after this",
+                                       ok=lambda v: v > 0, allowed="more than 0 seconds")
+    pending_per_address: int = setting(
+        0, "deprecated (0: not set); a value above the default share widens it", lo=0, hi=10_000,
+        allowed="0 to 10000 (deprecated: set webrtc.max_viewers_per_address instead)")
+    send_path: str = setting("fanout", "fanout: packetize once; aiortc: the stock sender",
+                             choices=("fanout", "aiortc"))
+    srtp_profiles: tuple[str, ...] = setting(
+        ("auto",), "most preferred first; auto: AES-GCM first with AES instructions, else "
+        "AES128_CM only", one_or_list=True, each=False,
+        ok=lambda v: v == ("auto",) or (bool(v) and len(set(v)) == len(v)
+                                        and all(p in SRTP_PROFILE_NAMES for p in v)),
+        allowed=f'"auto" or a list of {", ".join(SRTP_PROFILE_NAMES)} (no repeats)')
 
     def places_per_address(self) -> int:
         """How many viewer places one client address may hold, connected and pending together.
@@ -239,6 +459,23 @@ class WebRtcConfig:
         return share
 
 
+@_rules(WebRtcConfig)
+def _webrtc_rules(webrtc: WebRtcConfig, key: str) -> None:
+    _check(0 <= webrtc.max_viewers_per_address <= webrtc.max_viewers,
+           f"{key}.max_viewers_per_address", webrtc.max_viewers_per_address,
+           f"0 (half of webrtc.max_viewers, at least {GRID_PLACES} while one place stays for "
+           f"others) or 1 to webrtc.max_viewers ({webrtc.max_viewers})")
+
+
+def _read_secret(key: str, value: str, path: str) -> str:
+    if value or not path:
+        return value
+    try:
+        return Path(path).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ConfigError(f"{key} = {path!r} cannot be read: {exc.strerror}") from exc
+
+
 @dataclass(frozen=True, slots=True)
 class AuthConfig:
     """``[auth]``: who may view and who may administer (ruseon_appliance/access/).
@@ -249,12 +486,14 @@ class AuthConfig:
     view only) or the admin secret.
     """
 
-    token: str = ""
-    token_file: str = ""
-    # "open": anyone on the LAN may watch; "credential": viewing needs the viewer token or admin.
-    viewing: str = "open"
-    viewer_token: str = ""
-    viewer_token_file: str = ""
+    token: str = setting("", "the admin secret (default: the one made on first start in the "
+                         "state dir)", secret=True, flag=Flag("--token", "TOKEN"))
+    token_file: str = setting("", "or read it from this file")
+    viewing: str = setting(
+        "open", choices=("open", "credential"),
+        allowed='"open" (anyone on the LAN may watch) or "credential" (viewer token or admin)')
+    viewer_token: str = setting("", "a view-only credential to share", secret=True)
+    viewer_token_file: str = setting("", "or read it from this file")
 
     def resolve_token(self) -> str:
         """Return the configured admin token, reading ``token_file`` if set (stripped); "" when
@@ -266,58 +505,53 @@ class AuthConfig:
         return _read_secret("auth.viewer_token_file", self.viewer_token, self.viewer_token_file)
 
 
-def _read_secret(key: str, value: str, path: str) -> str:
-    if value:
-        return value
-    if path:
-        try:
-            return Path(path).read_text(encoding="utf-8").strip()
-        except OSError as exc:
-            raise ConfigError(f"{key} = {path!r} cannot be read: {exc.strerror}") from exc
-    return ""
-
-
 @dataclass(frozen=True, slots=True)
 class StateConfig:
     """``[state]``: where the certificate and other persistent state live."""
 
-    dir: str = "/var/lib/ruseon"
+    dir: str = setting("/var/lib/ruseon", "state directory (certificate, ...)", ok=bool,
+                       allowed="a directory path", flag=Flag("--state-dir", "DIR"))
 
 
 @dataclass(frozen=True, slots=True)
 class HlsConfig:
     """``[hls]``: HLS and Low-Latency HLS under ``/hls/`` (the page's fallback, Safari, caches)."""
 
-    enable: bool = True
-    # PART-TARGET: every partial segment is at most this long (LL-HLS wants ~0.2-0.33 s).
-    part_duration_s: float = 0.25
-    # Seconds of complete segments kept in memory (never fewer than three target durations).
-    window_s: float = 12.0
-    # Blocking playlist reloads and hinted part requests held at once; more get 503.
-    max_waiting_requests: int = 1000
+    enable: bool = setting(True)
+    part_duration_s: float = setting(
+        0.25, "PART-TARGET, the longest partial segment", lo=0.1, hi=2.0,
+        allowed="0.1 to 2.0 seconds (LL-HLS parts are usually 0.2-0.33 s)")
+    window_s: float = setting(12.0, "seconds of segments kept in memory (at least 3 targets)",
+                              lo=4, hi=120, unit="seconds")
+    max_waiting_requests: int = setting(1000, "blocking reloads held at once; more get 503", lo=1,
+                                        hi=100_000)
 
 
 @dataclass(frozen=True, slots=True)
 class RtspConfig:
     """``[rtsp]``: an RTSP server (RFC 2326) for NVRs and players: ``rtsp://HOST:8554/<camera>``."""
 
-    enable: bool = False
-    listen: HostPort = HostPort("0.0.0.0", 8554)
-    # RTSP connections at once (each playing one camera); more are answered 503.
-    max_clients: int = 20
+    enable: bool = setting(False)
+    listen: HostPort = setting(HostPort("0.0.0.0", 8554), "serve RTSP for NVRs here (rtsp.enable "
+                               "+ rtsp.listen, e.g. 0.0.0.0:8554)",
+                               flag=Flag("--rtsp", "HOST:PORT", also=(("enable", "true"),)))
+    max_clients: int = setting(20, "connections at once; more are answered 503", lo=1, hi=10_000)
 
 
 @dataclass(frozen=True, slots=True)
 class LogConfig:
     """``[log]``: verbosity."""
 
-    level: str = "info"
+    level: str = setting("info", "debug, info, warning or error", ok=lambda v: v.lower() in
+                         LOG_LEVELS, allowed="allowed are " + ", ".join(LOG_LEVELS),
+                         flag=Flag("--log-level", "LEVEL"))
 
 
-RELAY_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
-# AES_CM_128_HMAC_SHA1_80: a 16-byte master key and a 14-byte master salt, base64 as Janus's
-# srtpcrypto (and SDES's inline:) spell them.
-SRTP_MASTER_LENGTH = 30
+def _srtp_key_ok(key: str) -> bool:
+    try:
+        return len(base64.b64decode(key, validate=True)) == SRTP_MASTER_LENGTH
+    except (binascii.Error, ValueError):
+        return False
 
 
 # [[relay]] rtcp_port's default: the RTP port + 1.
@@ -328,19 +562,19 @@ RTCP_NEXT_PORT = -1
 class RelayConfig:
     """One ``[[relay]]`` table: the camera's RTP to a media server (e.g. a Janus mountpoint)."""
 
-    name: str = "default"
-    # rtp://HOST:PORT, the server's RTP port (HOST an IP literal or a name resolved at start).
-    url: str = ""
-    # Base64 of 30 bytes (key + salt) for SRTP AES_CM_128_HMAC_SHA1_80; empty = plain RTP.
-    srtp_key: str = ""
-    # The server's RTCP port (sender reports go there; its PLI/FIR come back): -1 (the
-    # default) = the RTP port + 1, RTP's convention (RFC 3550 11); 0 = none.
-    rtcp_port: int = RTCP_NEXT_PORT
-    # Local address of the relay's UDP socket; port 0 = any free port.
-    bind: HostPort = HostPort("0.0.0.0", 0)
-    payload_type: int = 96
-    # Which camera's stream (a [[camera]] name); empty = the default camera (http.default_camera).
-    camera: str = ""
+    name: str = setting("default", ok=_is_name, allowed="1-64 letters, digits, - or _")
+    url: str = setting("", "rtp://HOST:PORT (HOST an IP literal or a name resolved at start)",
+                       secret="url")
+    srtp_key: str = setting(
+        "", "base64 of key + salt for SRTP AES_CM_128_HMAC_SHA1_80; empty: plain RTP",
+        secret=True, off="", ok=_srtp_key_ok,
+        allowed=f"base64 of {SRTP_MASTER_LENGTH} bytes (AES_CM_128_HMAC_SHA1_80 key + salt, as "
+        "Janus's srtpcrypto), e.g. from: head -c 30 /dev/urandom | base64")
+    rtcp_port: int = setting(RTCP_NEXT_PORT, "the server's RTCP port (SRs out, PLI/FIR back); "
+                             "left out: the RTP port + 1 (RTP's convention); 0: none")
+    bind: HostPort = setting(HostPort("0.0.0.0", 0), "the relay's UDP socket; port 0: any")
+    payload_type: int = setting(96, lo=96, hi=127, allowed="a dynamic payload type, 96 to 127")
+    camera: str = setting("", "which camera's stream; empty: the default camera")
 
     @property
     def target(self) -> HostPort:
@@ -360,43 +594,58 @@ class RelayConfig:
         return base64.b64decode(self.srtp_key, validate=True) if self.srtp_key else None
 
 
-MQTT_SCHEMES = ("mqtt", "mqtts")
-# What a [[webhook]] may subscribe to (the event bus's names, ruseon_appliance/events).
-WEBHOOK_EVENTS = ("viewer_joined", "viewer_left", "camera_stalled", "camera_recovered",
-                  "recording_started", "recording_stopped", "controls_changed",
-                  "motion_started", "motion_ended")
+@_rules(RelayConfig)
+def _relay_rules(relay: RelayConfig, key: str) -> None:
+    expected = "expected rtp://HOST:PORT, e.g. rtp://192.0.2.10:5004"
+    _check(relay.url.startswith("rtp://"), f"{key}: url", relay.url, expected)
+    try:
+        target = relay.target
+    except ConfigError:
+        target = HostPort("", 0)
+    _check(bool(target.host), f"{key}: url", relay.url, expected)
+    _check(1 <= target.port <= 65535, f"{key}: url", relay.url, "a port from 1 to 65535")
+    _check(relay.rtcp_port in (0, RTCP_NEXT_PORT) or (1 <= relay.rtcp_port <= 65535
+                                                      and relay.rtcp_port != target.port),
+           f"{key}: rtcp_port", relay.rtcp_port,
+           "0 (none) or a port from 1 to 65535 other than the RTP port (left out: the RTP "
+           "port + 1)")
+    _check(relay.rtcp_port != RTCP_NEXT_PORT or target.port < 65535, f"{key}: url",
+           relay.url, "RTCP goes to the RTP port + 1 unless rtcp_port says otherwise: set "
+           "rtcp_port (or 0 for none) with RTP port 65535")
+
+
+def _is_topic(value: str) -> bool:
+    return (bool(value) and set(value) <= RELAY_NAME_CHARS | frozenset("/")
+            and not value.startswith("/") and not value.endswith("/"))
+
+
+_TOPIC = "letters, digits, -, _ and inner /, no MQTT wildcards"
 
 
 @dataclass(frozen=True, slots=True)
 class MqttConfig:
     """``[mqtt]``: Home Assistant discovery and state over MQTT; off while ``url`` is empty."""
 
-    # mqtt://HOST[:PORT] (1883) or mqtts://HOST[:PORT] (8883, TLS with the system's CAs).
-    url: str = ""
-    # mqtts:// only: trust the CA(s) in this PEM file instead of the system's (a broker with a
-    # certificate from its own CA, e.g. Home Assistant's Mosquitto add-on). Verification and the
-    # host-name check always stay on: the URL's host must be in the broker's certificate.
-    ca_file: str = ""
-    # mqtts:// only: a client certificate (PEM) and its key, for brokers that require one
-    # (mosquitto's require_certificate). key_file may stay empty when cert_file holds the key.
-    cert_file: str = ""
-    key_file: str = ""
-    username: str = ""
-    password: str = ""
-    # Or read the password from this file (keep it 0600).
-    password_file: str = ""
-    # State, availability and commands live under <topic_prefix>/<device id>/...
-    topic_prefix: str = "ruseon"
-    discovery_prefix: str = "homeassistant"
-    # Empty: a random id kept in the state dir, so Home Assistant's unique_ids survive restarts.
-    device_id: str = ""
-    # Shortest time between two state messages (throttle), and the snapshot image's period.
-    state_interval_s: float = 5.0
-    snapshot_interval_s: float = 30.0
-    # Any client the broker lets publish under <topic_prefix>/ can press the buttons and set
-    # camera controls; false = state only (no buttons, no control entities, nothing subscribed
-    # but Home Assistant's status). Otherwise restrict those topics with the broker's ACL.
-    commands: bool = True
+    url: str = setting("", "MQTT broker for Home Assistant (mqtt://HOST[:PORT] or mqtts://)",
+                       secret="url", flag=Flag("--mqtt", "URL"))
+    ca_file: str = setting("", "mqtts: trust this PEM CA instead of the system's")
+    cert_file: str = setting("", "mqtts: a client certificate (PEM)")
+    key_file: str = setting("", "its key; empty when cert_file holds it")
+    username: str = setting("")
+    password: str = setting("", secret=True)
+    password_file: str = setting("", "or read the password from this file")
+    topic_prefix: str = setting("ruseon", "<topic_prefix>/<device id>/...", ok=_is_topic,
+                                allowed=_TOPIC)
+    discovery_prefix: str = setting("homeassistant", ok=_is_topic, allowed=_TOPIC)
+    device_id: str = setting(
+        "", "empty: generated once, kept in the state dir", ok=lambda v: set(v) <= RELAY_NAME_CHARS,
+        allowed="letters, digits, - or _ (empty: generated and kept in the state dir)")
+    state_interval_s: float = setting(5.0, "shortest time between two state messages", lo=0.5,
+                                      hi=3600, unit="seconds")
+    snapshot_interval_s: float = setting(30.0, "the snapshot image's period", lo=1, hi=86400,
+                                         unit="seconds")
+    commands: bool = setting(True, "buttons and controls from MQTT (restrict with the broker's "
+                             "ACL); false: state only")
 
     def endpoint(self) -> tuple[str, int, bool]:
         """``(host, port, tls)`` of :attr:`url`; ``ValueError`` when it is not a broker URL."""
@@ -416,14 +665,31 @@ class MqttConfig:
 
     def resolve_password(self) -> str:
         """The configured password, reading ``password_file`` if set (stripped)."""
-        if self.password or not self.password_file:
-            return self.password
+        return _read_secret("mqtt.password_file", self.password, self.password_file)
+
+
+@_rules(MqttConfig)
+def _mqtt_rules(mqtt: MqttConfig, key: str) -> None:
+    """A broker URL with a host, no credentials in it; TLS files only for mqtts:// (and usable)."""
+    if mqtt.url:
         try:
-            return Path(self.password_file).read_text(encoding="utf-8").strip()
-        except OSError as exc:
-            raise ConfigError(
-                f"mqtt.password_file = {self.password_file!r} cannot be read: {exc.strerror}"
-            ) from exc
+            mqtt.endpoint()
+        except ValueError:
+            raise ConfigError(f"{key}.url = {_hide_url_password(mqtt.url)!r} is not valid: "
+                              "expected mqtt://HOST[:PORT] or mqtts://HOST[:PORT]") from None
+        # Credentials in the URL were ignored (the appliance connected without them); and a
+        # URL is what logs, `ps` and status show. They go in username/password(_file).
+        _check("@" not in mqtt.url, f"{key}.url", "(credentials hidden)",
+               "mqtt://HOST[:PORT] without user:password@ (use mqtt.username and "
+               "mqtt.password or mqtt.password_file)")
+    tls_keys = [name for name in ("ca_file", "cert_file", "key_file") if getattr(mqtt, name)]
+    if tls_keys:
+        _check(mqtt.url.startswith("mqtts://"), f"{key}.{tls_keys[0]}",
+               getattr(mqtt, tls_keys[0]), "only with an mqtts:// url")
+    _check(not mqtt.key_file or bool(mqtt.cert_file), f"{key}.key_file", mqtt.key_file,
+           "needs mqtt.cert_file (the certificate it belongs to)")
+    if mqtt.url:
+        mqtt.tls_context()  # a CA, certificate or key that cannot be used fails now, not later
 
 
 @dataclass(frozen=True, slots=True)
@@ -431,46 +697,39 @@ class OnvifConfig:
     """``[onvif]``: an ONVIF Profile S device (SOAP on the HTTP port, WS-Discovery on UDP 3702)
     that NVRs and Home Assistant find and adopt; off by default."""
 
-    enable: bool = False
-    # The ONVIF account; an empty password means the admin secret.
-    username: str = "admin"
-    password: str = ""
-    # Or read the password from this file (keep it 0600).
-    password_file: str = ""
-    # Answer WS-Discovery probes (and announce Hello/Bye) on the HTTP listen address.
-    discovery: bool = True
+    enable: bool = setting(False)
+    username: str = setting("admin", "the ONVIF account")
+    password: str = setting("", "empty: the admin secret", secret=True)
+    password_file: str = setting("", "or read the password from this file")
+    discovery: bool = setting(True, "answer WS-Discovery probes, announce Hello/Bye")
 
     def resolve_password(self) -> str:
         """The configured password, reading ``password_file`` if set (stripped)."""
-        if self.password or not self.password_file:
-            return self.password
-        try:
-            return Path(self.password_file).read_text(encoding="utf-8").strip()
-        except OSError as exc:
-            raise ConfigError(
-                f"onvif.password_file = {self.password_file!r} cannot be read: {exc.strerror}"
-            ) from exc
+        return _read_secret("onvif.password_file", self.password, self.password_file)
+
+
+def _webhook_scheme(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    return scheme if scheme in ("http", "https") and sep and rest.split("/")[0] else ""
 
 
 @dataclass(frozen=True, slots=True)
 class WebhookConfig:
     """One ``[[webhook]]`` table: JSON POSTs of appliance events to a URL."""
 
-    url: str = ""
-    # https:// only: trust the CA(s) in this PEM file instead of the system's (a receiver with a
-    # certificate from a home CA). Verification and the host-name check always stay on.
-    ca_file: str = ""
-    # Event names to send; empty = all of WEBHOOK_EVENTS.
-    events: tuple[str, ...] = ()
-    # HMAC-SHA256 key; when set every POST carries X-Ruseon-Timestamp and X-Ruseon-Signature:
-    # sha256=<hex HMAC of "<timestamp>.<body>"> (see docs/home-assistant.md).
-    secret: str = ""
-    timeout_s: float = 5.0
-    # Attempts after the first one, with doubling back-off from retry_delay_s.
-    retries: int = 3
-    retry_delay_s: float = 1.0
-    # Events waiting to be sent; when full the oldest is dropped (and counted).
-    queue_size: int = 100
+    url: str = setting("", secret="url", ok=lambda v: _webhook_scheme(v) != "",
+                       allowed="expected http://HOST[:PORT]/PATH or https://...")
+    ca_file: str = setting("", "https: trust this PEM CA instead of the system's")
+    events: tuple[str, ...] = setting((), "event names to send; empty: all", choices=WEBHOOK_EVENTS)
+    secret: str = setting("", "HMAC-SHA256 key of X-Ruseon-Signature (docs/home-assistant.md)",
+                          secret=True)
+    timeout_s: float = setting(5.0, hi=300, ok=lambda v: v > 0,
+                               allowed="more than 0, at most 300 seconds")
+    retries: int = setting(3, "attempts after the first, back-off doubling", lo=0, hi=20)
+    retry_delay_s: float = setting(1.0, hi=600, ok=lambda v: v > 0,
+                                   allowed="more than 0, at most 600 seconds")
+    queue_size: int = setting(100, "events waiting; full: the oldest is dropped", lo=1,
+                              hi=10_000, unit="events")
 
     def tls_context(self) -> ssl.SSLContext | None:
         """A context trusting :attr:`ca_file` for an https:// URL, or None (aiohttp's default:
@@ -478,40 +737,46 @@ class WebhookConfig:
         return _tls_context("webhook", self.ca_file) if self.ca_file else None
 
 
+@_rules(WebhookConfig)
+def _webhook_rules(hook: WebhookConfig, key: str) -> None:
+    if hook.ca_file:
+        _check(_webhook_scheme(hook.url) == "https", f"{key}.ca_file", hook.ca_file,
+               "only with an https:// url")
+        _tls_context(key, hook.ca_file)
+
+
 @dataclass(frozen=True, slots=True)
 class RecordingConfig:
     """``[recording]``: the fMP4 archive on the board and its playback API."""
 
-    # Record from start-up on (otherwise only between POST /api/recording/start and stop).
-    continuous: bool = False
-    # Where segments go; empty means <state.dir>/recordings.
-    dir: str = ""
-    # Segment length in seconds (a segment is cut at the first IDR after it).
-    segment_s: float = 60.0
-    # Seconds of the ring's past an on-demand recording begins with (bounded by the ring).
-    preroll_s: float = 5.0
-    # The open segment's whole fragments are made durable (fdatasync) this often, so a power cut
-    # loses about this much; 0: only when a segment closes (up to segment_s lost).
-    sync_interval_s: float = 5.0
-    # "continuous" (from start-up on), "motion" (each camera records from preroll_s before
-    # its motion events to postroll_s after them; overlapping events make one recording),
-    # "off" (only on request); empty: as `continuous` says.
-    mode: str = ""
-    postroll_s: float = 5.0
-    # Retention: oldest segments are deleted once the archive exceeds either limit (0: none).
-    max_bytes: int = 2 * 1024 * 1024 * 1024
-    max_age_hours: float = 168.0
-    # Segments that hold a motion event (with its pre- and post-roll) are kept this long by age
-    # instead, when it is longer than max_age_hours (Frigate's tiers; 0: the same as the rest).
-    # The size limit takes the oldest segments either way.
-    event_max_age_hours: float = 0.0
-    # Clip downloads (/recordings/get) at once, in total and from one client address; beyond
-    # them 503 with Retry-After.
-    max_downloads: int = 4
-    max_downloads_per_address: int = 2
-    # The clock counts as synchronized while this file exists; empty: the kernel's NTP state
-    # (adjtimex) or systemd-timesyncd's /run/systemd/timesync/synchronized.
-    clock_sync_file: str = ""
+    continuous: bool = setting(False, "record from start-up on (else only on request)")
+    dir: str = setting("", "record continuously into DIR (recording.dir + recording.continuous)",
+                       flag=Flag("--record-dir", "DIR", also=(("continuous", "true"),)))
+    segment_s: float = setting(60.0, "cut at the first IDR after it", lo=2, hi=3600,
+                               unit="seconds")
+    preroll_s: float = setting(5.0, "the ring's past an on-demand recording begins with", lo=0,
+                               hi=60, unit="seconds")
+    sync_interval_s: float = setting(
+        5.0, "the open segment made durable this often; 0: when it closes", off=0, lo=1, hi=600,
+        allowed="0 (off) or 1 to 600 seconds")
+    mode: str = setting(
+        "", "continuous, motion (preroll_s before each motion event to postroll_s after), off; "
+        "empty: as continuous says", choices=("", "continuous", "motion", "off"),
+        allowed="allowed are continuous, motion, off")
+    postroll_s: float = setting(5.0, lo=0, hi=600, unit="seconds")
+    max_bytes: int = setting(2 * 1024 * 1024 * 1024, "retention; 0: no limit", off=0,
+                             lo=1024 * 1024, allowed="0 (no limit) or at least 1048576 bytes")
+    max_age_hours: float = setting(168.0, "retention; 0: no limit", lo=0,
+                                   allowed="0 (no limit) or more hours")
+    # Frigate's tiers: the size limit takes the oldest segments either way.
+    event_max_age_hours: float = setting(
+        0.0, "segments holding a motion event (pre- to post-roll) kept this long by age, when "
+        "longer than max_age_hours; 0: the same", lo=0,
+        allowed="0 (as max_age_hours) or more hours")
+    max_downloads: int = setting(4, "clip downloads at once; beyond, 503", lo=1, hi=1000)
+    max_downloads_per_address: int = setting(2, "...from one address (bounds: _recording_rules)")
+    clock_sync_file: str = setting("", "the clock is synchronized while it exists; empty: "
+                                   "adjtimex or systemd-timesyncd's flag file")
 
     def directory(self, state_dir: str) -> Path:
         """The archive directory, resolved against the state directory."""
@@ -521,6 +786,13 @@ class RecordingConfig:
     def records_continuously(self) -> bool:
         """``mode = "continuous"``, or no mode and ``continuous = true``."""
         return self.mode == "continuous" if self.mode else self.continuous
+
+
+@_rules(RecordingConfig)
+def _recording_rules(rec: RecordingConfig, key: str) -> None:
+    _check(1 <= rec.max_downloads_per_address <= rec.max_downloads,
+           f"{key}.max_downloads_per_address", rec.max_downloads_per_address,
+           "1 to recording.max_downloads")
 
 
 @dataclass(frozen=True, slots=True)
@@ -558,6 +830,51 @@ class Config:
 # The configuration's sections as the file, the environment and flags name them: ``[camera]``
 # (or ``[[camera]]`` tables) fills ``Config.cameras``.
 SECTIONS = tuple("camera" if f.name == "cameras" else f.name for f in dataclasses.fields(Config))
+# Sections that are arrays of tables (``[[relay]]``), and the class of one table.
+TABLES: dict[str, type] = {"camera": CameraConfig, "relay": RelayConfig,
+                           "webhook": WebhookConfig}
+
+
+def _field_of(section: str) -> str:
+    return "cameras" if section == "camera" else section
+
+
+def section_classes() -> Iterator[tuple[str, type]]:
+    """Every section as the file names it, with its class (``camera``: one camera's)."""
+    for f in dataclasses.fields(Config):
+        name = "camera" if f.name == "cameras" else f.name
+        yield name, TABLES.get(name) or typing.cast(type, f.default_factory)
+
+
+def _config_rules(config: Config) -> None:
+    """What ties sections and tables together: unique names, names that must name a camera."""
+    for what, key, items in (("camera", "camera {!r}.name", config.cameras),
+                             ("relay", "relay {!r}: name", config.relay)):
+        names = [item.name for item in items]
+        for index, name in enumerate(names):
+            _check(name not in names[:index], key.format(name), name,
+                   f"each {what} needs its own name")
+    names = [cam.name for cam in config.cameras]
+    for relay in config.relay:
+        _check(not relay.camera or relay.camera in names, f"relay {relay.name!r}: camera",
+               relay.camera, "the name of a camera: " + ", ".join(names))
+    _check(not config.http.default_camera or config.http.default_camera in names,
+           "http.default_camera", config.http.default_camera,
+           "the name of a camera: " + ", ".join(names))
+
+
+def validate(config: Config) -> None:
+    """Every value against the table, then the rules that tie fields and sections together."""
+    for cam in config.cameras:
+        validate_camera(cam, "camera" if len(config.cameras) == 1 else f"camera {cam.name!r}")
+    for name, _ in section_classes():
+        if name not in TABLES:
+            _validate_section(getattr(config, name), name)
+    for relay in config.relay:
+        _validate_section(relay, f"relay {relay.name!r}", ": ")
+    for index, hook in enumerate(config.webhook):
+        _validate_section(hook, f"webhook[{index}]")
+    _config_rules(config)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -572,8 +889,13 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
-def _coerce(key: str, tp: Any, value: Any, from_text: bool) -> Any:
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def _coerce(key: str, tp: Any, row: Setting, value: Any, from_text: bool) -> Any:
     """Turn ``value`` (TOML-typed, or text from env/CLI when ``from_text``) into ``tp``."""
+    if row.parse is not None:
+        return row.parse(key, value, from_text)
     bad = ConfigError(f"{key} = {value!r} is not valid: expected {_type_name(tp)}")
     if tp is HostPort:
         if isinstance(value, HostPort):
@@ -582,127 +904,75 @@ def _coerce(key: str, tp: Any, value: Any, from_text: bool) -> Any:
             raise bad
         return parse_host_port(key, value)
     if typing.get_origin(tp) is tuple:
-        if key in STRING_OR_LIST_KEYS and isinstance(value, str) and "," not in value:
+        if row.one_or_list and isinstance(value, str) and "," not in value:
             value = [value.strip()]
         if from_text and isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]
         if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
             raise bad
         return tuple(value)
-    if tp is bool:
-        if isinstance(value, bool):
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        if isinstance(value, tp):
             return value
-        if from_text and isinstance(value, str) and value.lower() in ("1", "true", "yes", "on"):
-            return True
-        if from_text and isinstance(value, str) and value.lower() in ("0", "false", "no", "off"):
-            return False
-        raise bad
-    if tp is int:
-        if isinstance(value, bool):
+        if not isinstance(value, Mapping):
             raise bad
-        if isinstance(value, int):
-            return value
-        if from_text and isinstance(value, str):
-            try:
-                return int(value.replace("_", ""))
-            except ValueError:
-                raise bad from None
-        raise bad
-    if tp is float:
-        if isinstance(value, bool):
-            raise bad
-        if isinstance(value, int | float):
-            return float(value)
-        if from_text and isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                raise bad from None
-        raise bad
-    if tp is str:
-        if isinstance(value, str):
+        return _build(tp(), value, key, from_text, origin="", table=key)
+    if isinstance(value, bool):
+        if tp is bool:
             return value
         raise bad
-    raise bad  # pragma: no cover - every field type is handled above
+    if tp is bool and from_text and isinstance(value, str) and value.lower() in _TRUE + _FALSE:
+        return value.lower() in _TRUE
+    if tp in (int, float) and isinstance(value, int | float) and not (
+            tp is int and isinstance(value, float)):
+        return tp(value)
+    if tp in (int, float) and from_text and isinstance(value, str):
+        try:
+            return tp(value.replace("_", "") if tp is int else value)
+        except ValueError:
+            raise bad from None
+    if tp is str and isinstance(value, str):
+        return value
+    raise bad
 
 
-def _section_types(section_cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(section_cls)
-
-
-def _relay(index: int, values: Any, origin: str, from_text: bool) -> RelayConfig:
-    """One ``[[relay]]`` table (or a ``--relay`` flag's ``{"url": ...}``)."""
-    if not isinstance(values, Mapping):
-        raise ConfigError(f"relay in {origin} must be [[relay]] tables, got {values!r}")
-    hints = _section_types(RelayConfig)
+def _build(base: Any, values: Any, key: str, from_text: bool, *, origin: str,
+           table: str, name: str = "") -> Any:
+    """The one section builder: ``base`` (a section dataclass) with ``values`` (a file's table,
+    the environment's or the flags' ``{key: value}``) applied. ``key`` names a value in type
+    errors (``camera[1]``), ``name`` an unknown key (``camera``), ``table`` the section."""
+    cls = type(base)
+    hints = typing.get_type_hints(cls)
+    rows = dict(settings(cls))
     changes: dict[str, Any] = {}
-    for key, value in values.items():
-        if key not in hints:
-            raise ConfigError(
-                f"relay.{key} in {origin} is not a known key: [[relay]] allows {', '.join(hints)}"
-            )
-        changes[key] = _coerce(f"relay[{index}].{key}", hints[key], value, from_text)
-    return RelayConfig(**changes)
+    for field_name, value in values.items():
+        if field_name not in rows:
+            where = f" in {origin}" if origin else ""
+            raise ConfigError(f"{name or key}.{field_name}{where} is not a known key: {table} "
+                              f"allows {', '.join(rows)}")
+        changes[field_name] = _coerce(f"{key}.{field_name}", hints[field_name], rows[field_name],
+                                      value, from_text)
+    return dataclasses.replace(base, **changes)
 
 
-def _apply_relays(config: Config, values: Any, origin: str, from_text: bool) -> Config:
-    """``[[relay]]`` tables from a file (replacing any before), or the command line's
-    ``{"url": ...}``: one relay named ``default``, added to the file's (or replacing its own
-    ``default``)."""
-    if isinstance(values, Mapping):
-        added = _relay(len(config.relay), values, origin, from_text)
-        kept = tuple(r for r in config.relay if r.name != added.name)
-        return dataclasses.replace(config, relay=(*kept, added))
-    if not isinstance(values, list | tuple):
-        raise ConfigError(f"relay in {origin} must be [[relay]] tables, got {values!r}")
-    relays = tuple(_relay(i, table, origin, from_text) for i, table in enumerate(values))
-    return dataclasses.replace(config, relay=relays)
-
-
-def _apply_webhooks(config: Config, values: Any, origin: str, from_text: bool) -> Config:
-    """``[[webhook]]`` tables (a file's replace any before)."""
+def _tables(section: str, values: Any, origin: str, from_text: bool) -> tuple[Any, ...]:
+    """``[[section]]`` tables (a single table counts as a list of one)."""
+    cls = TABLES[section]
+    forms = "a [camera] table or [[camera]] tables" if section == "camera" else (
+        f"[[{section}]] tables")
     if isinstance(values, Mapping):
         values = [values]
-    if not isinstance(values, list | tuple) or not all(isinstance(v, Mapping) for v in values):
-        raise ConfigError(f"webhook in {origin} must be [[webhook]] tables, got {values!r}")
-    hints = _section_types(WebhookConfig)
-    hooks: list[WebhookConfig] = []
+    if not isinstance(values, list | tuple) or (not values and section == "camera") or not all(
+            isinstance(v, Mapping) for v in values):
+        raise ConfigError(f"{section} in {origin} must be {forms}, got {values!r}")
+    built = []
     for index, table in enumerate(values):
-        changes: dict[str, Any] = {}
-        for key, value in table.items():
-            if key not in hints:
-                raise ConfigError(f"webhook.{key} in {origin} is not a known key: [[webhook]] "
-                                  f"allows {', '.join(hints)}")
-            changes[key] = _coerce(f"webhook[{index}].{key}", hints[key], value, from_text)
-        hooks.append(WebhookConfig(**changes))
-    return dataclasses.replace(config, webhook=tuple(hooks))
-
-
-def _camera(index: int, values: Any, origin: str, from_text: bool) -> CameraConfig:
-    """One ``[[camera]]`` table."""
-    if not isinstance(values, Mapping):
-        raise ConfigError(f"camera in {origin} must be a [camera] table or [[camera]] tables, "
-                          f"got {values!r}")
-    hints = _section_types(CameraConfig)
-    changes: dict[str, Any] = {}
-    for key, value in values.items():
-        if key not in hints:
-            raise ConfigError(f"camera.{key} in {origin} is not a known key: [[camera]] allows "
-                              f"{', '.join(hints)}")
-        changes[key] = _coerce(f"camera[{index}].{key}", hints[key], value, from_text)
-    if "name" not in changes:
-        raise ConfigError(f"camera[{index}] in {origin} has no name: every [[camera]] table "
-                          "needs name = \"...\" (letters, digits, - or _)")
-    return CameraConfig(**changes)
-
-
-def _apply_cameras(config: Config, values: Any, origin: str, from_text: bool) -> Config:
-    """``[[camera]]`` tables from a file: the camera list (the first is the default camera)."""
-    if not isinstance(values, list | tuple) or not values:
-        raise ConfigError(f"camera in {origin} must be a [camera] table or [[camera]] tables, "
-                          f"got {values!r}")
-    cameras = tuple(_camera(i, table, origin, from_text) for i, table in enumerate(values))
-    return dataclasses.replace(config, cameras=cameras)
+        if section == "camera" and "name" not in table:
+            raise ConfigError(f"camera[{index}] in {origin} has no name: every [[camera]] table "
+                              "needs name = \"...\" (letters, digits, - or _)")
+        built.append(_build(cls(), table, f"{section}[{index}]", from_text, origin=origin,
+                            table=f"[[{section}]]", name=section))
+    return tuple(built)
 
 
 def _apply_camera_flags(config: Config, values: Any, origin: str) -> Config:
@@ -721,52 +991,39 @@ def _apply_camera_flags(config: Config, values: Any, origin: str) -> Config:
     return dataclasses.replace(config, cameras=tuple(cameras))
 
 
-def _apply(
-    config: Config, section: str, values: Mapping[str, Any], origin: str, from_text: bool
-) -> Config:
-    if section == "camera":
-        return _apply_to_every_camera(config, values, origin, from_text)
+def _apply(config: Config, section: str, values: Any, origin: str, from_text: bool) -> Config:
+    """One section's values from the file, the environment or the flags, applied to ``config``.
+
+    ``[camera]`` (or ``camera.*`` from the environment or a flag) applies to every camera, a
+    name or source only when there is one; ``[[camera]]`` tables are the camera list. A file's
+    ``[[relay]]``/``[[webhook]]`` tables replace any before; the command line's ``--relay``
+    (``{"url": ...}``) adds a relay named ``default`` (or replaces the file's)."""
     if section == "cameras" and origin == "the command line":
         return _apply_camera_flags(config, values.get("flags", ()), origin)
-    if section == "relay":
-        return _apply_relays(config, values, origin, from_text)
-    if section == "webhook":
-        return _apply_webhooks(config, values, origin, from_text)
-    section_field = {f.name: f for f in dataclasses.fields(Config)}.get(section)
-    if section_field is None or section == "cameras":
+    if section == "camera" and isinstance(values, Mapping):
+        for key in ("name", "source"):
+            if key in values and len(config.cameras) > 1:
+                raise ConfigError(f"camera.{key} in {origin} cannot apply to "
+                                  f"{len(config.cameras)} cameras: use --camera NAME=SOURCE")
+        cameras = tuple(_build(cam, values, "camera", from_text, origin=origin, table="[camera]")
+                        for cam in config.cameras)
+        return dataclasses.replace(config, cameras=cameras)
+    if section == "relay" and isinstance(values, Mapping):
+        added = _build(RelayConfig(), values, f"relay[{len(config.relay)}]", from_text,
+                       origin=origin, table="[[relay]]", name="relay")
+        kept = tuple(r for r in config.relay if r.name != added.name)
+        return dataclasses.replace(config, relay=(*kept, added))
+    if section in TABLES and (section != "camera" or isinstance(values, list)):
+        tables: Any = _tables(section, values, origin, from_text)
+        return dataclasses.replace(config, **{_field_of(section): tables})
+    if not isinstance(values, Mapping):
+        raise ConfigError(f"{section} in {origin} must be a [section] table, got {values!r}")
+    if section not in SECTIONS:
         known = ", ".join(SECTIONS)
         raise ConfigError(f"[{section}] in {origin} is not a known section: allowed are {known}")
-    current = getattr(config, section)
-    hints = _section_types(type(current))
-    changes: dict[str, Any] = {}
-    for key, value in values.items():
-        if key not in hints:
-            known = ", ".join(hints)
-            raise ConfigError(
-                f"{section}.{key} in {origin} is not a known key: [{section}] allows {known}"
-            )
-        changes[key] = _coerce(f"{section}.{key}", hints[key], value, from_text)
-    return dataclasses.replace(config, **{section: dataclasses.replace(current, **changes)})
-
-
-def _apply_to_every_camera(
-    config: Config, values: Mapping[str, Any], origin: str, from_text: bool
-) -> Config:
-    """``[camera]`` from a file, or ``camera.*`` from the environment or a flag: it applies to
-    every camera; a name or source only when there is one (with several, that is what
-    ``--camera`` and ``[[camera]]`` tables are for)."""
-    hints = _section_types(CameraConfig)
-    changes: dict[str, Any] = {}
-    for key, value in values.items():
-        if key not in hints:
-            raise ConfigError(f"camera.{key} in {origin} is not a known key: [camera] allows "
-                              f"{', '.join(hints)}")
-        if key in ("name", "source") and len(config.cameras) > 1:
-            raise ConfigError(f"camera.{key} in {origin} cannot apply to "
-                              f"{len(config.cameras)} cameras: use --camera NAME=SOURCE")
-        changes[key] = _coerce(f"camera.{key}", hints[key], value, from_text)
-    cameras = tuple(dataclasses.replace(cam, **changes) for cam in config.cameras)
-    return dataclasses.replace(config, cameras=cameras)
+    built = _build(getattr(config, section), values, section, from_text, origin=origin,
+                   table=f"[{section}]")
+    return dataclasses.replace(config, **{section: built})
 
 
 def load_toml(path: Path) -> dict[str, Any]:
@@ -835,19 +1092,7 @@ def load_config(
     if path is None:
         path = DEFAULT_CONFIG_PATH
     if path.exists() or required:
-        data = load_toml(path)
-        for section, values in data.items():
-            if section == "relay":
-                config = _apply_relays(config, values, str(path), from_text=False)
-                continue
-            if section == "webhook":
-                config = _apply_webhooks(config, values, str(path), from_text=False)
-                continue
-            if section == "camera" and isinstance(values, list):
-                config = _apply_cameras(config, values, str(path), from_text=False)
-                continue
-            if not isinstance(values, dict):
-                raise ConfigError(f"{section} in {path} must be a [section] table, got {values!r}")
+        for section, values in load_toml(path).items():
             config = _apply(config, section, values, str(path), from_text=False)
     for section, values in _env_overrides(environ).items():
         config = _apply(config, section, values, "the environment", from_text=True)
@@ -857,18 +1102,11 @@ def load_config(
     return config
 
 
-def _check(ok: bool, key: str, value: Any, allowed: str) -> None:
-    if not ok:
-        raise ConfigError(f"{key} = {value!r} is not valid: {allowed}")
-
-
-def _validate_srtp_profiles(profiles: tuple[str, ...]) -> None:
-    allowed = f'"auto" or a list of {", ".join(SRTP_PROFILE_NAMES)} (no repeats)'
-    if profiles == ("auto",):
-        return
-    _check(bool(profiles) and all(p in SRTP_PROFILE_NAMES for p in profiles)
-           and len(set(profiles)) == len(profiles),
-           "webrtc.srtp_profiles", list(profiles), allowed)
+def flags() -> Iterator[tuple[str, str, Setting]]:
+    """Every setting with a CLI flag (``row.flag``) as ``(section, key, row)``, in order."""
+    for section, cls in section_classes():
+        if section not in TABLES or section == "camera":
+            yield from ((section, key, row) for key, row in settings(cls) if row.flag)
 
 
 def _tls_context(section: str, ca_file: str, cert_file: str = "",
@@ -896,398 +1134,44 @@ def _tls_context(section: str, ca_file: str, cert_file: str = "",
                           f"{tls.describe_error(exc)}") from None
 
 
-def validate(config: Config) -> None:
-    """Range checks that types alone do not express."""
-    validate_cameras(config.cameras)
-    _check(
-        bool(config.http.tls_cert) == bool(config.http.tls_key),
-        "http.tls_cert",
-        config.http.tls_cert,
-        "set together with http.tls_key (both or neither)",
-    )
-    _check(config.http.tls in ("", "self-signed"), "http.tls", config.http.tls,
-           '"self-signed" (a certificate made once and kept in state.dir) or "" (plain HTTP, '
-           "or HTTPS with http.tls_cert and http.tls_key)")
-    _check(not (config.http.tls and config.http.tls_cert), "http.tls", config.http.tls,
-           "not together with http.tls_cert/tls_key: use one or the other")
-    for entry in config.http.trusted_proxies:
-        try:
-            ipaddress.ip_network(entry)
-        except ValueError as exc:
-            raise ConfigError(f"http.trusted_proxies = {entry!r} is not valid: an IPv4 or IPv6 "
-                              f"address or CIDR network, e.g. 192.0.2.10 or 10.0.0.0/8 ({exc})"
-                              ) from None
-    _check(config.auth.viewing in ("open", "credential"), "auth.viewing", config.auth.viewing,
-           '"open" (anyone on the LAN may watch) or "credential" (viewer token or admin)')
-    for name in config.http.hosts:
-        _check(bool(name.strip()) and "/" not in name and " " not in name.strip(),
-               "http.hosts", name, "host names (no scheme, path or spaces)")
-    _check(
-        config.http.max_offer_bytes >= 1024,
-        "http.max_offer_bytes",
-        config.http.max_offer_bytes,
-        "at least 1024",
-    )
-    for addr in config.webrtc.advertise:
-        try:
-            ipaddress.ip_address(addr)
-        except ValueError:
-            raise ConfigError(
-                f"webrtc.advertise = {addr!r} is not valid: an IPv4 or IPv6 address"
-            ) from None
-    for url in config.webrtc.ice_servers:
-        _check(
-            url.split(":", 1)[0] in ("stun", "stuns", "turn", "turns"),
-            "webrtc.ice_servers",
-            url,
-            "stun:, stuns:, turn: or turns: URLs",
-        )
-    _check(
-        1 <= config.webrtc.max_viewers <= 10_000,
-        "webrtc.max_viewers",
-        config.webrtc.max_viewers,
-        "1 to 10000",
-    )
-    _check(
-        config.webrtc.connect_timeout_s > 0,
-        "webrtc.connect_timeout_s",
-        config.webrtc.connect_timeout_s,
-        "more than 0 seconds",
-    )
-    _check(
-        0 <= config.webrtc.max_viewers_per_address <= config.webrtc.max_viewers,
-        "webrtc.max_viewers_per_address",
-        config.webrtc.max_viewers_per_address,
-        f"0 (half of webrtc.max_viewers, at least {GRID_PLACES} while one place stays for "
-        f"others) or 1 to webrtc.max_viewers ({config.webrtc.max_viewers})",
-    )
-    _check(
-        0 <= config.webrtc.pending_per_address <= 10_000,
-        "webrtc.pending_per_address",
-        config.webrtc.pending_per_address,
-        "0 to 10000 (deprecated: set webrtc.max_viewers_per_address instead)",
-    )
-    _check(
-        config.webrtc.send_path in ("fanout", "aiortc"),
-        "webrtc.send_path",
-        config.webrtc.send_path,
-        "allowed are fanout, aiortc",
-    )
-    _validate_srtp_profiles(config.webrtc.srtp_profiles)
-    _check(
-        config.log.level.lower() in ("debug", "info", "warning", "error"),
-        "log.level",
-        config.log.level,
-        "allowed are debug, info, warning, error",
-    )
-    _check(bool(config.state.dir), "state.dir", config.state.dir, "a directory path")
-    hls = config.hls
-    _check(0.1 <= hls.part_duration_s <= 2.0, "hls.part_duration_s", hls.part_duration_s,
-           "0.1 to 2.0 seconds (LL-HLS parts are usually 0.2-0.33 s)")
-    _check(4.0 <= hls.window_s <= 120.0, "hls.window_s", hls.window_s, "4 to 120 seconds")
-    _check(1 <= hls.max_waiting_requests <= 100_000, "hls.max_waiting_requests",
-           hls.max_waiting_requests, "1 to 100000")
-    _check(1 <= config.rtsp.max_clients <= 10_000, "rtsp.max_clients", config.rtsp.max_clients,
-           "1 to 10000")
-    rec = config.recording
-    _check(2 <= rec.segment_s <= 3600, "recording.segment_s", rec.segment_s, "2 to 3600 seconds")
-    _check(0 <= rec.preroll_s <= 60, "recording.preroll_s", rec.preroll_s, "0 to 60 seconds")
-    _check(rec.sync_interval_s == 0 or 1 <= rec.sync_interval_s <= 600,
-           "recording.sync_interval_s", rec.sync_interval_s, "0 (off) or 1 to 600 seconds")
-    _check(rec.mode in ("", "continuous", "motion", "off"), "recording.mode", rec.mode,
-           "allowed are continuous, motion, off")
-    _check(0 <= rec.postroll_s <= 600, "recording.postroll_s", rec.postroll_s,
-           "0 to 600 seconds")
-    _check(rec.max_bytes == 0 or rec.max_bytes >= 1024 * 1024, "recording.max_bytes",
-           rec.max_bytes, "0 (no limit) or at least 1048576 bytes")
-    _check(rec.max_age_hours >= 0, "recording.max_age_hours", rec.max_age_hours,
-           "0 (no limit) or more hours")
-    _check(rec.event_max_age_hours >= 0, "recording.event_max_age_hours",
-           rec.event_max_age_hours, "0 (as max_age_hours) or more hours")
-    _check(1 <= rec.max_downloads <= 1000, "recording.max_downloads", rec.max_downloads,
-           "1 to 1000")
-    _check(1 <= rec.max_downloads_per_address <= rec.max_downloads,
-           "recording.max_downloads_per_address", rec.max_downloads_per_address,
-           "1 to recording.max_downloads")
-    validate_relays(config.relay)
-    names = [cam.name for cam in config.cameras]
-    for relay in config.relay:
-        _check(not relay.camera or relay.camera in names, f"relay {relay.name!r}: camera",
-               relay.camera, "the name of a camera: " + ", ".join(names))
-    _check(not config.http.default_camera or config.http.default_camera in names,
-           "http.default_camera", config.http.default_camera,
-           "the name of a camera: " + ", ".join(names))
-    validate_mqtt(config.mqtt)
-    validate_webhooks(config.webhook)
+# ---------------------------------------------------------------------------------------------
+# ``ruseon config``
 
 
-def validate_camera(cam: CameraConfig, key: str = "camera") -> None:
-    """One camera's values; ``key`` names it in messages (``camera`` or ``camera 'back'``)."""
-    source = cam.source
-    kind, _, index = source.partition(":")
-    _check(
-        source in SOURCE_KINDS
-        or (kind in INDEXED_SOURCE_KINDS and index.isdigit() and int(index) <= 15)
-        or (source.startswith("file:") and len(source) > 5)
-        or (source.startswith(NETWORK_SOURCE_SCHEMES) and _network_host(source) != ""),
-        f"{key}.source",
-        source,
-        "allowed are auto, synthetic, picamera, rpicam, file:PATH, picamera:N, rpicam:N "
-        "(N: the sensor index), rtsp://HOST[:PORT]/PATH",
-    )
-    _check(
-        16 <= cam.width <= 4096 and cam.width % 2 == 0,
-        f"{key}.width",
-        cam.width,
-        "an even number from 16 to 4096",
-    )
-    _check(
-        16 <= cam.height <= 4096 and cam.height % 2 == 0,
-        f"{key}.height",
-        cam.height,
-        "an even number from 16 to 4096",
-    )
-    _check(1 <= cam.framerate <= 120, f"{key}.framerate", cam.framerate, "1 to 120")
-    _check(
-        50_000 <= cam.bitrate <= 50_000_000,
-        f"{key}.bitrate",
-        cam.bitrate,
-        "50000 to 50000000 bits/s",
-    )
-    _check(
-        1 <= cam.keyframe_interval <= 600,
-        f"{key}.keyframe_interval",
-        cam.keyframe_interval,
-        "1 to 600 frames",
-    )
-    _check(
-        cam.profile in PROFILES, f"{key}.profile", cam.profile, "allowed are " + ", ".join(PROFILES)
-    )
-    _check(
-        0 <= cam.keyframe_request_interval_ms <= 60_000,
-        f"{key}.keyframe_request_interval_ms",
-        cam.keyframe_request_interval_ms,
-        "0 to 60000 ms",
-    )
-    _check(cam.exposure_us >= 0, f"{key}.exposure_us", cam.exposure_us, "0 (auto) or more µs")
-    _check(cam.gain >= 0, f"{key}.gain", cam.gain, "0 (auto) or more")
-    _check(cam.awb in AWB_MODES, f"{key}.awb", cam.awb, "allowed are " + ", ".join(AWB_MODES))
-    _check(
-        cam.ring_bytes == 0 or 64 * 1024 <= cam.ring_bytes <= 512 * 1024 * 1024,
-        f"{key}.ring_bytes",
-        cam.ring_bytes,
-        "0 (sized from the bitrate) or 64 KiB to 512 MiB",
-    )
-    _check(16 <= cam.ring_slots <= 65536, f"{key}.ring_slots", cam.ring_slots, "16 to 65536")
-    _check(
-        16 * 1024 <= cam.max_frame_bytes <= cam.ring_arena_bytes,
-        f"{key}.max_frame_bytes",
-        cam.max_frame_bytes,
-        f"16 KiB up to the ring arena ({cam.ring_arena_bytes} bytes, camera.ring_bytes)",
-    )
-    validate_motion(cam, key)
+def _render(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, HostPort):
+        return f'"{value}"'
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, tuple):
+        return "[" + ", ".join(_render(v) for v in value) + "]"
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return "{ " + ", ".join(_lines(value, False)) + " }"
+    return repr(value)
 
 
-def validate_motion(cam: CameraConfig, key: str = "camera") -> None:
-    """One camera's ``motion_*`` values (zones parsed as the detector will)."""
-    from .motion.zones import parse_polygon
-
-    _check(0 <= cam.motion_sensitivity <= 100, f"{key}.motion_sensitivity",
-           cam.motion_sensitivity, "0 to 100")
-    _check(0 <= cam.motion_min_duration_s <= 60, f"{key}.motion_min_duration_s",
-           cam.motion_min_duration_s, "0 to 60 seconds")
-    _check(0 <= cam.motion_off_delay_s <= 3600, f"{key}.motion_off_delay_s",
-           cam.motion_off_delay_s, "0 to 3600 seconds")
-    _check(0 <= cam.motion_min_gap_s <= 3600, f"{key}.motion_min_gap_s",
-           cam.motion_min_gap_s, "0 to 3600 seconds")
-    for name in ("motion_include", "motion_exclude"):
-        for text in getattr(cam, name):
-            try:
-                parse_polygon(text)
-            except ValueError as exc:
-                raise ConfigError(f"{key}.{name} = {text!r} is not valid: {exc} (a zone is "
-                                  "\"x,y x,y x,y ...\", coordinates 0 to 1)") from None
-
-
-def _network_host(url: str) -> str:
-    try:
-        return urllib.parse.urlsplit(url).hostname or ""
-    except ValueError:
-        return ""
-
-
-def validate_cameras(cameras: tuple[CameraConfig, ...]) -> None:
-    """Every camera's values; names URL-safe, unique and not a reserved path segment."""
-    seen: set[str] = set()
-    for cam in cameras:
-        key = "camera" if len(cameras) == 1 else f"camera {cam.name!r}"
-        _check(bool(cam.name) and len(cam.name) <= 64 and set(cam.name) <= RELAY_NAME_CHARS
-               and cam.name not in RESERVED_CAMERA_NAMES, f"{key}.name", cam.name,
-               "1-64 letters, digits, - or _ (and not " + ", ".join(sorted(RESERVED_CAMERA_NAMES))
-               + ")")
-        _check(cam.name not in seen, f"{key}.name", cam.name, "each camera needs its own name")
-        seen.add(cam.name)
-        validate_camera(cam, key)
-
-
-def validate_mqtt(mqtt: MqttConfig) -> None:
-    """``[mqtt]``: a mqtt:// or mqtts:// URL with a host (and a valid port), sane intervals."""
-    if mqtt.url:
-        try:
-            mqtt.endpoint()
-        except ValueError:
-            raise ConfigError(f"mqtt.url = {mqtt.url!r} is not valid: expected mqtt://HOST[:PORT] "
-                              "or mqtts://HOST[:PORT]") from None
-        # Credentials in the URL were ignored (the appliance connected without them); and a
-        # URL is what logs, `ps` and status show. They go in username/password(_file).
-        _check("@" not in mqtt.url, "mqtt.url", "(credentials hidden)",
-               "mqtt://HOST[:PORT] without user:password@ (use mqtt.username and "
-               "mqtt.password or mqtt.password_file)")
-    tls_keys = [key for key in ("ca_file", "cert_file", "key_file") if getattr(mqtt, key)]
-    if tls_keys:
-        _check(mqtt.url.startswith("mqtts://"), f"mqtt.{tls_keys[0]}",
-               getattr(mqtt, tls_keys[0]), "only with an mqtts:// url")
-    _check(not mqtt.key_file or bool(mqtt.cert_file), "mqtt.key_file", mqtt.key_file,
-           "needs mqtt.cert_file (the certificate it belongs to)")
-    if mqtt.url:
-        mqtt.tls_context()  # a CA, certificate or key that cannot be used fails now, not later
-    topic_chars = RELAY_NAME_CHARS | frozenset("/")
-    for key in ("topic_prefix", "discovery_prefix"):
-        value = getattr(mqtt, key)
-        _check(bool(value) and set(value) <= topic_chars and not value.startswith("/")
-               and not value.endswith("/"), f"mqtt.{key}", value,
-               "letters, digits, -, _ and inner /, no MQTT wildcards")
-    _check(not mqtt.device_id or set(mqtt.device_id) <= RELAY_NAME_CHARS, "mqtt.device_id",
-           mqtt.device_id, "letters, digits, - or _ (empty: generated and kept in the state dir)")
-    _check(0.5 <= mqtt.state_interval_s <= 3600, "mqtt.state_interval_s", mqtt.state_interval_s,
-           "0.5 to 3600 seconds")
-    _check(1 <= mqtt.snapshot_interval_s <= 86400, "mqtt.snapshot_interval_s",
-           mqtt.snapshot_interval_s, "1 to 86400 seconds")
-
-
-def validate_webhooks(hooks: tuple[WebhookConfig, ...]) -> None:
-    """``[[webhook]]``: http(s) URLs, known event names, sane retry and queue bounds."""
-    for index, hook in enumerate(hooks):
-        key = f"webhook[{index}]"
-        scheme, sep, rest = hook.url.partition("://")
-        _check(scheme in ("http", "https") and bool(sep) and bool(rest.split("/")[0]),
-               f"{key}.url", hook.url, "expected http://HOST[:PORT]/PATH or https://...")
-        for event in hook.events:
-            _check(event in WEBHOOK_EVENTS, f"{key}.events", event,
-                   "allowed are " + ", ".join(WEBHOOK_EVENTS))
-        _check(0 < hook.timeout_s <= 300, f"{key}.timeout_s", hook.timeout_s,
-               "more than 0, at most 300 seconds")
-        _check(0 <= hook.retries <= 20, f"{key}.retries", hook.retries, "0 to 20")
-        _check(0 < hook.retry_delay_s <= 600, f"{key}.retry_delay_s", hook.retry_delay_s,
-               "more than 0, at most 600 seconds")
-        _check(1 <= hook.queue_size <= 10_000, f"{key}.queue_size", hook.queue_size,
-               "1 to 10000 events")
-        if hook.ca_file:
-            _check(scheme == "https", f"{key}.ca_file", hook.ca_file, "only with an https:// url")
-            _tls_context(key, hook.ca_file)
-
-
-def validate_relays(relays: tuple[RelayConfig, ...]) -> None:
-    """``[[relay]]``: names unique and URL-safe, ``rtp://HOST:PORT``, a well-formed SRTP key."""
-    seen: set[str] = set()
-    for relay in relays:
-        key = f"relay {relay.name!r}"
-        _check(bool(relay.name) and len(relay.name) <= 64 and set(relay.name) <= RELAY_NAME_CHARS,
-               f"{key}: name", relay.name, "1-64 letters, digits, - or _")
-        _check(relay.name not in seen, f"{key}: name", relay.name, "each relay needs its own name")
-        seen.add(relay.name)
-        _check(relay.url.startswith("rtp://"), f"{key}: url", relay.url,
-               "expected rtp://HOST:PORT, e.g. rtp://192.0.2.10:5004")
-        try:
-            target = relay.target
-        except ConfigError:
-            target = HostPort("", 0)
-        _check(bool(target.host), f"{key}: url", relay.url,
-               "expected rtp://HOST:PORT, e.g. rtp://192.0.2.10:5004")
-        _check(1 <= target.port <= 65535, f"{key}: url", relay.url, "a port from 1 to 65535")
-        _check(relay.rtcp_port in (0, RTCP_NEXT_PORT) or (1 <= relay.rtcp_port <= 65535
-                                                          and relay.rtcp_port != target.port),
-               f"{key}: rtcp_port", relay.rtcp_port,
-               "0 (none) or a port from 1 to 65535 other than the RTP port (left out: the "
-               "RTP port + 1)")
-        _check(relay.rtcp_port != RTCP_NEXT_PORT or target.port < 65535, f"{key}: url",
-               relay.url, "RTCP goes to the RTP port + 1 unless rtcp_port says otherwise: "
-               "set rtcp_port (or 0 for none) with RTP port 65535")
-        _check(96 <= relay.payload_type <= 127, f"{key}: payload_type", relay.payload_type,
-               "a dynamic payload type, 96 to 127")
-        if relay.srtp_key:
-            try:
-                master = base64.b64decode(relay.srtp_key, validate=True)
-            except (binascii.Error, ValueError):
-                master = b""
-            _check(len(master) == SRTP_MASTER_LENGTH, f"{key}: srtp_key", "(hidden)",
-                   f"base64 of {SRTP_MASTER_LENGTH} bytes (AES_CM_128_HMAC_SHA1_80 key + salt, "
-                   "as Janus's srtpcrypto), e.g. from: head -c 30 /dev/urandom | base64")
-
-
-# Fields ``ruseon config`` hides unless asked (--show-secrets): the API token, the broker's
-# password, webhook HMAC keys, relay SRTP keys. URLs keep their user but lose any password.
-SECRET_FIELDS = frozenset({"token", "viewer_token", "password", "secret", "srtp_key"})
-HIDDEN = "(hidden: ruseon config --show-secrets)"
-
-
-def _hide_url_password(url: str) -> str:
-    scheme, sep, rest = url.partition("://")
-    authority, slash, path = rest.partition("/")
-    userinfo, at, host = authority.rpartition("@")
-    if not sep or not at or ":" not in userinfo:
-        return url
-    return f"{scheme}://{userinfo.split(':', 1)[0]}:***@{host}{slash}{path}"
+def _lines(section: Any, hide_secrets: bool) -> list[str]:
+    lines = []
+    for name, row in settings(type(section)):
+        value = getattr(section, name)
+        if hide_secrets and row.secret and isinstance(value, str) and value:
+            value = HIDDEN if row.secret is True else _hide_url_password(value)
+        lines.append(f"{name} = {row.render(value) if row.render else _render(value)}")
+    return lines
 
 
 def to_toml(config: Config, *, hide_secrets: bool = False) -> str:
     """Render the effective configuration as TOML (for ``ruseon config``); ``hide_secrets``
-    replaces every secret (:data:`SECRET_FIELDS`, passwords in URLs) that is set."""
-
-    def field_value(owner: Any, name: str) -> str:
-        value = getattr(owner, name)
-        if hide_secrets and isinstance(value, str) and value:
-            if name in SECRET_FIELDS:
-                return f'"{HIDDEN}"'
-            value = _hide_url_password(value)
-        return render(value)
-
-    def render(value: Any) -> str:
-        if isinstance(value, bool):
-            return "true" if value else "false"
-        if isinstance(value, HostPort):
-            return f'"{value}"'
-        if isinstance(value, str):
-            return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-        if isinstance(value, tuple):
-            return "[" + ", ".join(render(v) for v in value) + "]"
-        return repr(value)
-
-    lines: list[str] = []
-    for section in dataclasses.fields(config):
-        if section.name in ("relay", "webhook"):
-            continue
-        if section.name == "cameras":
-            # One camera as the [camera] section it is usually written as; several as tables.
-            for camera in config.cameras:
-                lines.append("[camera]" if len(config.cameras) == 1 else "[[camera]]")
-                for f in dataclasses.fields(camera):
-                    lines.append(f"{f.name} = {field_value(camera, f.name)}")
-                lines.append("")
-            continue
-        lines.append(f"[{section.name}]")
-        values = getattr(config, section.name)
-        for f in dataclasses.fields(values):
-            lines.append(f"{f.name} = {field_value(values, f.name)}")
-        lines.append("")
-    for relay in config.relay:
-        lines.append("[[relay]]")
-        for f in dataclasses.fields(relay):
-            lines.append(f"{f.name} = {field_value(relay, f.name)}")
-        lines.append("")
-    for hook in config.webhook:
-        lines.append("[[webhook]]")
-        for f in dataclasses.fields(hook):
-            lines.append(f"{f.name} = {field_value(hook, f.name)}")
-        lines.append("")
-    return "\n".join(lines)
+    replaces every secret that is set (``secret=True``) and the password in a URL
+    (``secret="url"``)."""
+    # One camera as the [camera] section it is usually written as; several as tables.
+    out = [("[camera]" if len(config.cameras) == 1 else "[[camera]]", cam)
+           for cam in config.cameras]
+    out += [(f"[{name}]", getattr(config, name)) for name, _ in section_classes()
+            if name not in TABLES]
+    out += [(f"[[{name}]]", table) for name in ("relay", "webhook")
+            for table in getattr(config, name)]
+    return "\n".join(line for header, section in out
+                     for line in (header, *_lines(section, hide_secrets), ""))
