@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 from collections.abc import Iterator
 
 import av
@@ -60,7 +61,8 @@ def camera_stand_in() -> Iterator[None]:
 async def test_synthetic_camera_encodes_the_sub_stream_on_the_same_clock() -> None:
     camera = Camera(MAIN)
     sub = camera.add_substream(plan_substream(MAIN, software_encoder=hardware))
-    assert sub is not None and camera.stream("sub") is sub and camera.stream("main") is camera.pipeline
+    assert sub is not None and camera.stream("sub") is sub
+    assert camera.stream("main") is camera.pipeline
     assert (sub.camera.width, sub.camera.height, sub.camera.framerate) == (160, 120, 15)
     with pytest.raises(ValueError, match="unknown stream 'hd'"):
         camera.stream("hd")
@@ -72,7 +74,7 @@ async def test_synthetic_camera_encodes_the_sub_stream_on_the_same_clock() -> No
         sizes = decoded_sizes(sub_frames)
         assert len(sizes) >= 11 and set(sizes) == {(160, 120)}
         # Half the frame rate: 2/30 s apart (unless a busy machine skipped a frame).
-        steps = {b[1] - a[1] for a, b in zip(sub_frames, sub_frames[1:], strict=False)}
+        steps = {b[1] - a[1] for a, b in itertools.pairwise(sub_frames)}
         assert min(steps) == 6000, steps
         late = camera.pipeline.source.stats()["frames_late"]
         assert late or steps == {6000}, steps
