@@ -124,8 +124,9 @@ async def problem(response: aiohttp.ClientResponse) -> str:
 async def test_both_renditions_decode_at_their_sizes(
         appliance: tuple[Appliance, str, int]) -> None:
     app, base, rtsp_port = appliance
-    assert app.cameras.get("front") is not None
-    assert await app.cameras.wait_first_frame(30)
+    front = app.cameras.get("front")
+    assert front is not None and front.sub is not None
+    assert await front.pipeline.wait_first_frame(30) and await front.sub.wait_first_frame(30)
     async with aiohttp.ClientSession(headers=admin_of(app)) as http:
         # WHEP: the main stream, and the sub-stream by path, by query, and the default
         # camera's by query.

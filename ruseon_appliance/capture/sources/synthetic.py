@@ -66,6 +66,13 @@ class MovingPicture:
         self._texture = np.concatenate([texture, texture], axis=1)  # wraps horizontally
         self._buffer: np.ndarray[Any, Any] = np.empty((height * 3 // 2, width), dtype=np.uint8)
         self._buffer[height:] = 128  # neutral chroma
+        # A picture too small for the stamp (a tiny sub-stream) goes without it.
+        try:
+            draw_stamp(np.zeros((height, width), dtype=np.uint8), 0, 0)
+        except ValueError:
+            self.stamped = False
+        else:
+            self.stamped = True
 
     def render(self, frame_number: int, capture_time_us: int,
                controls: PictureControls = PictureControls()) -> av.VideoFrame:
@@ -90,7 +97,8 @@ class MovingPicture:
         # below need not touch it.
         chroma = 40 * np.sin(frame_number / 50) * controls.saturation
         self._buffer[h : h + h // 4] = int(np.clip(128 + chroma, 16, 240))
-        draw_stamp(luma, capture_time_us, frame_number)
+        if self.stamped:
+            draw_stamp(luma, capture_time_us, frame_number)
         if controls.hflip:
             luma[:] = luma[:, ::-1]
         if controls.vflip:
