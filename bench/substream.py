@@ -7,7 +7,8 @@ motion off. Four WHEP viewers (real aiortc peers: ICE, DTLS, SRTP) run in a chil
 their decoding does not count. The appliance's own share is its process CPU over the window
 minus the synthetic camera's worker thread (it draws and encodes both streams with libx264:
 that is the camera's work, a Pi's ISP and hardware encoder there), read per thread from
-``/proc/self/task/<tid>/stat``. Bytes and packets are what the viewers' inbound-rtp stats count.
+``/proc/self/task/<tid>/stat``. Bytes (RTP payload) and packets are what the engine's
+sessions count as sent.
 
 Scenarios: ``main-only`` (substream = false, 4 viewers of the main stream), ``sub-idle``
 (sub-stream on, nobody watching it, 4 viewers of main: what the second ring costs), ``sub-grid``
@@ -93,28 +94,27 @@ async def viewers(url: str, count: int, seconds: float) -> dict[str, Any]:
         await asyncio.sleep(0.1)
     await asyncio.sleep(2)  # past the join bursts
 
-    async def received() -> tuple[int, int]:
-        total_bytes = total_packets = 0
-        for pc in pcs:
-            for stat in (await pc.getStats()).values():
-                if stat.type == "inbound-rtp":
-                    total_bytes += stat.bytesReceived
-                    total_packets += stat.packetsReceived
-        return total_bytes, total_packets
-
-    bytes0, packets0 = await received()
     print("ready", flush=True)
     await asyncio.sleep(seconds)
-    bytes1, packets1 = await received()
     print("done", flush=True)
     for pc in pcs:
         await pc.close()
     for task in tasks:
         task.cancel()
-    return {"bytes": bytes1 - bytes0, "packets": packets1 - packets0, "sizes": sorted(sizes)}
+    return {"sizes": sorted(sizes)}
 
 
 # -- the appliance (this process) ---------------------------------------------------------------
+
+
+def sent(app: Any) -> tuple[int, int]:
+    """RTP payload bytes and packets every WHEP session has sent so far (the engine's count)."""
+    total_bytes = total_packets = 0
+    for session in app.engine.sessions.values():
+        stats = session.stats()
+        total_bytes += stats["bytes_sent"]
+        total_packets += stats["packets_sent"]
+    return total_bytes, total_packets
 
 
 async def scenario(name: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -153,11 +153,13 @@ async def scenario(name: str, args: argparse.Namespace) -> dict[str, Any]:
             line = await asyncio.wait_for(child.stdout.readline(), 120)
             assert line.strip() == b"ready", line
             tids = encoder_threads()
+            bytes0, packets0 = sent(app)
             cpu0, wall0 = time.process_time(), time.monotonic()
             enc0 = sum(thread_cpu_s(t) for t in tids)
             line = await child.stdout.readline()
             cpu1, wall1 = time.process_time(), time.monotonic()
             enc1 = sum(thread_cpu_s(t) for t in tids)
+            bytes1, packets1 = sent(app)
             assert line.strip() == b"done", line
             result = json.loads((await child.stdout.read()).decode())
             await child.wait()
@@ -170,9 +172,9 @@ async def scenario(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "process_cpu_pct": round(100 * (cpu1 - cpu0) / wall, 1),
         "encoder_cpu_pct": round(100 * (enc1 - enc0) / wall, 1),
         "appliance_cpu_pct": round(100 * own / wall, 1),
-        "grid_kbit_s": round(result["bytes"] * 8 / wall / 1000),
-        "packets_s": round(result["packets"] / wall),
-        "appliance_us_per_packet": round(1e6 * own / max(1, result["packets"]), 1),
+        "grid_kbit_s": round((bytes1 - bytes0) * 8 / wall / 1000),
+        "packets_s": round((packets1 - packets0) / wall),
+        "appliance_us_per_packet": round(1e6 * own / max(1, packets1 - packets0), 1),
         "sizes": result["sizes"],
     }
 
