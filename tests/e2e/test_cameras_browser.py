@@ -66,7 +66,9 @@ def test_grid_plays_every_camera_and_a_click_watches_one(
     # "gate" is a network camera nobody answers for: down from the start, retried.
     args = ["--camera", "front=synthetic", "--camera", "side=synthetic",
             "--camera", f"gate=rtsp://127.0.0.1:{free_port()}/stream"]
-    with running_server(tmp_path, extra_args=args) as server, chromium() as browser:
+    # 960x540: large enough for the default sub-stream (640x360), which the tiles play.
+    size = {"RUSEON_CAMERA_WIDTH": "960", "RUSEON_CAMERA_HEIGHT": "540"}
+    with running_server(tmp_path, extra_args=args, env=size) as server, chromium() as browser:
         page = browser.new_page()
         log_in(page, server)  # for Settings and Record below (the login: test_login_browser.py)
         page.goto(server.url)
@@ -76,7 +78,7 @@ def test_grid_plays_every_camera_and_a_click_watches_one(
         # At once: both tiles keep decoding while the other does.
         later = wait_for_tiles(page, "both tiles still advancing", lambda t: all(
             t[name]["frames"] > f["frames"] + 30 for f in first if (name := f["camera"]) != "gate"))
-        # The synthetic cameras (1280x720) have their default sub-stream (640x360): the tiles
+        # The synthetic cameras (960x540) have their default sub-stream (640x360): the tiles
         # play it and say so; the network camera without substream_url has only its main one.
         by_name = {t["camera"]: t for t in later}
         for name in ("front", "side"):
@@ -103,7 +105,7 @@ def test_grid_plays_every_camera_and_a_click_watches_one(
         page.wait_for_function("location.hash === '#side' && window.ruseonCameras.open === false")
         big = wait_for_page(page, "side playing large", lambda s: s["state"] == "live"
                             and s["framesDecoded"] > 30)
-        assert big["videoWidth"] == 1280  # the main stream, not the tile's
+        assert big["videoWidth"] == 960  # the main stream, not the tile's
         assert page.evaluate("window.ruseon.endpoint") == "/whep/side"
         save_screenshot(page, "browser-cameras-one.png")
         # Leaving the grid closed its tiles: no viewer place held for front any more.
