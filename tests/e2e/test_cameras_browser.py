@@ -84,7 +84,7 @@ def test_grid_plays_every_camera_and_a_click_watches_one(
         for name in ("front", "side"):
             tile = by_name[name]
             assert (tile["stream"], tile["width"], tile["height"]) == ("sub", 640, 360), tile
-            assert tile["size"] == "640×360 · sub", tile
+            assert tile["size"] == "640\u00d7360 \u00b7 sub", tile
         assert by_name["gate"]["stream"] == "main"
         assert "no frame from the rtsp source" in {t["camera"]: t for t in later}["gate"]["problem"]
         rows = cameras(server.url)
