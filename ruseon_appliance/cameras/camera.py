@@ -158,6 +158,17 @@ class Camera:
         self.sub = pipeline
         self.sub_reason = ""
 
+    async def _drop_unsupported_sub(self) -> None:
+        """``auto`` found a source without a second encoder (rpicam-vid): no sub-stream."""
+        inner, sub = self._sub_camera, self.sub
+        source = sub.source if sub is not None else None
+        if inner is None or not isinstance(source, SubstreamTap) or not source.unsupported:
+            return
+        self._sub_camera, self.sub = None, None
+        self.sub_reason = source.error or "the source has no sub-stream"
+        with contextlib.suppress(Exception):
+            await inner.stop()
+
     def stream(self, name: str) -> CapturePipeline | None:
         """The pipeline of stream ``name``: "main" (always there) or "sub" (None without a
         sub-stream). Raises ValueError for any other name."""
@@ -241,6 +252,7 @@ class Camera:
             return False
         finally:
             self._busy_since = None
+        await self._drop_unsupported_sub()  # auto chose its source now
         if self.error is not None:
             log.info("camera %s: source started after %d failed attempts", self.name,
                      self.start_failures, extra={"EVENT": "camera_started", "CAMERA": self.name})

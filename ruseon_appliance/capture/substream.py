@@ -96,6 +96,9 @@ class SubstreamTap:
         self.camera = camera
         self.main_kind = "auto"
         self.error: str | None = None
+        # The main source turned out to have no second encoder (auto found rpicam-vid): the
+        # camera then has no sub-stream at all (cameras/camera.py drops it).
+        self.unsupported = False
         self.keyframe_hook: Callable[[], None] | None = None
         self.keyframes_on_demand = True
         self.frames = 0
@@ -128,6 +131,11 @@ class SubstreamTap:
     def fail(self, reason: str) -> None:
         """The second encoder could not run (the main stream runs without it)."""
         self.error = reason
+
+    def refuse(self, reason: str) -> None:
+        """The main source cannot encode a sub-stream at all."""
+        self.error = reason
+        self.unsupported = True
 
     def clear(self) -> None:
         """The second encoder runs."""

@@ -9,6 +9,7 @@ import asyncio
 import dataclasses
 import itertools
 from collections.abc import Iterator
+from pathlib import Path
 
 import av
 import pytest
@@ -212,3 +213,28 @@ def stand_in_missing() -> object:
 
 async def no_rpicam(camera: object, timeout: float = 5.0) -> bool:
     return False
+
+
+async def test_auto_that_finds_rpicam_has_no_sub_stream(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stand-in rpicam-vid answers ``--list-cameras``; picamera2 is not importable."""
+    from ruseon_appliance.capture.sources import auto
+
+    from .test_sources import fake_rpicam_camera
+
+    monkeypatch.setattr(auto, "load_picamera2", stand_in_missing)
+    config = dataclasses.replace(fake_rpicam_camera(tmp_path, monkeypatch), source="auto",
+                                 width=320, height=240, motion=False,
+                                 substream=SubstreamConfig("on", 160, 120))
+    camera = Camera(config)
+    assert camera.add_substream(plan_substream(config, software_encoder=hardware)) is not None
+    await camera.start()
+    try:
+        assert camera.pipeline.source_kind == "rpicam"
+        assert await camera.pipeline.wait_first_frame(20)
+        assert camera.sub is None and camera.stream("sub") is None
+        assert camera.status(0)["substream"] == {
+            "enabled": False,
+            "reason": "the rpicam source auto found has none (it runs one encoder)"}
+    finally:
+        await camera.stop()

@@ -126,7 +126,8 @@ class AutoSource:
                 if callable(attach):
                     attach(tap)
                 else:
-                    tap.fail(f"no sub-stream: the {chosen.kind} source runs one encoder")
+                    tap.refuse(f"the {chosen.kind} source auto found has none (it runs one "
+                               "encoder)")
             self.chosen = chosen
             if self._stopped:  # stop() came while the camera was being looked for
                 return
