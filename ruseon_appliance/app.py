@@ -235,15 +235,18 @@ class Appliance:
             await relay.start()
             self.relays.append(relay)
 
-    def _consumer_fanout(self, cam: Camera) -> Fanout:
-        """The fan-out a relay or RTSP client of ``cam`` consumes: the engine's (shared with its
-        viewers), or one of its own when the engine has none for that camera."""
+    def _consumer_fanout(self, cam: Camera, stream: str = "main") -> Fanout:
+        """The fan-out a relay or RTSP client of ``cam``'s ``stream`` consumes: the engine's
+        (shared with its viewers), or one of its own when the engine has none for it."""
         assert self.engine is not None
-        fanout = self.engine.fanout_for(cam.pipeline) or self._relay_fanouts.get(cam.name)
+        pipeline = cam.stream(stream)
+        assert pipeline is not None
+        key = cam.name if stream == "main" else f"{cam.name}/{stream}"
+        fanout = self.engine.fanout_for(pipeline) or self._relay_fanouts.get(key)
         if fanout is None:
-            fanout = self._relay_fanouts[cam.name] = Fanout(
-                cam.pipeline, lambda family: None, framerate=cam.config.framerate,
-                min_bitrate=cam.config.bitrate)
+            fanout = self._relay_fanouts[key] = Fanout(
+                pipeline, lambda family: None, framerate=pipeline.camera.framerate,
+                min_bitrate=pipeline.camera.bitrate)
             fanout.start()
         return fanout
 
@@ -254,18 +257,26 @@ class Appliance:
             return
         assert self.engine is not None
         sources = []
+        absent: dict[str, str] = {}
         for cam in self.cameras:
-            camera, feed = cam.config, cam.pipeline
-            fanout = self._consumer_fanout(cam)
-            # As the engine does for viewers: the GOP so far when no fresh IDR can be had.
-            gop_bytes = (0 if feed.keyframes_on_demand
-                         else int(camera.bitrate / 8 * GOP_CATCH_UP_MAX_S))
-            sources.append(RtspSource(cam.name, feed, fanout, framerate=camera.framerate,
-                                      catch_up_max_frames=camera.catch_up_frames,
-                                      keyframe_interval_frames=camera.keyframe_interval,
-                                      catch_up_max_bytes=gop_bytes))
+            # rtsp://HOST:PORT/<name> is the main stream, /<name>/sub the sub-stream.
+            for stream in ("main", "sub"):
+                feed = cam.stream(stream)
+                path = cam.name if stream == "main" else f"{cam.name}/{stream}"
+                if feed is None:
+                    absent[path] = f"camera {cam.name!r} has no sub-stream: {cam.sub_reason}"
+                    continue
+                camera = feed.camera
+                fanout = self._consumer_fanout(cam, stream)
+                # As the engine does for viewers: the GOP so far when no fresh IDR can be had.
+                gop_bytes = (0 if feed.keyframes_on_demand
+                             else int(camera.bitrate / 8 * GOP_CATCH_UP_MAX_S))
+                sources.append(RtspSource(path, feed, fanout, framerate=camera.framerate,
+                                          catch_up_max_frames=camera.catch_up_frames,
+                                          keyframe_interval_frames=camera.keyframe_interval,
+                                          catch_up_max_bytes=gop_bytes))
         self.rtsp = RtspServer(self.config.rtsp, sources, credentials=self.credentials,
-                               default=self.cameras.default.name)
+                               default=self.cameras.default.name, absent=absent)
         await self.rtsp.start()
 
     def _add_onvif(self, app: web.Application) -> None:

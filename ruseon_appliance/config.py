@@ -281,6 +281,67 @@ _ZONES = "{error} (a zone is \"x,y x,y x,y ...\", coordinates 0 to 1)"
 _EVEN = "an even number from 16 to 4096"
 
 
+SUBSTREAM_MODES = ("auto", "on", "off")
+SUBSTREAM_KEYS = ("width", "height", "framerate", "bitrate")
+
+
+@dataclass(frozen=True, slots=True)
+class SubstreamConfig:
+    """A camera's ``substream``: a second, smaller H.264 stream encoded by the source itself
+    (never by re-encoding the main one). ``mode`` is "auto" (key absent or ``"auto"``: on where it
+    costs little, see capture/substream.py), "on" (``true`` or a table: asked for, an error where
+    the source cannot) or "off" (``false``)."""
+
+    mode: str = "auto"
+    width: int = 640
+    height: int = 360
+    # 0: the camera's frame rate.
+    framerate: int = 0
+    bitrate: int = 500_000
+
+    def to_toml(self) -> str:
+        """The value as a ``[[camera]]`` key takes it."""
+        if self.mode != "on":
+            return "false" if self.mode == "off" else '"auto"'
+        return (f"{{ width = {self.width}, height = {self.height}, "
+                f"framerate = {self.framerate}, bitrate = {self.bitrate} }}")
+
+
+def parse_substream(key: str, value: Any, from_text: bool) -> SubstreamConfig:
+    """``substream``: ``true``/``false``/``"auto"``, a table of :data:`SUBSTREAM_KEYS`, or from
+    the environment or a flag ``true``/``false``/``auto``/``WIDTHxHEIGHT``."""
+    allowed = ("true, false, \"auto\" or a table { width, height, framerate, bitrate }"
+               + (" (or WIDTHxHEIGHT)" if from_text else ""))
+    if isinstance(value, SubstreamConfig):
+        return value
+    if isinstance(value, bool):
+        return SubstreamConfig(mode="on" if value else "off")
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text == "auto":
+            return SubstreamConfig()
+        if from_text and text in ("1", "true", "yes", "on"):
+            return SubstreamConfig(mode="on")
+        if from_text and text in ("0", "false", "no", "off"):
+            return SubstreamConfig(mode="off")
+        width, sep, height = text.partition("x")
+        if from_text and sep and width.isdigit() and height.isdigit():
+            return SubstreamConfig(mode="on", width=int(width), height=int(height))
+    if isinstance(value, Mapping):
+        changes: dict[str, int] = {}
+        for name, item in value.items():
+            if name not in SUBSTREAM_KEYS:
+                raise ConfigError(f"{key}.{name} is not a known key: a substream table allows "
+                                  + ", ".join(SUBSTREAM_KEYS))
+            if isinstance(item, bool) or not isinstance(item, int):
+                raise ConfigError(f"{key}.{name} = {item!r} is not valid: expected int")
+            changes[name] = item
+        return SubstreamConfig(mode="on", **changes)
+    raise ConfigError(f"{key} = {value!r} is not valid: expected {allowed}")
+
+
+
+
 @dataclass(frozen=True, slots=True)
 class CameraConfig:
     """``[camera]`` (one camera) or one ``[[camera]]`` table: where frames come from and how
@@ -326,6 +387,13 @@ class CameraConfig:
                                               allowed=_ZONES)
     motion_exclude: tuple[str, ...] = setting((), "zones never looked at", ok=_zone,
                                               allowed=_ZONES)
+    # The sub-stream (SubstreamConfig; rules: _substream_rules); an rtsp:// camera's comes from
+    # substream_url (a second URL of the same camera, e.g. its 640x360 profile).
+    substream: SubstreamConfig = setting(
+        SubstreamConfig(), "a second, smaller stream from the source: \"auto\", false, true or "
+        "{ width, height, framerate, bitrate }", parse=parse_substream,
+        render=SubstreamConfig.to_toml)
+    substream_url: str = setting("", "an rtsp:// camera's second stream", secret="url")
 
     @property
     def ring_arena_bytes(self) -> int:
@@ -365,6 +433,45 @@ def _camera_rules(cam: CameraConfig, key: str) -> None:
     _check(16 * 1024 <= cam.max_frame_bytes <= cam.ring_arena_bytes, f"{key}.max_frame_bytes",
            cam.max_frame_bytes,
            f"16 KiB up to the ring arena ({cam.ring_arena_bytes} bytes, camera.ring_bytes)")
+
+
+# Sources that cannot encode a second stream: rpicam-vid runs one encoder, a file has one.
+SUBSTREAM_REFUSED = {"rpicam": "rpicam-vid runs one encoder", "file": "a file holds one stream"}
+
+
+@_rules(CameraConfig)
+def _substream_rules(cam: CameraConfig, key: str) -> None:
+    """One camera's ``substream`` and ``substream_url``."""
+    sub, url = cam.substream, cam.substream_url
+    network = cam.source.startswith(NETWORK_SOURCE_SCHEMES)
+    if url:
+        _check(url.startswith(NETWORK_SOURCE_SCHEMES) and _network_host(url) != "",
+               f"{key}.substream_url", _hide_url_password(url), "rtsp://HOST[:PORT]/PATH")
+        _check(network, f"{key}.substream_url", _hide_url_password(url),
+               "only for an rtsp:// camera (other sources encode their sub-stream themselves)")
+    _check(sub.mode in SUBSTREAM_MODES, f"{key}.substream", sub.mode,
+           "true, false, \"auto\" or a table")
+    if sub.mode != "on":
+        return
+    kind = "file" if cam.source.startswith("file:") else cam.source_kind
+    if kind in SUBSTREAM_REFUSED:
+        raise ConfigError(f"{key}.substream is not valid for source {kind!r}: "
+                          f"{SUBSTREAM_REFUSED[kind]}; set substream = false")
+    if network and not url:
+        raise ConfigError(f"{key}.substream needs {key}.substream_url for an rtsp:// camera "
+                          "(the camera's second, smaller stream's URL)")
+    _check(16 <= sub.width <= cam.width and sub.width % 2 == 0, f"{key}.substream.width",
+           sub.width, f"an even number from 16 to the camera's width ({cam.width})")
+    _check(16 <= sub.height <= cam.height and sub.height % 2 == 0, f"{key}.substream.height",
+           sub.height, f"an even number from 16 to the camera's height ({cam.height})")
+    _check(0 <= sub.framerate <= cam.framerate, f"{key}.substream.framerate", sub.framerate,
+           f"0 (the camera's) or 1 to the camera's frame rate ({cam.framerate})")
+    if kind in ("picamera", "auto"):
+        _check(sub.framerate in (0, cam.framerate), f"{key}.substream.framerate",
+               sub.framerate, f"0 or the camera's ({cam.framerate}): picamera2 encodes every "
+               "frame of its lores stream")
+    _check(50_000 <= sub.bitrate <= 50_000_000, f"{key}.substream.bitrate", sub.bitrate,
+           "50000 to 50000000 bits/s")
 
 
 def validate_camera(cam: CameraConfig, key: str = "camera") -> None:

@@ -55,9 +55,10 @@ HTTP_ROUTES: tuple[tuple[frozenset[str], str, Access], ...] = tuple(
         # The picture.
         ("*", "/whep", Access.VIEW),
         ("*", "/whep/sessions/{id}", Access.VIEW),  # the session URL is the viewer's capability
+        ("*", "/whep/*/*", Access.VIEW),  # /whep/<camera>/<stream>: main or sub
         ("*", "/whep/*", Access.VIEW),
         ("GET,HEAD", "/snapshot.jpg", Access.VIEW),
-        ("GET,HEAD", "/snapshot/*.jpg", Access.VIEW),
+        ("GET,HEAD", "/snapshot/*.jpg", Access.VIEW),  # ?stream=sub: the same level
         ("GET,HEAD", "/hls/*", Access.VIEW),
         ("GET,HEAD", "/api/cameras", Access.VIEW),
         ("GET,HEAD", "/api/status", Access.VIEW),  # details only for admin (web/api.py)

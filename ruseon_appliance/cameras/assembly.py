@@ -37,6 +37,7 @@ def assemble_cameras(config: Config, *, clock: WallClock, events: EventBus) -> C
     cameras = []
     for cam_config in configs:
         camera = Camera(cam_config)
+        camera.add_substream()  # capture/substream.py: where the source encodes one
         _equip(camera, cam_config, config, archive=camera_dir(archive, camera.name),
                state=camera_dir(state, camera.name), share=share, clock=clock, events=events)
         cameras.append(camera)

@@ -15,6 +15,7 @@ from ..capture.pipeline import CapturePipeline
 from ..capture.sources.auto import NoCameraDetected
 from ..capture.sources.base import Deliver, SourceUnavailable
 from ..capture.sources.rtsp import redact
+from ..capture.substream import SubstreamPlan, SubstreamTap, plan_substream
 from ..config import CameraConfig
 from ..events import RecordingWatcher, StallWatcher
 from ..hls import HlsStream
@@ -66,6 +67,10 @@ class UnavailableSource:
         return {}
 
 
+# The streams a camera may have (Camera.stream): the main one, and the smaller sub-stream.
+STREAM_NAMES = ("main", "sub")
+
+
 # Controls that change what the stream is (the engine reads them per viewer from
 # ``pipeline.camera``: frame duration, catch-up window), not only how the sensor looks.
 STREAM_CONTROLS = ("framerate", "bitrate", "resolution")
@@ -88,6 +93,12 @@ class Camera:
     recording_watcher: RecordingWatcher | None = None
     motion: MotionMonitor | None = None
     motion_recording: MotionRecording | None = None
+    # The sub-stream (capture/substream.py): its own pipeline (source and ring; its ``camera``
+    # has the sub's size, frame rate and bitrate), started, supervised and stopped with the
+    # main one; None when the camera has none (:attr:`sub_reason` says why).
+    sub: CapturePipeline | None = None
+    sub_reason: str = "no sub-stream configured"
+    _sub_camera: Camera | None = None
 
     def __init__(self, config: CameraConfig, *, pipeline: CapturePipeline | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -112,6 +123,66 @@ class Camera:
         self._started_at: float | None = None
         self._busy_since: float | None = None  # a stop or start of the source is under way
 
+    def add_substream(self, plan: SubstreamPlan | None = None) -> CapturePipeline | None:
+        """Give this camera its sub-stream as ``plan`` (default: :func:`plan_substream` of its
+        configuration) says: an rtsp:// camera's ``substream_url`` is a second source of its
+        own; otherwise the main source encodes it (picamera2's lores encoder, the synthetic
+        camera's second encoder) into a :class:`SubstreamTap`. A source that cannot (rpicam,
+        a file, a source that could not be built) leaves :attr:`sub` None with the reason."""
+        plan = plan_substream(self.config) if plan is None else plan
+        if plan.camera is None:
+            self.sub_reason = plan.reason
+            return None
+        if plan.camera.source != self.config.source:  # its own URL
+            try:
+                pipeline = CapturePipeline(plan.camera)
+            except SourceUnavailable as exc:
+                pipeline = CapturePipeline(plan.camera, source=UnavailableSource(str(exc)))
+        else:
+            attach = getattr(self.pipeline.source, "attach_substream", None)
+            if not callable(attach):
+                self.sub_reason = f"the {self.pipeline.source_kind} source has no sub-stream"
+                return None
+            tap = SubstreamTap(plan.camera)
+            attach(tap)
+            pipeline = CapturePipeline(plan.camera, source=tap)
+        self.attach_sub(pipeline)
+        return pipeline
+
+    def attach_sub(self, pipeline: CapturePipeline) -> None:
+        """Make ``pipeline`` this camera's sub-stream (supervised like the main one, by a
+        camera of its own that nothing else sees: its failures are its own)."""
+        inner = Camera(pipeline.camera, pipeline=pipeline, clock=self._clock)
+        inner.name = f"{self.name}/sub"
+        self._sub_camera = inner
+        self.sub = pipeline
+        self.sub_reason = ""
+
+    async def _drop_unsupported_sub(self) -> None:
+        """``auto`` found a source without a second encoder (rpicam-vid): no sub-stream."""
+        inner, sub = self._sub_camera, self.sub
+        source = sub.source if sub is not None else None
+        if inner is None or not isinstance(source, SubstreamTap) or not source.unsupported:
+            return
+        self._sub_camera, self.sub = None, None
+        self.sub_reason = source.error or "the source has no sub-stream"
+        with contextlib.suppress(Exception):
+            await inner.stop()
+
+    def stream(self, name: str) -> CapturePipeline | None:
+        """The pipeline of stream ``name``: "main" (always there) or "sub" (None without a
+        sub-stream). Raises ValueError for any other name."""
+        if name == "main":
+            return self.pipeline
+        if name == "sub":
+            return self.sub
+        raise ValueError(f"unknown stream {name!r}: allowed are " + ", ".join(STREAM_NAMES))
+
+    def sub_problem(self) -> str | None:
+        """Why the sub-stream is down (as :meth:`problem` for it), None when it is up or absent."""
+        inner = self._sub_camera
+        return inner.problem() if inner is not None else None
+
     async def start(self) -> bool:
         """Restore the saved controls, start the source, then the recorder and HLS stream.
 
@@ -126,6 +197,8 @@ class Camera:
         started = await self._try_start()
         self._supervisor = asyncio.create_task(self._supervise(),
                                                name=f"camera-{self.name}-supervisor")
+        if self._sub_camera is not None:  # never raises; its failures are retried on its own
+            await self._sub_camera.start()
         if self.recorder is not None:
             await self.recorder.start()
         if self.hls is not None:
@@ -179,6 +252,7 @@ class Camera:
             return False
         finally:
             self._busy_since = None
+        await self._drop_unsupported_sub()  # auto chose its source now
         if self.error is not None:
             log.info("camera %s: source started after %d failed attempts", self.name,
                      self.start_failures, extra={"EVENT": "camera_started", "CAMERA": self.name})
@@ -234,6 +308,8 @@ class Camera:
         """A stop or start of the source has not returned for :data:`STUCK_S` (a hung
         driver thread): a service restart is the only way out."""
         busy = self._busy_since
+        if self._sub_camera is not None and self._sub_camera.stuck():
+            return True
         return busy is not None and self._clock() - busy > STUCK_S
 
     async def stop(self) -> None:
@@ -252,6 +328,9 @@ class Camera:
         self._stopped = True
         task, self._supervisor = self._supervisor, None
         await cancel_and_wait(task)
+        if self._sub_camera is not None:
+            with contextlib.suppress(Exception):  # the main source stops whatever it does
+                await self._sub_camera.stop()
         await self.pipeline.stop()
 
     def problem(self) -> str | None:
@@ -306,6 +385,34 @@ class Camera:
             "frames_dropped": stats.get("frames_dropped"),
             "viewers": viewers,
             "motion": self.motion.stats() if self.motion is not None else None,
+            "substream": self.substream_status(),
+        }
+
+    def substream_status(self) -> dict[str, Any]:
+        """The sub-stream's part of this camera's status: its size (as received, else as
+        configured), frame rate, bitrate, up/problem; or why there is none."""
+        sub = self.sub
+        if sub is None:
+            return {"enabled": False, "reason": self.sub_reason}
+        stats = sub.stats()
+        info = sub.stream_info
+        problem = self.sub_problem()
+        return {
+            "enabled": True,
+            "kind": sub.source_kind,
+            "source": redact(sub.camera.source),
+            "up": problem is None,
+            "problem": problem,
+            "width": info.width if info else sub.camera.width,
+            "height": info.height if info else sub.camera.height,
+            "configured_width": sub.camera.width,
+            "configured_height": sub.camera.height,
+            "framerate": sub.camera.framerate,
+            "configured_bitrate": sub.camera.bitrate,
+            "fps": stats.get("fps"),
+            "bitrate": stats.get("bitrate"),
+            "keyframe_age_s": stats.get("keyframe_age_s"),
+            "frames_in": stats.get("frames_in"),
         }
 
 
@@ -360,11 +467,16 @@ class CameraSet:
         return self._by_name.get(name)
 
     def of_feed(self, feed: object) -> Camera | None:
-        """The camera whose pipeline ``feed`` is (a session's ``feed``), or None."""
+        """The camera whose pipeline (main or sub) ``feed`` is (a session's ``feed``), or None."""
         for camera in self._cameras:
-            if camera.pipeline is feed:
+            if camera.pipeline is feed or (camera.sub is not None and camera.sub is feed):
                 return camera
         return None
+
+    def stream_of_feed(self, feed: object) -> str:
+        """"sub" when ``feed`` is a camera's sub-stream, else "main"."""
+        camera = self.of_feed(feed)
+        return "sub" if camera is not None and camera.sub is feed else "main"
 
     async def start(self) -> None:
         """Start every camera at once; failures are kept per camera and retried."""

@@ -1,6 +1,7 @@
 """The RTSP server (RFC 2326, RTSP 1.0 as NVRs and players speak it).
 
-One path per camera: ``rtsp://HOST:8554/<camera>``; ``/`` and ``/stream`` are the first camera.
+One path per camera: ``rtsp://HOST:8554/<camera>``; ``/`` and ``/stream`` are the first camera;
+``/<camera>/sub`` a camera's sub-stream (a source of its own, named so by ``app.py``).
 Methods: OPTIONS, DESCRIBE, SETUP (``RTP/AVP/TCP;interleaved`` or ``RTP/AVP;unicast;
 client_port``), PLAY, PAUSE, TEARDOWN, GET_PARAMETER / SET_PARAMETER (keep-alives). No option
 tag is supported: a request with ``Require:`` is answered 551 with ``Unsupported:``.
@@ -27,7 +28,7 @@ import logging
 import secrets
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
@@ -170,6 +171,7 @@ class RtspServer:
         socket_send_buffer: int = SOCKET_SEND_BUFFER,
         session_timeout_s: float = SESSION_TIMEOUT_S,
         default: str = "",
+        absent: Mapping[str, str] | None = None,
     ) -> None:
         if not sources:
             raise ValueError("an RTSP server needs at least one camera")
@@ -177,6 +179,8 @@ class RtspServer:
         self.sources = {source.name: source for source in sources}
         # What rtsp://HOST:PORT/ and /stream play: the default camera (the first by default).
         self.default = self.sources.get(default) or sources[0]
+        # Paths that name a stream there is not (a camera's /sub without one): why, for a 404.
+        self.absent = dict(absent or {})
         # Credentials: the appliance's (viewing open or not, the shared throttle), or a bare
         # token that every request but OPTIONS needs (tests, embedding).
         self.auth: RtspAuth | None = None
@@ -491,11 +495,22 @@ class RtspServer:
             base = base.rstrip("/")[: -len(TRACK_CONTROL)]
         return source, base.rstrip("/") + "/"
 
+    def _not_here(self, url: str) -> RtspResponse:
+        """404 for a URL that names no source: why, where the path is a stream there is not."""
+        try:
+            path = unquote(urlsplit(url).path).strip("/")
+        except ValueError:
+            path = ""
+        for known, why in self.absent.items():
+            if path == known or path.startswith(known + "/"):
+                return RtspResponse(404, reason=why)
+        return RtspResponse(404, reason="no camera at this path; cameras: "
+                                        + ", ".join(self.sources))
+
     def _describe(self, conn: _Connection, request: RtspRequest) -> RtspResponse:
         source, base = self._source_of(request.url, track=False)
         if source is None:
-            return RtspResponse(404, reason="no camera at this path; cameras: "
-                                            + ", ".join(self.sources))
+            return self._not_here(request.url)
         info = source.feed.stream_info
         sets = parameter_sets(source.feed.ring)
         if info is None or sets is None:
@@ -510,8 +525,7 @@ class RtspServer:
     def _setup(self, conn: _Connection, request: RtspRequest) -> RtspResponse:
         source, _ = self._source_of(request.url, track=True)
         if source is None:
-            return RtspResponse(404, reason="no camera at this path; cameras: "
-                                            + ", ".join(self.sources))
+            return self._not_here(request.url)
         if request.header("session"):
             return RtspResponse(459, reason="one track per session: SETUP without Session")
         if len(self.sessions) >= self.config.max_clients:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import socket
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -114,6 +114,9 @@ class DeviceApi:
         # ``() -> (how many, [(name, why down), ...])`` (web/cameras.py): /healthz then
         # reports which are down, 503 only when every one is (200 "degraded" otherwise).
         self.cameras_down: Callable[[], tuple[int, list[tuple[str, str]]]] | None = None
+        # ``async (stream) -> response``: the default camera's snapshot of that stream
+        # (web/cameras.py); None: only the main one.
+        self.stream_snapshot: Callable[[str], Awaitable[web.Response]] | None = None
 
     def add_routes(self, app: web.Application) -> None:
         """Register the API routes (GET also answers HEAD)."""
@@ -213,7 +216,13 @@ class DeviceApi:
         return web.Response(text="ok\n", headers={"Cache-Control": "no-store"})
 
     async def snapshot_jpeg(self, request: web.Request) -> web.Response:
-        """``GET /snapshot.jpg``: the newest keyframe as a JPEG."""
+        """``GET /snapshot.jpg``: the newest keyframe as a JPEG (``?stream=sub``: of the
+        default camera's sub-stream, through :attr:`stream_snapshot`)."""
+        stream = request.query.get("stream", "main")
+        if stream != "main" or self.stream_snapshot is not None:
+            if self.stream_snapshot is None:
+                raise Problem(404, f"there is no stream {stream!r} here; the stream is main")
+            return await self.stream_snapshot(stream)
         return await snapshot_response(self.snapshot)
 
     def collect(self) -> Iterator[Metric]:

@@ -47,6 +47,12 @@ ENDPOINT_METHODS = "OPTIONS, POST"
 SESSION_METHODS = "OPTIONS, PATCH, DELETE"
 
 
+def _main_only(stream: str) -> None:
+    """Without cameras' routes: only the main stream (the engine's default feed)."""
+    if stream != "main":
+        raise Problem(404, f"there is no stream {stream!r} here; the stream is main")
+
+
 def ice_server_link(url: str) -> str:
     """A ``Link`` header value announcing one configured STUN/TURN server (RFC 9725 §4.6)."""
     return f'<{url}>; rel="ice-server"'
@@ -93,6 +99,9 @@ class WhepResource:
         # Why a camera (by its pipeline; None: the default) has no video, for a 503's detail
         # (web/cameras.py sets it); "" or None when it does not say.
         self.camera_problem: Callable[[Any], str | None] = lambda feed: None
+        # The default camera's pipeline of a stream name (``/whep?stream=sub``; web/cameras.py
+        # sets it); raises a 404 Problem for a stream there is not. None: the engine's default.
+        self.choose_feed: Callable[[str], Any] = _main_only
         self._records: dict[str, _SessionRecord] = {}
         # An engine that implements ICE restarts exposes
         # ``async restart_ice(session_id, sdpfrag) -> str`` returning the answer fragment.
@@ -132,8 +141,10 @@ class WhepResource:
         )
 
     async def post_offer(self, request: web.Request) -> web.Response:
-        """Create a viewer session of the default camera from an SDP offer; 201 + answer."""
-        return await self.answer_offer(request)
+        """Create a viewer session of the default camera (``?stream=sub``: its sub-stream) from
+        an SDP offer; 201 + answer."""
+        feed = self.choose_feed(request.query.get("stream", "main"))
+        return await self.answer_offer(request, feed=feed)
 
     async def answer_offer(self, request: web.Request, feed: Any = None) -> web.Response:
         """Create a viewer session of ``feed`` (a camera's pipeline; None: the engine's

@@ -315,6 +315,9 @@ class Picamera2:
     # What the sensor sees: frame number -> the main stream's Y plane (uint8, height x width);
     # None: a gradient scrolling sideways.
     scene: Callable[[int], Any] | None = None
+    # While True a second encoder cannot be opened (another process holds the V4L2 encoder
+    # device): start_encoder(name="lores") fails as opening /dev/video11 would.
+    lores_encoder_busy = False
 
     def __init__(self, camera_num: int = 0) -> None:
         hang = Picamera2.hang_open
@@ -326,6 +329,8 @@ class Picamera2:
         self.config: dict[str, Any] = {}
         self.closed = False
         self.encoder: Any = None
+        # Every started encoder by the stream it encodes (picamera2's start_encoder name=).
+        self.encoders: dict[str, Any] = {}
         self.set_controls_calls: list[dict[str, Any]] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -356,6 +361,13 @@ class Picamera2:
         size = tuple(config["main"].get("size", ()))
         if size in Picamera2.refused_sizes:
             raise RuntimeError(f"Failed to configure camera: no sensor mode for {size}")
+        lores = config.get("lores")
+        if lores is not None:  # upstream's check_camera_config
+            lores_w, lores_h = lores["size"]
+            if lores_w > size[0] or lores_h > size[1]:
+                raise RuntimeError("lores stream dimensions may not exceed main stream")
+            if lores.get("format") != "YUV420":
+                raise RuntimeError("lores stream must be YUV")
         for name in config["controls"]:
             if name not in ADVERTISED_CONTROLS:
                 raise RuntimeError(f"Control {name} is not advertised by libcamera")
@@ -373,23 +385,48 @@ class Picamera2:
         controls = self.config["controls"]
         return controls.get("AeEnable", True) is not False and not controls.get("AnalogueGain")
 
+    def start_encoder(self, encoder: Encoder, output: Any = None, pts: Any = None,
+                      quality: Any = None, name: str | None = None) -> None:
+        """Upstream's start_encoder: the encoder takes the named stream's size."""
+        name = name or "main"
+        stream = self.config.get(name)
+        if not stream:
+            raise RuntimeError(f"Encode stream {name} was not defined")
+        if name == "lores" and Picamera2.lores_encoder_busy:
+            raise OSError(16, "Device or resource busy: '/dev/video11'")
+        encoder.width, encoder.height = stream["size"]
+        if output is not None:
+            encoder.output = output
+        encoder.start()
+        self.encoders[name] = encoder
+        if name == "main":
+            self.encoder = encoder
+
+    def stop_encoder(self, encoders: Any = None) -> None:
+        """Upstream's stop_encoder: the given encoder, or every one."""
+        for name, encoder in list(self.encoders.items()):
+            if encoders is None or encoder is encoders:
+                encoder.stop()
+                del self.encoders[name]
+
+    def start(self) -> None:
+        fps = float(self.config["controls"].get("FrameRate", 30.0))
+        self._thread = threading.Thread(target=self._run, args=(fps,), daemon=True)
+        self._thread.start()
+
     def start_recording(self, encoder: Encoder, output: Any, pts: Any = None,
                         config: Any = None, quality: Any = None, name: Any = None) -> None:
-        self.encoder = encoder
-        encoder.width, encoder.height = self.config["main"]["size"]
-        encoder.output = output
-        encoder.start()
-        fps = float(self.config["controls"].get("FrameRate", 30.0))
-        self._thread = threading.Thread(target=self._run, args=(encoder, fps), daemon=True)
-        self._thread.start()
+        self.start_encoder(encoder, output, name=name)
+        self.start()
 
     def freeze(self) -> None:
         """The sensor stops sending (a ribbon cable pulled while streaming): no more frames,
         and picamera2 reports nothing."""
         self._stop.set()
 
-    def _run(self, encoder: Encoder, fps: float) -> None:
-        width, height = encoder.width, encoder.height
+    def _run(self, fps: float) -> None:
+        encoder = self.encoders["main"]
+        width, height = self.config["main"]["size"]
         y = np.tile(np.arange(width, dtype=np.uint8), (height, 1))
         uv = np.full((height // 2, width), 128, dtype=np.uint8)
         sensor_ns = 8_123_456_789_000  # nanoseconds since boot, never 0
@@ -402,16 +439,22 @@ class Picamera2:
             timestamp = sensor_ns + n * int(1e9 / fps)
             encoder.encode(av.VideoFrame.from_ndarray(picture, format="yuv420p"), timestamp)
             callback, lores = self.post_callback, self.config.get("lores")
-            if callback is not None and lores:
-                callback(CompletedRequest(luma, lores["size"], timestamp))
+            request = CompletedRequest(luma, lores["size"], timestamp) if lores else None
+            lores_encoder = self.encoders.get("lores")
+            if lores_encoder is not None and request is not None:
+                # The ISP's scaled-down YUV420 of the same frame, same sensor timestamp.
+                lores_encoder.encode(av.VideoFrame.from_ndarray(
+                    request.make_array("lores"), format="yuv420p"), timestamp)
+            if callback is not None and request is not None:
+                callback(request)
             n += 1
 
     def stop_recording(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        if self.encoder is not None:
-            self.encoder.stop()
+        for encoder in self.encoders.values():  # upstream: stop_encoder() stops them all
+            encoder.stop()
 
     def close(self) -> None:
         self.closed = True

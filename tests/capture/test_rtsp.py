@@ -41,17 +41,21 @@ def slices(annexb: bytes) -> list[bytes]:
 @pytest.fixture(scope="module")
 def recording(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A stamped libx264 recording (VUI timing at FPS, an IDR every second)."""
-    path = tmp_path_factory.mktemp("rtsp") / "stamped.h264"
+    return record(tmp_path_factory.mktemp("rtsp") / "stamped.h264", WIDTH, HEIGHT)
+
+
+def record(path: Path, width: int, height: int) -> Path:
+    """``SECONDS`` of stamped libx264 at ``FPS`` (an IDR every second) into ``path``."""
     encoder = av.CodecContext.create("libx264", "w")
-    encoder.width, encoder.height, encoder.pix_fmt = WIDTH, HEIGHT, "yuv420p"
+    encoder.width, encoder.height, encoder.pix_fmt = width, height, "yuv420p"
     encoder.time_base, encoder.framerate = fractions.Fraction(1, FPS), FPS
     encoder.options = {"tune": "zerolatency", "preset": "ultrafast", "g": str(FPS),
                        "profile": "baseline", "bf": "0"}
     with path.open("wb") as out:
         for n in range(FPS * SECONDS):
-            luma = np.full((HEIGHT, WIDTH), 60 + n % 40, np.uint8)
+            luma = np.full((height, width), 60 + n % 40, np.uint8)
             draw_stamp(luma, n * 1_000_000 // FPS, n)
-            frame = av.VideoFrame(WIDTH, HEIGHT, "yuv420p")
+            frame = av.VideoFrame(width, height, "yuv420p")
             frame.planes[0].update(luma.tobytes())
             frame.pts = n
             for packet in encoder.encode(frame):
@@ -244,3 +248,45 @@ async def test_a_down_ip_camera_says_why_in_its_problem() -> None:
         assert "secret" not in problem and "secret" not in str(camera.status(0))
     finally:
         await camera.stop()
+
+
+async def test_an_ip_cameras_substream_url_is_a_second_source_passed_through(
+        server: RtspServer, tmp_path: Path) -> None:
+    """An IP camera's main and sub profiles (two gst-rtsp-servers, two sizes): the camera's
+    ``substream_url`` is a second RTSP source, its H.264 passed through; the sub-stream going
+    away leaves the main one running, and its password is never shown."""
+    from ruseon_appliance.cameras.camera import Camera
+
+    small = RtspServer(record(tmp_path / "small.h264", 160, 96), free_port())
+    small.start()
+    try:
+        camera = Camera(CameraConfig(
+            name="gate", source=f"rtsp://127.0.0.1:{server.port}/cam", framerate=FPS,
+            width=WIDTH, height=HEIGHT,
+            substream_url=f"rtsp://admin:hunter2@127.0.0.1:{small.port}/cam"))
+        sub = camera.add_substream()
+        assert sub is not None and sub.camera.source.endswith(f"{small.port}/cam")
+        await camera.start()
+        try:
+            main_units, sub_units = await asyncio.gather(read_units(camera.pipeline, FPS),
+                                                         read_units(sub, FPS))
+            for units, size in ((main_units, (WIDTH, HEIGHT)), (sub_units, (160, 96))):
+                keyframe = next(data for data, _, key in units if key)
+                (frame,) = decode_alone(keyframe)
+                assert (frame.width, frame.height) == size
+            status = camera.status(0)["substream"]
+            assert status["up"] and (status["width"], status["height"]) == (160, 96)
+            assert status["kind"] == "rtsp" and "hunter2" not in str(status)
+            assert status["source"] == f"rtsp://***@127.0.0.1:{small.port}/cam"
+
+            small.kill()  # the camera's sub profile stops answering
+            await wait_until(lambda: camera.sub_problem() is not None, 30)
+            assert camera.problem() is None
+            await read_units(camera.pipeline, FPS)  # main carries on
+            problem = camera.sub_problem()
+            assert problem is not None and "hunter2" not in problem
+            assert "no frame from the rtsp source" in problem
+        finally:
+            await camera.stop()
+    finally:
+        small.kill()

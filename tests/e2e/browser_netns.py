@@ -22,7 +22,7 @@ import threading
 import time
 import urllib.request
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -138,10 +138,13 @@ class Server:
     """A real ``python -m ruseon_appliance serve`` with the synthetic source on loopback."""
 
     def __init__(self, state_dir: Path, *, token: str = "",
-                 extra_args: Sequence[str] = (), host: str = "127.0.0.1") -> None:
+                 extra_args: Sequence[str] = (), host: str = "127.0.0.1",
+                 env: Mapping[str, str] | None = None) -> None:
         self.state_dir = state_dir
         self.token = token
         self.extra_args = list(extra_args)
+        # RUSEON_* settings of this test, over the defaults below (e.g. a larger picture).
+        self.extra_env = dict(env or {})
         # HTTP, the WebRTC port and the advertised candidate: 127.0.0.1, or ::1 for IPv6.
         self.host = host
         self.http_port = free_port()
@@ -173,6 +176,7 @@ class Server:
         env = {k: v for k, v in os.environ.items() if not k.startswith("RUSEON_")}
         env["RUSEON_CAMERA_WIDTH"] = str(SOURCE_WIDTH)
         env["RUSEON_CAMERA_HEIGHT"] = str(SOURCE_HEIGHT)
+        env.update(self.extra_env)
         if self.token:
             # A test that gives a token means a board whose viewing needs it too.
             env["RUSEON_AUTH_VIEWING"] = "credential"
@@ -222,10 +226,12 @@ class Server:
 
 
 @contextlib.contextmanager
-def running_server(state_dir: Path, *, token: str = "",
-                   extra_args: Sequence[str] = (), host: str = "127.0.0.1") -> Iterator[Server]:
-    """A started :class:`Server` (``extra_args`` appended to ``serve``), stopped on exit."""
-    server = Server(state_dir, token=token, extra_args=extra_args, host=host)
+def running_server(state_dir: Path, *, token: str = "", extra_args: Sequence[str] = (),
+                   host: str = "127.0.0.1",
+                   env: Mapping[str, str] | None = None) -> Iterator[Server]:
+    """A started :class:`Server` (``extra_args`` appended to ``serve``, ``env`` over its
+    RUSEON_* defaults), stopped on exit."""
+    server = Server(state_dir, token=token, extra_args=extra_args, host=host, env=env)
     server.start()
     try:
         yield server

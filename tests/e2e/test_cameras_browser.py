@@ -1,6 +1,7 @@
-"""The cameras grid in Debian's Chromium: every camera plays at once in its tile, a camera that
-delivers nothing shows as down on its tile, a click watches one large, and /#<camera> deep links
-straight to it."""
+"""The cameras grid in Debian's Chromium: every camera plays at once in its tile (its sub-stream
+where it has one, the size received on the tile), a camera that delivers nothing shows as down
+on its tile, a click watches one large (the main stream), and /#<camera> deep links straight to
+it."""
 
 from __future__ import annotations
 
@@ -29,7 +30,9 @@ TILES_JS = """() => Array.from(document.querySelectorAll('.cam-tile')).map((t) =
   const v = t.querySelector('video');
   const q = v && v.getVideoPlaybackQuality ? v.getVideoPlaybackQuality() : null;
   return {camera: t.dataset.camera, up: t.dataset.up, problem: t.querySelector('.cam-problem')
-          .textContent, width: v ? v.videoWidth : 0, frames: q ? q.totalVideoFrames : 0};
+          .textContent, width: v ? v.videoWidth : 0, height: v ? v.videoHeight : 0,
+          frames: q ? q.totalVideoFrames : 0, stream: t.dataset.stream,
+          size: t.querySelector('.cam-size').textContent};
 })"""
 
 
@@ -63,7 +66,9 @@ def test_grid_plays_every_camera_and_a_click_watches_one(
     # "gate" is a network camera nobody answers for: down from the start, retried.
     args = ["--camera", "front=synthetic", "--camera", "side=synthetic",
             "--camera", f"gate=rtsp://127.0.0.1:{free_port()}/stream"]
-    with running_server(tmp_path, extra_args=args) as server, chromium() as browser:
+    # 960x540: large enough for the default sub-stream (640x360), which the tiles play.
+    size = {"RUSEON_CAMERA_WIDTH": "960", "RUSEON_CAMERA_HEIGHT": "540"}
+    with running_server(tmp_path, extra_args=args, env=size) as server, chromium() as browser:
         page = browser.new_page()
         log_in(page, server)  # for Settings and Record below (the login: test_login_browser.py)
         page.goto(server.url)
@@ -73,7 +78,14 @@ def test_grid_plays_every_camera_and_a_click_watches_one(
         # At once: both tiles keep decoding while the other does.
         later = wait_for_tiles(page, "both tiles still advancing", lambda t: all(
             t[name]["frames"] > f["frames"] + 30 for f in first if (name := f["camera"]) != "gate"))
-        assert {t["camera"]: t["width"] for t in later}["front"] > 0
+        # The synthetic cameras (960x540) have their default sub-stream (640x360): the tiles
+        # play it and say so; the network camera without substream_url has only its main one.
+        by_name = {t["camera"]: t for t in later}
+        for name in ("front", "side"):
+            tile = by_name[name]
+            assert (tile["stream"], tile["width"], tile["height"]) == ("sub", 640, 360), tile
+            assert tile["size"] == "640\u00d7360 \u00b7 sub", tile
+        assert by_name["gate"]["stream"] == "main"
         assert "no frame from the rtsp source" in {t["camera"]: t for t in later}["gate"]["problem"]
         rows = cameras(server.url)
         assert rows["front"]["viewers"] == rows["side"]["viewers"] == 1
@@ -93,7 +105,7 @@ def test_grid_plays_every_camera_and_a_click_watches_one(
         page.wait_for_function("location.hash === '#side' && window.ruseonCameras.open === false")
         big = wait_for_page(page, "side playing large", lambda s: s["state"] == "live"
                             and s["framesDecoded"] > 30)
-        assert big["videoWidth"] > 0
+        assert big["videoWidth"] == 960  # the main stream, not the tile's
         assert page.evaluate("window.ruseon.endpoint") == "/whep/side"
         save_screenshot(page, "browser-cameras-one.png")
         # Leaving the grid closed its tiles: no viewer place held for front any more.

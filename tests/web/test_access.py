@@ -37,6 +37,7 @@ from ruseon_appliance.config import (
     RecordingConfig,
     RelayConfig,
     StateConfig,
+    SubstreamConfig,
     WebRtcConfig,
 )
 from ruseon_appliance.engine.engine import Engine
@@ -60,15 +61,17 @@ def free_port() -> int:
 async def full_appliance(tmp_path: Path, viewing: str, *, token: str = ADMIN_SECRET
                          ) -> AsyncIterator[tuple[Appliance, str]]:
     """An in-process appliance with every room that adds routes: two cameras (with motion
-    detection, the default), HLS, continuous recording, a relay (to a local UDP socket nobody
-    reads) and the ONVIF device (no discovery: no multicast here)."""
+    detection, the default; the first with a sub-stream), HLS, continuous recording, a relay
+    (to a local UDP socket nobody reads) and the ONVIF device (no discovery: no multicast
+    here)."""
     sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sink.bind(("127.0.0.1", 0))
     common: dict[str, Any] = {"source": "synthetic", "width": 160, "height": 96,
                               "framerate": 15, "keyframe_interval": 15, "bitrate": 200_000}
     port = free_port()
     config = Config(
-        cameras=(CameraConfig(name="front", **common), CameraConfig(name="side", **common)),
+        cameras=(CameraConfig(name="front", substream=SubstreamConfig("on", 80, 48), **common),
+                 CameraConfig(name="side", **common)),
         http=HttpConfig(listen=HostPort("127.0.0.1", port)),
         webrtc=WebRtcConfig(listen=HostPort("127.0.0.1", 0), advertise=("127.0.0.1",)),
         state=StateConfig(dir=str(tmp_path / "state")),
@@ -93,6 +96,7 @@ def concrete(method: str, pattern: str) -> tuple[str, str]:
     if pattern == "/static":
         return "GET", "/static/device.js"
     path = (pattern.replace("{camera}", "front").replace("{id}", "no-such-session")
+            .replace("{stream}", "sub")
             .replace("{name}", "janus" if pattern.startswith("/relay/") else "index.m3u8")
             .replace("{tail:.*}", "index.m3u8"))
     return ("PUT" if method == "*" else method), path
@@ -131,7 +135,8 @@ async def test_every_route_by_credential_and_host(tmp_path: Path, viewing: str) 
         # Every room that adds routes is there, and every route has a level.
         patterns = {p for _, p in routes}
         for needed in ("/api/camera/front/controls", "/relay/{name}.sdp", "/recordings",
-                       "/hls/side/index.m3u8", "/whep/{camera}", "/api/session", "/metrics",
+                       "/hls/side/index.m3u8", "/whep/{camera}", "/whep/{camera}/{stream}",
+                       "/api/session", "/metrics",
                        "/onvif/device_service", "/api/events", "/api/camera/side/motion"):
             assert needed in patterns, needed
         assert all(classify(m, p) is not None for m, p in routes)
@@ -237,6 +242,38 @@ async def test_whep_needs_a_credential_when_viewing_does(
         assert (await client.delete(location, headers={
             "Authorization": f"Bearer {token}"})).status == 200
     assert not engine.sessions
+
+
+async def test_a_stranger_gets_no_sub_stream_either(tmp_path: Path) -> None:
+    """The sub-stream is the picture too: by path, by query, as a snapshot, it needs the
+    credential viewing asks for, and the viewer token is enough."""
+    async with full_appliance(tmp_path, "credential") as (app, base):
+        front = app.cameras.get("front")
+        assert front is not None and front.sub is not None
+        assert await front.sub.wait_first_frame(30)
+        async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as http:
+            for who in ("none", "wrong", "viewer"):
+                for url in ("/whep/front/sub", "/whep/front?stream=sub", "/whep?stream=sub"):
+                    viewer = Viewer()
+                    try:
+                        async with http.post(base + url, data=await viewer.offer(), headers={
+                                **SDP, **CREDENTIALS[who]}) as response:
+                            expected = 201 if who == "viewer" else 401
+                            assert response.status == expected, (who, url)
+                            location = response.headers.get("Location")
+                        if location:
+                            async with http.delete(base + location,
+                                                   headers=CREDENTIALS[who]) as response:
+                                assert response.status == 200
+                    finally:
+                        await viewer.close()
+                for url in ("/snapshot/front.jpg?stream=sub", "/snapshot.jpg?stream=sub"):
+                    async with http.get(base + url, headers=CREDENTIALS[who]) as response:
+                        if who == "viewer":
+                            assert response.status in (200, 503), url  # 503: no keyframe yet
+                        else:
+                            assert response.status == 401, (who, url)
+                            assert response.content_type != "image/jpeg"
 
 
 async def test_page_login_cookie_origin_check_and_logout(tmp_path: Path) -> None:

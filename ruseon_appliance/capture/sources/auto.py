@@ -14,7 +14,7 @@ import shlex
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...config import CameraConfig
 from ..controls import ControllableSource
@@ -24,6 +24,9 @@ from .file import FileSource
 from .picamera import PicameraSource, camera_present, load_picamera2
 from .rpicam import RpicamSource, command_output
 from .rtsp import RtspSource
+
+if TYPE_CHECKING:
+    from ..substream import SubstreamTap
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +99,12 @@ class AutoSource:
         self._stopped = False
         # Camera controls set before a source was chosen (the saved ones at start-up).
         self._control_values: dict[str, Any] = {}
+        self.substream: SubstreamTap | None = None
+
+    def attach_substream(self, tap: SubstreamTap) -> None:
+        """The sub-stream, for the source chosen at start (picamera2 and the synthetic camera
+        encode one; rpicam-vid cannot: the tap then says so)."""
+        self.substream = tap
 
     @property
     def kind(self) -> str:
@@ -110,6 +119,15 @@ class AutoSource:
             if isinstance(chosen, ControllableSource) and self._control_values:
                 await chosen.apply_controls({k: v for k, v in self._control_values.items()
                                              if k in chosen.controls})
+            tap = self.substream
+            if tap is not None:
+                attach = getattr(chosen, "attach_substream", None)
+                tap.main_kind = chosen.kind
+                if callable(attach):
+                    attach(tap)
+                else:
+                    tap.refuse(f"the {chosen.kind} source auto found has none (it runs one "
+                               "encoder)")
             self.chosen = chosen
             if self._stopped:  # stop() came while the camera was being looked for
                 return

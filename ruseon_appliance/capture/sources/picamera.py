@@ -23,12 +23,15 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...config import CameraConfig
 from ..access_unit import VIDEO_CLOCK_RATE, AccessUnit
 from ..controls import RESTART_PROOF_S, ControlRejected, camera_with, frames_arrived
 from .base import Deliver, SourceUnavailable
+
+if TYPE_CHECKING:
+    from ..substream import SubstreamTap
 
 log = logging.getLogger(__name__)
 
@@ -180,6 +183,61 @@ def output_class(base: Any) -> Any:
     return LoopOutput
 
 
+class Timeline:
+    """An encoder's timestamps (µs, from 0 again at every start) as pts that carry on across
+    restarts; one per encoder (the main one and the sub-stream's)."""
+
+    def __init__(self) -> None:
+        self._last_pts = -1
+        self._last_monotonic = 0.0
+        # The encoder's timestamp of the first frame since the camera (re)started, and the pts
+        # it maps to: picamera2 counts from 0 again on every start.
+        self._origin: int | None = None
+        self._base = 0
+
+    def restart(self) -> None:
+        """The encoder starts again (its timestamps from 0)."""
+        self._origin = None
+
+    def access_unit(self, frame: Any, keyframe: bool, timestamp_us: int | None) -> AccessUnit:
+        """Turn one encoder buffer into an AccessUnit (runs on the encoder thread)."""
+        # picamera2 hands over immutable bytes (V4L2: read from its mmap; libav:
+        # bytes(packet)): keep that object. Anything else (a view the encoder may reuse) is
+        # copied once.
+        data = frame if isinstance(frame, bytes) else bytes(frame)
+        now_us = time.time_ns() // 1000
+        if timestamp_us is None:
+            timestamp_us = time.monotonic_ns() // 1000
+        now = time.monotonic()
+        if self._origin is None:
+            self._origin = timestamp_us
+            # After a restart, carry on from the last pts plus the time the camera was away.
+            self._base = 0 if self._last_pts < 0 else self._last_pts + max(
+                1, int((now - self._last_monotonic) * VIDEO_CLOCK_RATE))
+        pts = self._base + (timestamp_us - self._origin) * VIDEO_CLOCK_RATE // 1_000_000
+        pts = max(pts, self._last_pts + 1)
+        self._last_pts = pts
+        self._last_monotonic = now
+        return AccessUnit(data, pts, bool(keyframe), now_us)
+
+
+def sub_output_class(base: Any) -> Any:
+    """An ``Output`` subclass for the lores encoder: each frame to the sub-stream's tap."""
+
+    class TapOutput(base):  # type: ignore[misc,valid-type]
+        def __init__(self, timeline: Timeline, tap: SubstreamTap) -> None:
+            super().__init__()
+            self._timeline = timeline
+            self._tap = tap
+
+        def outputframe(self, frame: Any, keyframe: bool = True, timestamp: int | None = None,
+                        packet: Any = None, audio: bool = False) -> None:
+            if not audio:
+                self._tap.offer(self._timeline.access_unit(frame, keyframe, timestamp))
+
+    return TapOutput
+
+
 # The ISP's second, small stream for motion detection (picamera2's capture_motion.py size):
 # its Y plane is analysed directly, nothing is decoded.
 LORES_SIZE = (320, 240)
@@ -217,18 +275,30 @@ class PicameraSource:
         self._can_force = False
         self._logged_no_force = False
         self.libav: bool | None = None
-        self._last_pts = -1
-        self._last_monotonic = 0.0
-        # The encoder's timestamp of the first frame since the camera (re)started, and the pts
-        # it maps to: picamera2 counts from 0 again on every start.
-        self._pts_origin: int | None = None
-        self._pts_base = 0
+        self._timeline = Timeline()
         self.frames = 0
         self.keyframe_requests = 0
         self.keyframe_requests_unsupported = 0
         self.lores_sink: LoresSink | None = None
         self.lores_errors = 0
         self._lores_offset: float | None = None
+        # The sub-stream (capture/substream.py): a second H.264 encoder on the lores stream,
+        # which is then the sub-stream's size (motion reads that plane too).
+        self.substream: SubstreamTap | None = None
+        self._sub_timeline = Timeline()
+        self._sub_encoder: Any = None
+
+    def attach_substream(self, tap: SubstreamTap) -> None:
+        """Encode the lores stream as the sub-stream into ``tap`` (from the next start)."""
+        self.substream = tap
+        tap.main_kind = self.kind
+        tap.keyframe_hook = self._request_sub_keyframe
+
+    def _request_sub_keyframe(self) -> None:
+        encoder = self._sub_encoder
+        force = getattr(encoder, "force_key_frame", None)
+        if callable(force):
+            force()
 
     @property
     def offers_lores(self) -> bool:
@@ -238,8 +308,12 @@ class PicameraSource:
     @property
     def lores_size(self) -> tuple[int, int]:
         """:data:`LORES_SIZE`, or the main size where that is smaller (libcamera wants the
-        lores stream no larger than the main one)."""
+        lores stream no larger than the main one); the sub-stream's size while its encoder
+        runs on the lores stream."""
         cam = self._camera
+        if self._sub_encoder is not None and self.substream is not None:
+            sub = self.substream.camera
+            return min(sub.width, cam.width), min(sub.height, cam.height)
         return min(LORES_SIZE[0], cam.width), min(LORES_SIZE[1], cam.height)
 
     def _lores_time(self, request: Any) -> float:
@@ -268,27 +342,11 @@ class PicameraSource:
 
     def make_access_unit(self, frame: Any, keyframe: bool, timestamp_us: int | None) -> AccessUnit:
         """Turn one encoder buffer into an AccessUnit (runs on the encoder thread)."""
-        # picamera2 hands over immutable bytes (V4L2: read from its mmap; libav: bytes(packet)):
-        # keep that object. Anything else (a view the encoder may reuse) is copied once.
-        data = frame if isinstance(frame, bytes) else bytes(frame)
-        now_us = time.time_ns() // 1000
-        if timestamp_us is None:
-            timestamp_us = time.monotonic_ns() // 1000
-        now = time.monotonic()
-        if self._pts_origin is None:
-            self._pts_origin = timestamp_us
-            # After a restart, carry on from the last pts plus the time the camera was away.
-            self._pts_base = 0 if self._last_pts < 0 else self._last_pts + max(
-                1, int((now - self._last_monotonic) * VIDEO_CLOCK_RATE))
-        pts = self._pts_base + (timestamp_us - self._pts_origin) * VIDEO_CLOCK_RATE // 1_000_000
-        pts = max(pts, self._last_pts + 1)
-        self._last_pts = pts
-        self._last_monotonic = now
         self.frames += 1
-        return AccessUnit(data, pts, bool(keyframe), now_us)
+        return self._timeline.access_unit(frame, keyframe, timestamp_us)
 
-    def _make_encoder(self, api: Picamera2Api) -> Any:
-        cam = self._camera
+    def _make_encoder(self, api: Picamera2Api, camera: CameraConfig | None = None) -> Any:
+        cam = camera or self._camera
         libav = uses_libav(api) if self._libav is None else self._libav
         self.libav = libav
         if libav and api.LibavH264Encoder is not None:
@@ -397,8 +455,8 @@ class PicameraSource:
                 picam2.close()  # else the camera stays held and the next open fails "busy"
             raise
 
-    def _configure_and_record(self, api: Picamera2Api, picam2: Any,
-                              loop: asyncio.AbstractEventLoop, deliver: Deliver) -> None:
+    def _configure(self, api: Picamera2Api, picam2: Any,
+                   lores: tuple[int, int] | None) -> None:
         cam = self._camera
         kwargs: dict[str, Any] = {
             "main": {"size": (cam.width, cam.height), "format": "YUV420"},
@@ -406,9 +464,43 @@ class PicameraSource:
         }
         if api.Transform is not None:
             kwargs["transform"] = api.Transform(hflip=int(cam.hflip), vflip=int(cam.vflip))
-        if self.offers_lores:
-            kwargs["lores"] = {"size": self.lores_size, "format": "YUV420"}
+        if lores is not None:
+            # YUV420: the only lores format VC4 (Pi 4) has, and what both encoders take.
+            kwargs["lores"] = {"size": lores, "format": "YUV420"}
         picam2.configure(picam2.create_video_configuration(**kwargs))
+
+    def _start_substream(self, api: Picamera2Api, picam2: Any, tap: SubstreamTap) -> bool:
+        """Configure the lores stream at the sub-stream's size and start its H.264 encoder on it
+        (picamera2's ``start_encoder(..., name="lores")``, as in its capture_video_multiple.py);
+        False, with the reason kept in the tap, where the camera or encoder refuses (the main
+        stream then runs without it)."""
+        cam, sub = self._camera, tap.camera
+        encoder = None
+        try:
+            self._configure(api, picam2, (min(sub.width, cam.width), min(sub.height, cam.height)))
+            encoder = self._make_encoder(api, sub)
+            self._sub_timeline.restart()
+            output = sub_output_class(api.Output)(self._sub_timeline, tap)
+            picam2.start_encoder(encoder, output, name="lores")
+        except Exception as exc:  # libcamera refusing the lores size, the encoder failing
+            log.warning("picamera: the sub-stream (%dx%d on the lores stream) could not start: "
+                        "%s; the main stream runs without it", sub.width, sub.height, exc)
+            tap.fail(f"picamera2 could not encode the lores stream: {exc}")
+            if encoder is not None:
+                with contextlib.suppress(Exception):
+                    picam2.stop_encoder(encoder)
+            return False
+        self._sub_encoder = encoder
+        tap.keyframes_on_demand = callable(getattr(encoder, "force_key_frame", None))
+        tap.clear()
+        return True
+
+    def _configure_and_record(self, api: Picamera2Api, picam2: Any,
+                              loop: asyncio.AbstractEventLoop, deliver: Deliver) -> None:
+        self._sub_encoder = None
+        tap = self.substream
+        if tap is None or not self._start_substream(api, picam2, tap):
+            self._configure(api, picam2, self.lores_size if self.offers_lores else None)
         if self.offers_lores:
             picam2.post_callback = self._on_request
         encoder = self._make_encoder(api)
@@ -421,7 +513,7 @@ class PicameraSource:
 
     def _close(self) -> None:
         picam2, self._picam2 = self._picam2, None
-        self._encoder = None
+        self._encoder = self._sub_encoder = None
         if picam2 is not None:
             try:
                 picam2.stop_recording()
@@ -433,7 +525,7 @@ class PicameraSource:
         if self._picam2 is not None:
             return
         self._deliver = deliver
-        self._pts_origin = None  # the new encoder's timestamps start at 0
+        self._timeline.restart()  # the new encoder's timestamps start at 0
         self._lores_offset = None  # put the sensor clock on the wall clock again
         await asyncio.to_thread(self._open, asyncio.get_running_loop(), deliver)
 

@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import av
 import numpy as np
@@ -26,6 +26,9 @@ from ..access_unit import VIDEO_CLOCK_RATE, AccessUnit
 from ..controls import camera_with
 from ..stamp import draw_stamp
 from .base import Deliver
+
+if TYPE_CHECKING:
+    from ..substream import SubstreamTap
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +66,13 @@ class MovingPicture:
         self._texture = np.concatenate([texture, texture], axis=1)  # wraps horizontally
         self._buffer: np.ndarray[Any, Any] = np.empty((height * 3 // 2, width), dtype=np.uint8)
         self._buffer[height:] = 128  # neutral chroma
+        # A picture too small for the stamp (a tiny sub-stream) goes without it.
+        try:
+            draw_stamp(np.zeros((height, width), dtype=np.uint8), 0, 0)
+        except ValueError:
+            self.stamped = False
+        else:
+            self.stamped = True
 
     def render(self, frame_number: int, capture_time_us: int,
                controls: PictureControls = PictureControls()) -> av.VideoFrame:
@@ -87,7 +97,8 @@ class MovingPicture:
         # below need not touch it.
         chroma = 40 * np.sin(frame_number / 50) * controls.saturation
         self._buffer[h : h + h // 4] = int(np.clip(128 + chroma, 16, 240))
-        draw_stamp(luma, capture_time_us, frame_number)
+        if self.stamped:
+            draw_stamp(luma, capture_time_us, frame_number)
         if controls.hflip:
             luma[:] = luma[:, ::-1]
         if controls.vflip:
@@ -119,9 +130,23 @@ class SyntheticSource:
         self.frames_encoded = 0
         self.frames_late = 0
         self.keyframes_forced = 0
+        # The sub-stream (capture/substream.py): a second encoder at its size, fed the same
+        # pictures (drawn at that size) on the same clock, every frame or fewer.
+        self.substream: SubstreamTap | None = None
+        self._force_sub_idr = False
+        self.sub_frames_encoded = 0
 
-    def _encoder(self) -> Any:
-        cam = self._camera
+    def attach_substream(self, tap: SubstreamTap) -> None:
+        """Encode the sub-stream too, into ``tap`` (from the next start)."""
+        self.substream = tap
+        tap.main_kind = self.kind
+        tap.keyframe_hook = self._request_sub_keyframe
+
+    def _request_sub_keyframe(self) -> None:
+        self._force_sub_idr = True
+
+    def _encoder(self, camera: CameraConfig | None = None) -> Any:
+        cam = camera or self._camera
         ctx = av.CodecContext.create("libx264", "w")
         ctx.width = cam.width
         ctx.height = cam.height
@@ -154,11 +179,22 @@ class SyntheticSource:
             return
         loop = asyncio.get_running_loop()
         encoder = await asyncio.to_thread(self._encoder)
+        sub_encoder = None
+        tap = self.substream
+        if tap is not None:
+            try:
+                sub_encoder = await asyncio.to_thread(self._encoder, tap.camera)
+            except Exception as exc:  # the main stream runs without it
+                log.exception("synthetic camera: the sub-stream's encoder failed to open")
+                tap.fail(f"the sub-stream's encoder failed to open: {exc}")
+            else:
+                tap.clear()
         self._deliver = deliver
         self._pts_offset = self._pts_next
         self._stop.clear()
         self._thread = threading.Thread(
-            target=self._run, args=(loop, deliver, encoder), name="synthetic-camera", daemon=True
+            target=self._run, args=(loop, deliver, encoder, sub_encoder), name="synthetic-camera",
+            daemon=True
         )
         self._thread.start()
 
@@ -202,11 +238,33 @@ class SyntheticSource:
             "frames_encoded": self.frames_encoded,
             "frames_late": self.frames_late,
             "keyframes_forced": self.keyframes_forced,
+            **({"sub_frames_encoded": self.sub_frames_encoded} if self.substream else {}),
         }
 
-    def _run(self, loop: asyncio.AbstractEventLoop, deliver: Deliver, encoder: Any) -> None:
+    def _encode_sub(self, encoder: Any, pattern: MovingPicture, index: int, sub_index: int,
+                    capture_us: int, pts: int) -> None:
+        """One picture of the sub-stream (on the worker thread), stamped as the main one."""
+        tap = self.substream
+        assert tap is not None
+        frame = pattern.render(index, capture_us, self._picture)
+        frame.pts = sub_index
+        if self._force_sub_idr:
+            self._force_sub_idr = False
+            frame.pict_type = PictureType.I
+        for packet in encoder.encode(frame):
+            self.sub_frames_encoded += 1
+            tap.offer(AccessUnit(bytes(packet), pts, bool(packet.is_keyframe), capture_us))
+
+    def _run(self, loop: asyncio.AbstractEventLoop, deliver: Deliver, encoder: Any,
+             sub_encoder: Any = None) -> None:
         cam = self._camera
         pattern = MovingPicture(cam.width, cam.height)
+        tap = self.substream
+        sub_pattern = sub_fps = None
+        if tap is not None and sub_encoder is not None:
+            sub_pattern = MovingPicture(tap.camera.width, tap.camera.height)
+            sub_fps = min(tap.camera.framerate, cam.framerate)
+        sub_last = -1
         interval = 1.0 / cam.framerate
         start = time.monotonic()
         index = 0
@@ -238,6 +296,19 @@ class SyntheticSource:
                         loop.call_soon_threadsafe(deliver, au)
                     except RuntimeError:  # the loop is closed: nobody to deliver to
                         return
+                if sub_pattern is not None and sub_fps is not None:
+                    sub_index = index * sub_fps // cam.framerate  # fewer frames: some skipped
+                    if sub_index != sub_last:
+                        sub_last = sub_index
+                        pts = self._pts_offset + index * VIDEO_CLOCK_RATE // cam.framerate
+                        try:
+                            self._encode_sub(sub_encoder, sub_pattern, index, sub_index,
+                                             capture_us, pts)
+                        except Exception as exc:  # the main stream carries on without it
+                            log.exception("synthetic camera: the sub-stream's encoder failed")
+                            if tap is not None:
+                                tap.fail(f"the sub-stream's encoder failed: {exc}")
+                            sub_pattern = None
                 index += 1
         except Exception:
             log.exception("synthetic camera failed")

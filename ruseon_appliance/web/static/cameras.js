@@ -5,6 +5,9 @@
 // Tiles: a live WHEP viewer each up to LIVE_TILES_MAX cameras; beyond that a keyframe snapshot
 // per tile, refreshed every SNAPSHOT_MS (a phone cannot decode many H.264 streams at once, and
 // the board's cost per snapshot tile is about that of a live one: see README, Several cameras).
+// A tile plays (or snapshots) the camera's sub-stream where it has one (/whep/<camera>/sub: a
+// quarter of the pixels and bytes), the big picture the main stream; each tile shows the size
+// it receives.
 import { $, iconButton, player } from "./page.js";
 import { WhepClient, webrtcSupport } from "./whep.js";
 
@@ -27,11 +30,17 @@ async function fetchCameras() {
 // ---------------------------------------------------------------------------------------------
 // Tiles
 
+function tileStream(camera) {
+  return camera.substream && camera.substream.enabled ? "sub" : "main";
+}
+
 function makeTile(camera) {
+  const stream = tileStream(camera);
   const tile = document.createElement("button");
   tile.type = "button";
   tile.className = "cam-tile";
   tile.dataset.camera = camera.name;
+  tile.dataset.stream = stream;
   tile.title = `Watch ${camera.name}`;
   const media = document.createElement(grid.mode === "live" ? "video" : "img");
   media.className = "cam-media";
@@ -39,11 +48,31 @@ function makeTile(camera) {
   else media.alt = camera.name;
   const label = document.createElement("span");
   label.className = "cam-label";
-  label.innerHTML = '<span class="cam-name"></span><span class="cam-problem"></span>';
+  label.innerHTML = '<span class="cam-name"></span><span class="cam-size"></span>'
+    + '<span class="cam-problem"></span>';
   label.querySelector(".cam-name").textContent = camera.name;
   tile.append(media, label);
   tile.addEventListener("click", () => { location.hash = `#${encodeURIComponent(camera.name)}`; });
-  return { camera: camera.name, element: tile, media, client: null, timer: 0, frames: 0, run: 0 };
+  const entry = { camera: camera.name, stream, element: tile, media, client: null, timer: 0,
+                  frames: 0, run: 0 };
+  const sized = () => showSize(entry);
+  for (const event of ["loadedmetadata", "resize", "load"]) media.addEventListener(event, sized);
+  return entry;
+}
+
+// What the tile receives: the decoded picture's size, and which stream it is.
+function showSize(tile) {
+  const media = tile.media;
+  const width = media.videoWidth || media.naturalWidth || 0;
+  const height = media.videoHeight || media.naturalHeight || 0;
+  tile.element.dataset.width = String(width);
+  tile.element.dataset.height = String(height);
+  const text = width ? `${width}×${height}${tile.stream === "sub" ? " · sub" : ""}` : "";
+  tile.element.querySelector(".cam-size").textContent = text;
+}
+
+function streamPath(tile) {
+  return tile.stream === "sub" ? "/sub" : "";
 }
 
 function showState(tile, camera) {
@@ -55,7 +84,7 @@ async function startLive(tile) {
   // Never two sessions for one tile: each holds one of the board's viewer places.
   clearTimeout(tile.timer);
   if (tile.client) tile.client.close();
-  const client = new WhepClient(`/whep/${encodeURIComponent(tile.camera)}`);
+  const client = new WhepClient(`/whep/${encodeURIComponent(tile.camera)}${streamPath(tile)}`);
   tile.client = client;
   try {
     const pc = await client.connect((track, stream) => {
@@ -80,7 +109,8 @@ function retryLive(tile) {
 async function refreshSnapshot(tile, run = ++tile.run) {
   clearTimeout(tile.timer);
   try {
-    const url = `/snapshot/${encodeURIComponent(tile.camera)}.jpg`;
+    const query = tile.stream === "sub" ? "?stream=sub" : "";
+    const url = `/snapshot/${encodeURIComponent(tile.camera)}.jpg${query}`;
     const response = await fetch(url, { cache: "no-store" });
     if (response.ok) {
       const old = tile.media.src;
