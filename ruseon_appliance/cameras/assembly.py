@@ -57,6 +57,15 @@ def _equip(camera: Camera, cam: CameraConfig, config: Config, *, archive: Path, 
             pipeline.ring, framerate=cam.framerate, keyframe_interval=cam.keyframe_interval,
             part_target_s=config.hls.part_duration_s, window_s=config.hls.window_s,
             max_waiting=config.hls.max_waiting_requests)
+        if camera.sub is not None:
+            # The sub-stream's own rendition, on its own ring (the multivariant playlist lists
+            # both); parts and window as the main one's so players switch between them.
+            sub = camera.sub.camera
+            camera.sub_hls = HlsStream(
+                camera.sub.ring, framerate=sub.framerate,
+                keyframe_interval=sub.keyframe_interval,
+                part_target_s=config.hls.part_duration_s, window_s=config.hls.window_s,
+                max_waiting=config.hls.max_waiting_requests)
     camera.stall_watcher = StallWatcher(
         events, lambda: pipeline.last_frame_monotonic, framerate=cam.framerate,
         source=pipeline.source_kind, camera=camera.name)

@@ -84,6 +84,9 @@ class Camera:
     controls: CameraControls | None = None
     recorder: Recorder | None = None
     hls: HlsStream | None = None
+    # The sub-stream (issue 29): its own pipeline (source and ring), and its HLS rendition.
+    sub: CapturePipeline | None = None
+    sub_hls: HlsStream | None = None
     stall_watcher: StallWatcher | None = None
     recording_watcher: RecordingWatcher | None = None
     motion: MotionMonitor | None = None
@@ -128,8 +131,9 @@ class Camera:
                                                name=f"camera-{self.name}-supervisor")
         if self.recorder is not None:
             await self.recorder.start()
-        if self.hls is not None:
-            await self.hls.start()
+        for hls in (self.hls, self.sub_hls):
+            if hls is not None:
+                await hls.start()
         if self.motion is not None:
             await self.motion.start()  # reads the ring like the recorder, from its first frame
         return started
@@ -154,8 +158,9 @@ class Camera:
     async def quiesce(self) -> None:
         """The first half of a stop, before the web server closes: the HLS stream wakes its
         held requests, the watchers stop publishing."""
-        if self.hls is not None:
-            await self.hls.stop()
+        for hls in (self.hls, self.sub_hls):
+            if hls is not None:
+                await hls.stop()
         for watcher in (self.stall_watcher, self.recording_watcher):
             if watcher is not None:
                 await watcher.stop()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -218,6 +219,24 @@ class HlsStream:
     async def wait_for_first_part(self, timeout: float) -> bool:
         """Wait until the window has something to list."""
         return await self._wait(lambda: not self.window.empty, timeout)
+
+    def bit_rates(self) -> tuple[int, int] | None:
+        """``(peak, average)`` bits per second of the complete segments in the window (what a
+        multivariant playlist's ``BANDWIDTH`` and ``AVERAGE-BANDWIDTH`` are), None before
+        the first one."""
+        peak = 0.0
+        total_bits = total_s = 0.0
+        for segment in self.window.segments:
+            duration = segment.duration_s
+            if not segment.complete or duration <= 0:
+                continue
+            bits = 8.0 * segment.size
+            peak = max(peak, bits / duration)
+            total_bits += bits
+            total_s += duration
+        if total_s <= 0:
+            return None
+        return math.ceil(peak), math.ceil(total_bits / total_s)
 
     # -- reporting --------------------------------------------------------------------------
 

@@ -1,0 +1,68 @@
+"""A camera with a sub-stream, for the sub-stream's consumers' tests (HLS, ONVIF, motion).
+
+The sub-stream's core (issue 29: ``[[camera]] substream``, the sources that encode it, the
+camera starting it) is built on another branch. Until it is merged these tests give a camera
+its sub-stream themselves, exactly as the contract says the core will: ``Camera.sub`` is a
+full :class:`CapturePipeline` (its own synthetic source, its own ring) whose ``camera`` has the
+sub-stream's size, frame rate and bitrate, started and stopped with the main one.
+:func:`cameras_with_substreams` makes :func:`assemble_cameras` (and so the real ``Appliance``)
+build such cameras, so every consumer is wired by the production code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import pytest
+
+from ruseon_appliance.cameras import assembly
+from ruseon_appliance.cameras.camera import Camera
+from ruseon_appliance.capture.pipeline import CapturePipeline
+from ruseon_appliance.capture.sources.synthetic import SyntheticSource
+from ruseon_appliance.config import CameraConfig
+
+SUB_SIZE = (640, 360)
+SUB_BITRATE = 500_000
+
+
+def sub_config(main: CameraConfig, size: tuple[int, int] = SUB_SIZE,
+               bitrate: int = SUB_BITRATE) -> CameraConfig:
+    """The sub-stream's camera: the main one's, at the sub-stream's size and bitrate."""
+    return dataclasses.replace(main, width=size[0], height=size[1], bitrate=bitrate,
+                               ring_bytes=0)
+
+
+class CameraWithSub(Camera):
+    """A :class:`Camera` whose sub-stream is a synthetic camera of its own."""
+
+    def __init__(self, config: CameraConfig, **kwargs: Any) -> None:
+        super().__init__(config, **kwargs)
+        sub = sub_config(config)
+        self.sub = CapturePipeline(sub, source=SyntheticSource(sub))
+
+    async def start(self) -> bool:
+        assert self.sub is not None
+        await self.sub.start()
+        return await super().start()
+
+    async def stop(self) -> None:
+        await super().stop()
+        assert self.sub is not None
+        await self.sub.stop()
+
+
+def cameras_with_substreams(monkeypatch: pytest.MonkeyPatch,
+                            names: Iterable[str] | None = None) -> None:
+    """:func:`assemble_cameras` builds :class:`CameraWithSub` (for the cameras ``names``, or
+    every one)."""
+    wanted = None if names is None else set(names)
+
+    def build(config: CameraConfig, **kwargs: Any) -> Camera:
+        if wanted is None or config.name in wanted:
+            return CameraWithSub(config, **kwargs)
+        return Camera(config, **kwargs)
+
+    maker: Callable[..., Camera] = build
+    monkeypatch.setattr(assembly, "Camera", maker)
