@@ -37,9 +37,12 @@ def sub_config(main: CameraConfig, size: tuple[int, int] = SUB_SIZE,
 class CameraWithSub(Camera):
     """A :class:`Camera` whose sub-stream is a synthetic camera of its own."""
 
+    sub_size = SUB_SIZE
+    sub_bitrate = SUB_BITRATE
+
     def __init__(self, config: CameraConfig, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
-        sub = sub_config(config)
+        sub = sub_config(config, self.sub_size, self.sub_bitrate)
         self.sub = CapturePipeline(sub, source=SyntheticSource(sub))
 
     async def start(self) -> bool:
@@ -54,14 +57,19 @@ class CameraWithSub(Camera):
 
 
 def cameras_with_substreams(monkeypatch: pytest.MonkeyPatch,
-                            names: Iterable[str] | None = None) -> None:
+                            names: Iterable[str] | None = None, *,
+                            size: tuple[int, int] = SUB_SIZE,
+                            bitrate: int = SUB_BITRATE) -> None:
     """:func:`assemble_cameras` builds :class:`CameraWithSub` (for the cameras ``names``, or
-    every one)."""
+    every one), their sub-streams at ``size`` and ``bitrate``."""
     wanted = None if names is None else set(names)
+    kind = type("CameraWithThisSub", (CameraWithSub,),
+                {"sub_size": size, "sub_bitrate": bitrate})
 
     def build(config: CameraConfig, **kwargs: Any) -> Camera:
         if wanted is None or config.name in wanted:
-            return CameraWithSub(config, **kwargs)
+            camera: Camera = kind(config, **kwargs)
+            return camera
         return Camera(config, **kwargs)
 
     maker: Callable[..., Camera] = build
