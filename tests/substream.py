@@ -39,11 +39,16 @@ class CameraWithSub(Camera):
 
     sub_size = SUB_SIZE
     sub_bitrate = SUB_BITRATE
+    sub_source = ""  # a source string for the sub-stream (e.g. ``file:clip.h264``)
 
     def __init__(self, config: CameraConfig, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
         sub = sub_config(config, self.sub_size, self.sub_bitrate)
-        self.sub = CapturePipeline(sub, source=SyntheticSource(sub))
+        if self.sub_source:
+            sub = dataclasses.replace(sub, source=self.sub_source)
+            self.sub = CapturePipeline(sub)
+        else:
+            self.sub = CapturePipeline(sub, source=SyntheticSource(sub))
 
     async def start(self) -> bool:
         assert self.sub is not None
@@ -59,12 +64,13 @@ class CameraWithSub(Camera):
 def cameras_with_substreams(monkeypatch: pytest.MonkeyPatch,
                             names: Iterable[str] | None = None, *,
                             size: tuple[int, int] = SUB_SIZE,
-                            bitrate: int = SUB_BITRATE) -> None:
+                            bitrate: int = SUB_BITRATE, source: str = "") -> None:
     """:func:`assemble_cameras` builds :class:`CameraWithSub` (for the cameras ``names``, or
-    every one), their sub-streams at ``size`` and ``bitrate``."""
+    every one), their sub-streams at ``size`` and ``bitrate``, from ``source`` (a source
+    string; default: a synthetic camera)."""
     wanted = None if names is None else set(names)
     kind = type("CameraWithThisSub", (CameraWithSub,),
-                {"sub_size": size, "sub_bitrate": bitrate})
+                {"sub_size": size, "sub_bitrate": bitrate, "sub_source": source})
 
     def build(config: CameraConfig, **kwargs: Any) -> Camera:
         if wanted is None or config.name in wanted:

@@ -77,11 +77,16 @@ def _equip(camera: Camera, cam: CameraConfig, config: Config, *, archive: Path, 
         from ..motion.monitor import MotionMonitor
         from ..motion.recording import MotionRecording
 
-        # picamera2's lores stream where the source has one (no decode), else the ring's H.264.
+        # picamera2's lores stream where the source has one (no decode), else the H.264 of
+        # the sub-stream's ring where the camera has one (640x360 decodes several times
+        # cheaper than 720p; zones are picture fractions), else the main ring's.
         source = pipeline.source
         lores = source if isinstance(source, PicameraSource) and source.offers_lores else None
+        decode_sub = lores is None and camera.sub is not None
+        ring = camera.sub.ring if decode_sub and camera.sub is not None else pipeline.ring
         camera.motion = MotionMonitor(
-            pipeline.ring, motion_settings(cam), camera=camera.name, publish=events.publish,
+            ring, motion_settings(cam), camera=camera.name, publish=events.publish,
+            stream="sub" if decode_sub else "main",
             store=EventStore(archive / "events", camera.name,
                              max_age_s=rec.max_age_hours * 3600,
                              trusted=lambda: clock.synchronized), lores=lores,
