@@ -245,7 +245,8 @@ def _add_camera_routes(app: web.Application, api: DeviceApi, config: Config,
 
 def camera_parts_metrics(cameras: CameraSet) -> Iterator[Metric]:
     """Every camera's recorder and HLS stream figures, labelled ``camera``
-    (``ruseon_camera_recording_*``, ``ruseon_camera_hls_*``); the unlabelled
+    (``ruseon_camera_recording_*``, ``ruseon_camera_hls_*``, ``ruseon_camera_sub_hls_*`` for a
+    sub-stream's rendition); the unlabelled
     ``ruseon_recording_*`` and ``ruseon_hls_stream_*`` are the default camera's, kept as
     aliases for existing dashboards."""
     out = Families()
@@ -258,6 +259,10 @@ def camera_parts_metrics(cameras: CameraSet) -> Iterator[Metric]:
             out.stats("ruseon_camera_hls", {k: v for k, v in camera.hls.stats().items()
                                             if not k.startswith("blocking_")},
                       "HLS live window by camera", labels)
+        if camera.sub_hls is not None:
+            out.stats("ruseon_camera_sub_hls", {k: v for k, v in camera.sub_hls.stats().items()
+                                                if not k.startswith("blocking_")},
+                      "HLS live window of the sub-stream by camera", labels)
     return out.collect()
 
 

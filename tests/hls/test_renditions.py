@@ -36,6 +36,7 @@ MAIN_SIZE = (1280, 720)
 MAIN_BITRATE = 1_500_000
 FPS = 15
 TOKEN = "renditions-viewer-token"
+ADMIN = {"Authorization": "Bearer renditions-admin-secret-0123456789"}
 
 
 @contextlib.asynccontextmanager
@@ -53,7 +54,7 @@ async def appliance(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, viewing:
         http=HttpConfig(listen=HostPort("127.0.0.1", port)),
         webrtc=WebRtcConfig(listen=HostPort("127.0.0.1", 0), advertise=("127.0.0.1",)),
         state=StateConfig(dir=str(tmp_path / "state")),
-        auth=AuthConfig(viewing=viewing, viewer_token=TOKEN),
+        auth=AuthConfig(token=ADMIN["Authorization"][7:], viewing=viewing, viewer_token=TOKEN),
         hls=HlsConfig(part_duration_s=0.5, window_s=6.0),
     )
     app = Appliance(config)
@@ -144,6 +145,11 @@ async def test_multivariant_lists_both_renditions_and_ffmpeg_decodes_each_at_its
             status = await response.json()
         assert status["hls"]["requests"]["multivariant"] >= 2, status["hls"]
         assert status["hls"]["sub_streams"]["front"]["parts_added"] > 0, status["hls"]
+        async with http.get(f"{base}/metrics", headers=ADMIN) as response:
+            metrics = await response.text()
+        assert 'ruseon_camera_sub_hls_parts_added{camera="front"}' in metrics
+        assert 'ruseon_camera_sub_hls_parts_added{camera="side"}' not in metrics
+        assert 'ruseon_hls_requests_total{kind="multivariant"}' in metrics
 
 
 async def test_a_camera_without_a_substream_lists_its_one_rendition_and_bad_queries_are_400(
