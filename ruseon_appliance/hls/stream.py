@@ -88,6 +88,9 @@ class HlsStream:
         self._stopped = False
         self.last_part_monotonic: float | None = None
         self.failures = 0
+        # The RFC 6381 codec of what the window holds (kept across a segmenter that was
+        # replaced or reset and has not seen its first IDR yet): the multivariant's CODECS.
+        self.codec: str | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -145,6 +148,7 @@ class HlsStream:
         if self.window.parts_added == 0 and self._check_layout(fragments[0]):
             raise _Relayout
         init = self.segmenter.init_segment
+        self.codec = self.segmenter.codec or self.codec
         for fragment in fragments:
             if init is not None and fragment.init_generation == self.segmenter.init_generation:
                 self.window.add_init(fragment.init_generation, init)

@@ -341,7 +341,7 @@ class Rendition:
 
     def variant(self) -> Variant | None:
         """The playlist entry, None while the stream has no complete segment (no codec yet)."""
-        codec = self.stream.segmenter.codec
+        codec = self.stream.codec
         rates = self.stream.bit_rates()
         if codec is None or rates is None:
             return None
