@@ -46,19 +46,34 @@ class CameraWithSub(Camera):
         sub = sub_config(config, self.sub_size, self.sub_bitrate)
         if self.sub_source:
             sub = dataclasses.replace(sub, source=self.sub_source)
-            self.sub = CapturePipeline(sub)
+            pipeline = CapturePipeline(sub)
         else:
-            self.sub = CapturePipeline(sub, source=SyntheticSource(sub))
+            pipeline = CapturePipeline(sub, source=SyntheticSource(sub))
+        # Once the core is merged, Camera attaches (and starts, supervises, stops) a sub-stream
+        # itself: hand it this one. Before, this class starts and stops it.
+        attach = getattr(super(), "attach_sub", None)
+        self._core_runs_sub = attach is not None
+        if attach is not None:
+            attach(pipeline)
+        else:
+            self.sub = pipeline
+
+    def add_substream(self, plan: object = None) -> CapturePipeline | None:
+        """The core's own sub-stream from the configuration (assembly asks for it once it is
+        merged): this camera has its sub-stream already."""
+        return self.sub
 
     async def start(self) -> bool:
-        assert self.sub is not None
-        await self.sub.start()
+        if not self._core_runs_sub:
+            assert self.sub is not None
+            await self.sub.start()
         return await super().start()
 
     async def stop(self) -> None:
         await super().stop()
-        assert self.sub is not None
-        await self.sub.stop()
+        if not self._core_runs_sub:
+            assert self.sub is not None
+            await self.sub.stop()
 
 
 def cameras_with_substreams(monkeypatch: pytest.MonkeyPatch,
