@@ -28,7 +28,8 @@ from ruseon_appliance.config import (
     StateConfig,
     WebRtcConfig,
 )
-from tests.hls.m3u8 import MultivariantPlaylist, parse, parse_multivariant
+from ruseon_appliance.hls.playlist import Variant, render_multivariant
+from tests.hls.m3u8 import MultivariantPlaylist, Violation, parse, parse_multivariant
 from tests.substream import SUB_BITRATE, SUB_SIZE, cameras_with_substreams
 from tests.tooling import free_port, require_tool
 
@@ -196,3 +197,31 @@ async def test_a_token_in_the_query_goes_on_every_variant_uri_and_strangers_are_
             assert response.status == 200
             text = await response.text()
         assert "token" not in text and "sub/index.m3u8" in text
+
+
+def test_the_rendered_multivariant_passes_and_the_parser_refuses_what_breaks_the_rules() -> None:
+    variants = [Variant("index.m3u8", 2_100_000, 1_600_000, "avc1.64001f", 1280, 720, 30.0),
+                Variant("sub/index.m3u8", 600_000, 480_000, "avc1.42c01e", 640, 360, 29.97)]
+    text = render_multivariant(variants, query="?token=a%2Fb")
+    parsed = parse_multivariant(text)
+    assert [(v.uri, v.bandwidth, v.average_bandwidth, v.codecs, v.width, v.height, v.frame_rate)
+            for v in parsed.variants] == [
+        ("index.m3u8?token=a%2Fb", 2_100_000, 1_600_000, ["avc1.64001f"], 1280, 720, 30.0),
+        ("sub/index.m3u8?token=a%2Fb", 600_000, 480_000, ["avc1.42c01e"], 640, 360, 29.97)]
+    inf = text.splitlines()[3]
+    broken = {
+        "a media playlist tag": text + "#EXT-X-TARGETDURATION:2\n",
+        "without BANDWIDTH": text.replace("BANDWIDTH=2100000,", "", 1),
+        "above the peak": text.replace("AVERAGE-BANDWIDTH=1600000", "AVERAGE-BANDWIDTH=3000000"),
+        "CODECS missing": text.replace(',CODECS="avc1.64001f"', "", 1),
+        "not H.264's": text.replace("avc1.64001f", "mp4a.40.2", 1),
+        "not WxH": text.replace("RESOLUTION=1280x720", "RESOLUTION=1280", 1),
+        "FRAME-RATE missing": text.replace(",FRAME-RATE=30.000", "", 1),
+        "followed by its URI": text.replace("\nindex.m3u8?token=a%2Fb\n", "\n", 1),
+        "appears twice": text.replace(inf, inf + ",BANDWIDTH=1", 1),
+        "without EXT-X-STREAM-INF": text + "stray.m3u8\n",
+        "#EXTM3U": text.replace("#EXTM3U\n", "", 1),
+    }
+    for rule, playlist in broken.items():
+        with pytest.raises(Violation, match=rule):
+            parse_multivariant(playlist)
