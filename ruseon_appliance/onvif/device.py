@@ -281,14 +281,12 @@ class OnvifDevice:
         return f"{request.scheme}://{request.host}{path}"
 
     def streams(self) -> list[Stream]:
-        """Every media profile: each camera's main stream, then its sub-stream if it has one
-        (read per request: ``Camera.sub`` is the camera's own business)."""
-        out = []
-        for camera in self.cameras:
-            out.append(Stream(camera, sub=False))
-            if camera.sub is not None:
-                out.append(Stream(camera, sub=True))
-        return out
+        """Every media profile: every camera's main stream, then the sub-streams (read per
+        request: ``Camera.sub`` is the camera's own business). Mains first so a profile's
+        position stays what it was before sub-streams (Home Assistant before its token-based
+        unique ids numbered camera entities by position)."""
+        return ([Stream(c, sub=False) for c in self.cameras]
+                + [Stream(c, sub=True) for c in self.cameras if c.sub is not None])
 
     def _stream(self, body: Element) -> Stream:
         token = text_of(body, "trt:ProfileToken")

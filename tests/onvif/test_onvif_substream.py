@@ -42,7 +42,8 @@ async def test_get_profiles_shows_main_and_sub_with_their_encoder_configurations
         await cam.update_xaddrs()
         media = await cam.create_media_service()
         profiles = await media.GetProfiles()
-        assert [p.token for p in profiles] == ["front", "front.sub", "back"]
+        # Every main profile first (their positions as before), then the sub-streams.
+        assert [p.token for p in profiles] == ["front", "back", "front.sub"]
         expected = {"front": (SIZES["front"], 400), "front.sub": (SUB, SUB_KBPS),
                     "back": (SIZES["back"], 400)}
         for profile in profiles:
@@ -55,7 +56,7 @@ async def test_get_profiles_shows_main_and_sub_with_their_encoder_configurations
             assert encoder.RateControl.BitrateLimit == kbps, profile.token
             assert encoder.H264.GovLength == 30
         # Both of front's profiles are one sensor: the same video source configuration.
-        front, sub = profiles[0], profiles[1]
+        front, sub = profiles[0], profiles[2]
         assert sub.VideoSourceConfiguration.token == front.VideoSourceConfiguration.token
         assert sub.VideoSourceConfiguration.UseCount == 2
         assert sub.VideoSourceConfiguration.Bounds.width == SIZES["front"][0]
@@ -91,7 +92,7 @@ async def test_get_profiles_shows_main_and_sub_with_their_encoder_configurations
             {"ConfigurationToken": "vec_front.sub"})
         assert (encoder.Resolution.Width, encoder.Resolution.Height) == SUB
         encoders = await media.GetVideoEncoderConfigurations()
-        assert [e.token for e in encoders] == ["vec_front", "vec_front.sub", "vec_back"]
+        assert [e.token for e in encoders] == ["vec_front", "vec_back", "vec_front.sub"]
         compatible = await media.GetCompatibleVideoEncoderConfigurations(
             {"ProfileToken": "front.sub"})
         assert [e.token for e in compatible] == ["vec_front.sub"]
