@@ -5,6 +5,8 @@
   monitor's worker thread feeds it: every frame decoded (one thread, loop filter skipped),
   ``analysis_fps`` of them scaled down and analysed. Reported: µs per decoded frame, µs per
   analysed frame (all the decoding included), and the share of one core at 30 fps.
+- the same on the sub-stream: the same pictures at 640x360 and 500 kbit/s, which is what the
+  detector decodes on a camera with a sub-stream (issue 29); printed beside the main figure.
 - lores path (picamera2): the ISP's 320x240 Y plane of the same pictures, analysed directly
   (``LoresAnalyser``; no decode).
 
@@ -88,6 +90,20 @@ def main() -> None:
               f"{per_analysed:.0f} µs per analysed frame ({rows[0][3]} of {rows[0][2]}); "
               f"{per_decoded * FPS / 1e4:.1f} % of one core at {FPS} fps "
               f"(runs: {', '.join(f'{r[1]:.0f}' for r in rows)} µs/analysed)")
+    # The sub-stream (issue 29): the same pictures at 640x360, 500 kbit/s, as a camera with a
+    # sub-stream gives the detector instead of the main stream.
+    sub_units = encode(lambda n, _t: np.ascontiguousarray(pictures[n][::2, ::2]), args.seconds,
+                       width=W // 2, height=H // 2, fps=FPS, gop=60, bitrate=500_000)
+    for fps in (10.0, 30.0):
+        main_rows = [decode_path(units, fps) for _ in range(args.repeat)]
+        sub_rows = [decode_path(sub_units, fps) for _ in range(args.repeat)]
+        main_us = statistics.median(r[0] for r in main_rows)
+        sub_us = statistics.median(r[0] for r in sub_rows)
+        print(f"decode path, analysis at {fps:g} fps: main {W}x{H} {main_us:.0f} µs, "
+              f"sub {W // 2}x{H // 2} {sub_us:.0f} µs per decoded frame "
+              f"({main_us * FPS / 1e4:.1f} % vs {sub_us * FPS / 1e4:.1f} % of one core at "
+              f"{FPS} fps; sub/main {sub_us / main_us:.2f}x; sub runs: "
+              f"{', '.join(f'{r[0]:.0f}' for r in sub_rows)} µs/decoded)")
     # What the ISP's lores stream would give: 320x240 (picamera2's example size).
     lores = [np.ascontiguousarray(p[::3, ::4][:240, :320]) for p in pictures]
     for fps in (10.0, 30.0):

@@ -60,6 +60,15 @@ def _equip(camera: Camera, cam: CameraConfig, config: Config, *, archive: Path, 
             pipeline.ring, framerate=cam.framerate, keyframe_interval=cam.keyframe_interval,
             part_target_s=config.hls.part_duration_s, window_s=config.hls.window_s,
             max_waiting=config.hls.max_waiting_requests)
+        if camera.sub is not None:
+            # The sub-stream's own rendition, on its own ring (the multivariant playlist lists
+            # both); parts and window as the main one's so players switch between them.
+            sub = camera.sub.camera
+            camera.sub_hls = HlsStream(
+                camera.sub.ring, framerate=sub.framerate,
+                keyframe_interval=sub.keyframe_interval,
+                part_target_s=config.hls.part_duration_s, window_s=config.hls.window_s,
+                max_waiting=config.hls.max_waiting_requests)
     camera.stall_watcher = StallWatcher(
         events, lambda: pipeline.last_frame_monotonic, framerate=cam.framerate,
         source=pipeline.source_kind, camera=camera.name)
@@ -71,15 +80,19 @@ def _equip(camera: Camera, cam: CameraConfig, config: Config, *, archive: Path, 
         from ..motion.monitor import MotionMonitor
         from ..motion.recording import MotionRecording
 
-        # picamera2's lores stream where the source has one (no decode), else the ring's H.264.
+        # picamera2's lores stream where the source has one (no decode), else the H.264 of
+        # the sub-stream's ring where the camera has one (640x360 decodes several times
+        # cheaper than 720p; zones are picture fractions), else the main ring's.
         source = pipeline.source
         lores = source if isinstance(source, PicameraSource) and source.offers_lores else None
+        decode_sub = lores is None and camera.sub is not None
+        ring = camera.sub.ring if decode_sub and camera.sub is not None else pipeline.ring
         store = EventStore(archive / "events", camera.name,
                            max_age_s=max(rec.max_age_hours, rec.event_max_age_hours) * 3600,
                            trusted=lambda: clock.synchronized)
         camera.motion = MotionMonitor(
-            pipeline.ring, motion_settings(cam), camera=camera.name, publish=events.publish,
-            store=store, lores=lores,
+            ring, motion_settings(cam), camera=camera.name, publish=events.publish,
+            stream="sub" if decode_sub else "main", store=store, lores=lores,
             announce_at_once=False)  # Camera.start_watching: once the bus has subscribers
         # The footage of an event: what a motion recording holds of it (the pre- and post-roll).
         recorder.event_windows = functools.partial(

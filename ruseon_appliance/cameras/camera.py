@@ -89,6 +89,8 @@ class Camera:
     controls: CameraControls | None = None
     recorder: Recorder | None = None
     hls: HlsStream | None = None
+    # The sub-stream's HLS rendition (on sub.ring; the sub-stream itself: below).
+    sub_hls: HlsStream | None = None
     stall_watcher: StallWatcher | None = None
     recording_watcher: RecordingWatcher | None = None
     motion: MotionMonitor | None = None
@@ -201,8 +203,9 @@ class Camera:
             await self._sub_camera.start()
         if self.recorder is not None:
             await self.recorder.start()
-        if self.hls is not None:
-            await self.hls.start()
+        for hls in (self.hls, self.sub_hls):
+            if hls is not None:
+                await hls.start()
         if self.motion is not None:
             await self.motion.start()  # reads the ring like the recorder, from its first frame
         return started
@@ -227,8 +230,9 @@ class Camera:
     async def quiesce(self) -> None:
         """The first half of a stop, before the web server closes: the HLS stream wakes its
         held requests, the watchers stop publishing."""
-        if self.hls is not None:
-            await self.hls.stop()
+        for hls in (self.hls, self.sub_hls):
+            if hls is not None:
+                await hls.stop()
         for watcher in (self.stall_watcher, self.recording_watcher):
             if watcher is not None:
                 await watcher.stop()

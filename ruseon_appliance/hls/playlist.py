@@ -1,4 +1,5 @@
-"""The media playlist (RFC 8216 and its LL-HLS extensions in RFC 8216bis) for a live window.
+"""The media playlist (RFC 8216 and its LL-HLS extensions in RFC 8216bis) for a live window, and
+the multivariant playlist that lists a camera's renditions (main and sub-stream).
 
 One playlist serves both kinds of player. Low-latency players read ``EXT-X-PART``,
 ``EXT-X-PRELOAD-HINT`` and ``EXT-X-SERVER-CONTROL`` and reload with ``_HLS_msn``/``_HLS_part``;
@@ -10,6 +11,7 @@ would only double what caches hold and could drift from the first.
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import dataclass
 
 from ruseon_appliance.hls.window import LiveWindow
 
@@ -83,4 +85,41 @@ def render(window: LiveWindow, *, query: str = "") -> str:
     lines.append(
         f'#EXT-X-PRELOAD-HINT:TYPE=PART,URI="{part_name(run, window.next_part_number)}{query}"'
     )
+    return "\n".join(lines) + "\n"
+
+
+# -- the multivariant playlist ------------------------------------------------------------------
+
+MULTIVARIANT_NAME = "multivariant.m3u8"
+
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    """One rendition as a multivariant playlist lists it (RFC 8216bis §4.4.6.2).
+
+    ``bandwidth`` is the peak segment bit rate (bits/s), ``average_bandwidth`` the mean one;
+    ``codecs`` the RFC 6381 string (``avc1.64001f``); ``uri`` the media playlist's, relative to
+    the multivariant playlist's own URL."""
+
+    uri: str
+    bandwidth: int
+    average_bandwidth: int
+    codecs: str
+    width: int
+    height: int
+    frame_rate: float
+
+
+def render_multivariant(variants: list[Variant], *, query: str = "") -> str:
+    """A multivariant playlist listing ``variants`` in the order given (players that do not
+    choose by bandwidth themselves start with the first). Every segment of every rendition
+    starts at an IDR, hence ``EXT-X-INDEPENDENT-SEGMENTS``; ``query`` as in :func:`render`."""
+    lines = ["#EXTM3U", f"#EXT-X-VERSION:{VERSION}", "#EXT-X-INDEPENDENT-SEGMENTS"]
+    for variant in variants:
+        lines.append(
+            f"#EXT-X-STREAM-INF:BANDWIDTH={variant.bandwidth},"
+            f"AVERAGE-BANDWIDTH={variant.average_bandwidth},"
+            f'CODECS="{variant.codecs}",RESOLUTION={variant.width}x{variant.height},'
+            f"FRAME-RATE={variant.frame_rate:.3f}")
+        lines.append(f"{variant.uri}{query}")
     return "\n".join(lines) + "\n"

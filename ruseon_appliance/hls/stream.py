@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -87,6 +88,9 @@ class HlsStream:
         self._stopped = False
         self.last_part_monotonic: float | None = None
         self.failures = 0
+        # The RFC 6381 codec of what the window holds (kept across a segmenter that was
+        # replaced or reset and has not seen its first IDR yet): the multivariant's CODECS.
+        self.codec: str | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -144,6 +148,7 @@ class HlsStream:
         if self.window.parts_added == 0 and self._check_layout(fragments[0]):
             raise _Relayout
         init = self.segmenter.init_segment
+        self.codec = self.segmenter.codec or self.codec
         for fragment in fragments:
             if init is not None and fragment.init_generation == self.segmenter.init_generation:
                 self.window.add_init(fragment.init_generation, init)
@@ -218,6 +223,24 @@ class HlsStream:
     async def wait_for_first_part(self, timeout: float) -> bool:
         """Wait until the window has something to list."""
         return await self._wait(lambda: not self.window.empty, timeout)
+
+    def bit_rates(self) -> tuple[int, int] | None:
+        """``(peak, average)`` bits per second of the complete segments in the window (what a
+        multivariant playlist's ``BANDWIDTH`` and ``AVERAGE-BANDWIDTH`` are), None before
+        the first one."""
+        peak = 0.0
+        total_bits = total_s = 0.0
+        for segment in self.window.segments:
+            duration = segment.duration_s
+            if not segment.complete or duration <= 0:
+                continue
+            bits = 8.0 * segment.size
+            peak = max(peak, bits / duration)
+            total_bits += bits
+            total_s += duration
+        if total_s <= 0:
+            return None
+        return math.ceil(peak), math.ceil(total_bits / total_s)
 
     # -- reporting --------------------------------------------------------------------------
 

@@ -115,6 +115,7 @@ class DecodeAnalyser(_Analyser):
         self.decode_errors = 0
         self._decoder: Any = None
         self._plane_size: tuple[int, int, int] | None = None  # source width, small w, h
+        self.picture: tuple[int, int] | None = None  # the decoded pictures' size
 
     def _open(self) -> Any:
         decoder = av.CodecContext.create("h264", "r")
@@ -145,6 +146,7 @@ class DecodeAnalyser(_Analyser):
             if not self.due(t):
                 continue
             if self._plane_size is None or self._plane_size[0] != frame.width:
+                self.picture = (frame.width, frame.height)
                 w = min(PLANE_WIDTH, frame.width)
                 self._plane_size = (frame.width, w, max(1, round(frame.height * w / frame.width)))
             _, w, h = self._plane_size

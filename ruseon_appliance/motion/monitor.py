@@ -66,14 +66,19 @@ def event_id(start: float, camera: str) -> str:
 
 class MotionMonitor:
     """Motion detection for the camera whose ring is ``ring`` (named ``camera``): from the
-    ring's H.264 (decoded), or with ``lores`` from the Y planes that source offers."""
+    ring's H.264 (decoded), or with ``lores`` from the Y planes that source offers.
+
+    ``stream`` names which of the camera's streams ``ring`` is (``main``, or ``sub`` where the
+    camera has a sub-stream: far cheaper to decode; zones are in picture fractions, so they
+    apply to either); it is only reported."""
 
     def __init__(self, ring: RingBuffer, settings: MotionSettings, *, camera: str,
                  store: EventStore | None = None, publish: Publish | None = None,
                  max_backlog: int = MAX_BACKLOG, lores: LoresSource | None = None,
-                 announce_at_once: bool = True) -> None:
+                 announce_at_once: bool = True, stream: str = "main") -> None:
         self.ring = ring
         self.camera = camera
+        self.stream = stream
         self.store = store
         self._publish = publish
         self.max_backlog = max_backlog
@@ -342,6 +347,9 @@ class MotionMonitor:
             "sensitivity": self.settings.sensitivity,
             "fps": round(len(recent) / FPS_WINDOW_S, 2),
             "path": self.path,
+            "stream": self.stream,
+            # The decoded pictures' size (the decode path), None before the first.
+            "picture": list(picture) if (picture := getattr(analyser, "picture", None)) else None,
             "fed": self.fed,
             "decoded": getattr(analyser, "decoded", 0),
             "analysed": analyser.analysed,

@@ -6,8 +6,10 @@ inside the envelope: each operation's access is in :mod:`.operations`, checked a
 request's WS-Security UsernameToken (:mod:`.security`), and wrong credentials count in the
 shared :class:`FailureThrottle` (protocol ``onvif``). Every camera is one media profile whose
 token is the camera's name, its stream the RTSP server's ``rtsp://HOST:PORT/<camera>`` and
-its snapshot ``/snapshot/<camera>.jpg``. Nothing here changes the device: every Set*, Create*
-or reboot is refused.
+its snapshot ``/snapshot/<camera>.jpg``; a camera with a sub-stream has a second profile,
+``<camera>.sub``, with its own encoder configuration, ``rtsp://HOST:PORT/<camera>/sub`` and
+``/snapshot/<camera>.jpg?stream=sub`` (both share the camera's video source configuration).
+Nothing here changes the device: every Set*, Create* or reboot is refused.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from ruseon_appliance.web.access import request_address
 
 if TYPE_CHECKING:
     from ruseon_appliance.cameras import Camera
-    from ruseon_appliance.config import Config
+    from ruseon_appliance.config import CameraConfig, Config
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +92,49 @@ def board_model() -> str:
             return fh.read().strip("\x00\n ") or "generic"
     except OSError:
         return "generic"
+
+
+@dataclass(frozen=True, slots=True)
+class Stream:
+    """One media profile: a camera's main stream (token: the camera's name) or its sub-stream
+    (``<name>.sub``: a camera name has no dot, so no camera's token collides with it).
+
+    What it reads of the camera is the interface the appliance gives this room: its
+    ``name``, ``config`` and ``pipeline`` (``stream_info``: the size the camera really sends),
+    and ``sub``, the sub-stream's pipeline or None, whose ``camera`` has the sub-stream's
+    size, frame rate, bitrate and GOP."""
+
+    camera: Camera
+    sub: bool
+
+    @property
+    def token(self) -> str:
+        """The profile token."""
+        return f"{self.camera.name}.sub" if self.sub else self.camera.name
+
+    @property
+    def encoder_token(self) -> str:
+        """The video encoder configuration's token."""
+        return f"vec_{self.token}"
+
+    @property
+    def path(self) -> str:
+        """The RTSP server's path of this stream."""
+        return f"{self.camera.name}/sub" if self.sub else self.camera.name
+
+    @property
+    def config(self) -> CameraConfig:
+        """What the stream is encoded with (frame rate, bitrate, GOP, profile)."""
+        sub = self.camera.sub
+        return sub.camera if self.sub and sub is not None else self.camera.config
+
+    def size(self) -> tuple[int, int]:
+        """The picture's size: what the camera sends, else what it was asked for."""
+        pipeline = self.camera.sub if self.sub else self.camera.pipeline
+        info = pipeline.stream_info if pipeline is not None else None
+        if info is not None:
+            return info.width, info.height
+        return self.config.width, self.config.height
 
 
 class OnvifDevice:
@@ -235,11 +280,19 @@ class OnvifDevice:
     def _xaddr(self, request: web.Request, path: str) -> str:
         return f"{request.scheme}://{request.host}{path}"
 
-    def _camera(self, body: Element) -> Camera:
+    def streams(self) -> list[Stream]:
+        """Every media profile: every camera's main stream, then the sub-streams (read per
+        request: ``Camera.sub`` is the camera's own business). Mains first so a profile's
+        position stays what it was before sub-streams (Home Assistant before its token-based
+        unique ids numbered camera entities by position)."""
+        return ([Stream(c, sub=False) for c in self.cameras]
+                + [Stream(c, sub=True) for c in self.cameras if c.sub is not None])
+
+    def _stream(self, body: Element) -> Stream:
         token = text_of(body, "trt:ProfileToken")
-        for camera in self.cameras:
-            if camera.name == token:
-                return camera
+        for stream in self.streams():
+            if stream.token == token:
+                return stream
         raise SoapFault("InvalidArgVal", f"no profile {token!r}", detail="NoProfile")
 
     # --- Device service -----------------------------------------------------------------
@@ -364,24 +417,20 @@ class OnvifDevice:
 
     # --- Media service ------------------------------------------------------------------
 
-    def _size(self, camera: Camera) -> tuple[int, int]:
-        info = camera.pipeline.stream_info
-        if info is not None:
-            return info.width, info.height
-        return camera.config.width, camera.config.height
-
     def _source_configuration(self, camera: Camera) -> str:
-        width, height = self._size(camera)
-        return (value("tt:Name", camera.name) + value("tt:UseCount", 1)
+        """The camera's one video source configuration (its sensor), shared by its profiles."""
+        width, height = Stream(camera, sub=False).size()
+        return (value("tt:Name", camera.name)
+                + value("tt:UseCount", 2 if camera.sub is not None else 1)
                 + value("tt:SourceToken", f"src_{camera.name}")
                 + el("tt:Bounds", "", x=0, y=0, width=width, height=height))
 
-    def _encoder_configuration(self, camera: Camera) -> str:
-        width, height = self._size(camera)
-        cfg = camera.config
+    def _encoder_configuration(self, stream: Stream) -> str:
+        width, height = stream.size()
+        cfg = stream.config
         profile = {"baseline": "Baseline", "main": "Main", "high": "High"}.get(
             cfg.profile.lower(), "Baseline")
-        return (value("tt:Name", camera.name) + value("tt:UseCount", 1)
+        return (value("tt:Name", stream.token) + value("tt:UseCount", 1)
                 + value("tt:Encoding", "H264")
                 + el("tt:Resolution", value("tt:Width", width) + value("tt:Height", height))
                 + value("tt:Quality", 5)
@@ -395,34 +444,36 @@ class OnvifDevice:
                      + value("tt:Port", 0) + value("tt:TTL", 0) + value("tt:AutoStart", False))
                 + value("tt:SessionTimeout", "PT60S"))
 
-    def _profile(self, tag: str, camera: Camera) -> str:
-        return el(tag, value("tt:Name", camera.name)
+    def _profile(self, tag: str, stream: Stream) -> str:
+        camera = stream.camera
+        return el(tag, value("tt:Name", stream.token)
                   + el("tt:VideoSourceConfiguration", self._source_configuration(camera),
                        token=f"vsc_{camera.name}")
-                  + el("tt:VideoEncoderConfiguration", self._encoder_configuration(camera),
-                       token=f"vec_{camera.name}"), token=camera.name, fixed=True)
+                  + el("tt:VideoEncoderConfiguration", self._encoder_configuration(stream),
+                       token=stream.encoder_token), token=stream.token, fixed=True)
 
     def _media_GetProfiles(self, request: web.Request, body: Element) -> str:
         return el("trt:GetProfilesResponse", "".join(
-            self._profile("trt:Profiles", c) for c in self.cameras))
+            self._profile("trt:Profiles", s) for s in self.streams()))
 
     def _media_GetProfile(self, request: web.Request, body: Element) -> str:
-        return el("trt:GetProfileResponse", self._profile("trt:Profile", self._camera(body)))
+        return el("trt:GetProfileResponse", self._profile("trt:Profile", self._stream(body)))
 
     def _media_GetStreamUri(self, request: web.Request, body: Element) -> str:
-        camera = self._camera(body)
+        stream = self._stream(body)
         port = self.rtsp_port()
         if port is None:
             raise SoapFault("ActionNotSupported", "RTSP is off on this device, so there is no "
                             "stream URI: set [rtsp] enable = true", code="Receiver",
                             detail="StreamingNotSupported")
         return el("trt:GetStreamUriResponse", self._media_uri(
-            f"rtsp://{self._host(request)}:{port}/{camera.name}"))
+            f"rtsp://{self._host(request)}:{port}/{stream.path}"))
 
     def _media_GetSnapshotUri(self, request: web.Request, body: Element) -> str:
-        camera = self._camera(body)
+        stream = self._stream(body)
+        query = "?stream=sub" if stream.sub else ""
         return el("trt:GetSnapshotUriResponse", self._media_uri(
-            f"{request.scheme}://{request.host}/snapshot/{camera.name}.jpg"))
+            f"{request.scheme}://{request.host}/snapshot/{stream.camera.name}.jpg{query}"))
 
     @staticmethod
     def _media_uri(uri: str) -> str:
@@ -432,7 +483,7 @@ class OnvifDevice:
     def _media_GetVideoSources(self, request: web.Request, body: Element) -> str:
         sources = []
         for camera in self.cameras:
-            width, height = self._size(camera)
+            width, height = Stream(camera, sub=False).size()
             sources.append(el("trt:VideoSources", value("tt:Framerate", camera.config.framerate)
                               + el("tt:Resolution", value("tt:Width", width)
                                    + value("tt:Height", height)), token=f"src_{camera.name}"))
@@ -440,7 +491,7 @@ class OnvifDevice:
 
     def _media_capabilities(self) -> str:
         return el("trt:Capabilities", el("trt:ProfileCapabilities", "",
-                                         MaximumNumberOfProfiles=len(self.cameras))
+                                         MaximumNumberOfProfiles=len(self.streams()))
                   + el("trt:StreamingCapabilities", "", RTPMulticast=False, RTP_TCP=True,
                        RTP_RTSP_TCP=True, NonAggregateControl=False, NoRTSPStreaming=False),
                   SnapshotUri=True, Rotation=False, VideoSourceMode=False, OSD=False,
@@ -449,11 +500,18 @@ class OnvifDevice:
     def _media_GetServiceCapabilities(self, request: web.Request, body: Element) -> str:
         return el("trt:GetServiceCapabilitiesResponse", self._media_capabilities())
 
-    def _by_configuration(self, body: Element, prefix: str) -> Camera:
+    def _source_by_configuration(self, body: Element) -> Camera:
         token = text_of(body, "trt:ConfigurationToken")
         for camera in self.cameras:
-            if token == f"{prefix}_{camera.name}":
+            if token == f"vsc_{camera.name}":
                 return camera
+        raise SoapFault("InvalidArgVal", f"no configuration {token!r}", detail="NoConfig")
+
+    def _encoder_by_configuration(self, body: Element) -> Stream:
+        token = text_of(body, "trt:ConfigurationToken")
+        for stream in self.streams():
+            if token == stream.encoder_token:
+                return stream
         raise SoapFault("InvalidArgVal", f"no configuration {token!r}", detail="NoConfig")
 
     def _media_GetVideoSourceConfigurations(self, request: web.Request, body: Element) -> str:
@@ -463,48 +521,51 @@ class OnvifDevice:
 
     def _media_GetCompatibleVideoSourceConfigurations(self, request: web.Request,
                                                       body: Element) -> str:
-        camera = self._camera(body)
+        camera = self._stream(body).camera
         return el("trt:GetCompatibleVideoSourceConfigurationsResponse", el(
             "trt:Configurations", self._source_configuration(camera),
             token=f"vsc_{camera.name}"))
 
     def _media_GetVideoSourceConfiguration(self, request: web.Request, body: Element) -> str:
-        camera = self._by_configuration(body, "vsc")
+        camera = self._source_by_configuration(body)
         return el("trt:GetVideoSourceConfigurationResponse", el(
             "trt:Configuration", self._source_configuration(camera),
             token=f"vsc_{camera.name}"))
 
     def _media_GetVideoEncoderConfigurations(self, request: web.Request, body: Element) -> str:
         return el("trt:GetVideoEncoderConfigurationsResponse", "".join(
-            el("trt:Configurations", self._encoder_configuration(c), token=f"vec_{c.name}")
-            for c in self.cameras))
+            el("trt:Configurations", self._encoder_configuration(s), token=s.encoder_token)
+            for s in self.streams()))
 
     def _media_GetCompatibleVideoEncoderConfigurations(self, request: web.Request,
                                                        body: Element) -> str:
-        camera = self._camera(body)
+        stream = self._stream(body)
         return el("trt:GetCompatibleVideoEncoderConfigurationsResponse", el(
-            "trt:Configurations", self._encoder_configuration(camera),
-            token=f"vec_{camera.name}"))
+            "trt:Configurations", self._encoder_configuration(stream),
+            token=stream.encoder_token))
 
     def _media_GetVideoEncoderConfiguration(self, request: web.Request, body: Element) -> str:
-        camera = self._by_configuration(body, "vec")
+        stream = self._encoder_by_configuration(body)
         return el("trt:GetVideoEncoderConfigurationResponse", el(
-            "trt:Configuration", self._encoder_configuration(camera),
-            token=f"vec_{camera.name}"))
+            "trt:Configuration", self._encoder_configuration(stream),
+            token=stream.encoder_token))
 
-    def _options_camera(self, body: Element) -> Camera:
+    def _options_stream(self, body: Element) -> Stream:
+        """The profile a Get*ConfigurationOptions names: by configuration token (a source's
+        is its camera's main stream), else by profile token, else the first."""
         token = text_of(body, "trt:ConfigurationToken")
         if token:
-            for camera in self.cameras:
-                if token in (f"vsc_{camera.name}", f"vec_{camera.name}"):
-                    return camera
+            for stream in self.streams():
+                if token == stream.encoder_token or (
+                        not stream.sub and token == f"vsc_{stream.camera.name}"):
+                    return stream
         profile = text_of(body, "trt:ProfileToken")
-        return self._camera(body) if profile else self.cameras[0]
+        return self._stream(body) if profile else self.streams()[0]
 
     def _media_GetVideoSourceConfigurationOptions(self, request: web.Request,
                                                   body: Element) -> str:
-        camera = self._options_camera(body)
-        width, height = self._size(camera)
+        camera = self._options_stream(body).camera
+        width, height = Stream(camera, sub=False).size()
         return el("trt:GetVideoSourceConfigurationOptionsResponse", el(
             "trt:Options", el("tt:BoundsRange", el("tt:XRange", _range(0, 0))
                               + el("tt:YRange", _range(0, 0))
@@ -514,9 +575,9 @@ class OnvifDevice:
 
     def _media_GetVideoEncoderConfigurationOptions(self, request: web.Request,
                                                    body: Element) -> str:
-        camera = self._options_camera(body)
-        width, height = self._size(camera)
-        cfg = camera.config
+        stream = self._options_stream(body)
+        width, height = stream.size()
+        cfg = stream.config
         profile = {"main": "Main", "high": "High"}.get(cfg.profile.lower(), "Baseline")
         h264 = el("tt:H264", el("tt:ResolutionsAvailable", value("tt:Width", width)
                                 + value("tt:Height", height))
@@ -538,15 +599,16 @@ class OnvifDevice:
 
     def _media_GetGuaranteedNumberOfVideoEncoderInstances(self, request: web.Request,
                                                           body: Element) -> str:
-        text_of(body, "trt:ConfigurationToken")
+        camera = self._source_by_configuration(body)
+        encoders = 2 if camera.sub is not None else 1  # the main stream's, the sub-stream's
         return el("trt:GetGuaranteedNumberOfVideoEncoderInstancesResponse",
-                  value("trt:TotalNumber", 1) + value("trt:H264", 1))
+                  value("trt:TotalNumber", encoders) + value("trt:H264", encoders))
 
     # --- status -------------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
         """The ``onvif`` part of ``/api/status`` (admin)."""
-        return {"profiles": [c.name for c in self.cameras], "rtsp": self.rtsp_port() is not None,
+        return {"profiles": [s.token for s in self.streams()], "rtsp": self.rtsp_port() is not None,
                 "interface": self.interface.name, "mac": self.interface.mac,
                 "mac_derived": not self.interface.real_mac, "serial": self.identity.serial,
                 "requests": dict(self.requests), "faults": dict(self.faults),

@@ -26,7 +26,7 @@ from ruseon_appliance.web.cameras import CamerasResource
 from ruseon_appliance.web.controls import ControlsResource
 from ruseon_appliance.web.cors import cors_middleware
 from ruseon_appliance.web.events import EventsResource, MotionControlResource
-from ruseon_appliance.web.hls import HlsMetrics, HlsResource
+from ruseon_appliance.web.hls import HlsMetrics, HlsResource, MultivariantResource, Rendition
 from ruseon_appliance.web.metrics import Families, WebMetrics
 from ruseon_appliance.web.problem import ERROR_COUNTS, MAX_BODY_BYTES, problem_middleware
 from ruseon_appliance.web.recordings import RecordingsResource
@@ -169,6 +169,25 @@ def make_app(
     return app
 
 
+def _renditions(camera: Camera, prefix: str) -> list[Rendition]:
+    """The camera's HLS renditions as the multivariant playlist under ``prefix`` names them:
+    the main stream's media playlist beside it, the sub-stream's under ``<camera>/sub/``."""
+    def picture(pipeline: CapturePipeline) -> tuple[int, int]:
+        info = pipeline.stream_info  # what the camera really sends, else what it was asked
+        return (info.width, info.height) if info else (pipeline.camera.width,
+                                                       pipeline.camera.height)
+
+    main = camera.pipeline
+    assert camera.hls is not None
+    out = [Rendition("index.m3u8", camera.hls, lambda: picture(main),
+                     lambda: main.camera.bitrate)]
+    sub, sub_hls = camera.sub, camera.sub_hls
+    if sub is not None and sub_hls is not None:
+        uri = "sub/index.m3u8" if prefix != "/hls/" else f"{camera.name}/sub/index.m3u8"
+        out.append(Rendition(uri, sub_hls, lambda: picture(sub), lambda: sub.camera.bitrate))
+    return out
+
+
 def _add_camera_routes(app: web.Application, api: DeviceApi, config: Config,
                        cameras: CameraSet, credentials: Credentials) -> None:
     """Every camera's HLS, controls and recordings routes; the default camera's also at the
@@ -181,16 +200,26 @@ def _add_camera_routes(app: web.Application, api: DeviceApi, config: Config,
             continue
         prefixes = [f"/hls/{camera.name}/"] + (["/hls/"] if camera is default else [])
         for prefix in prefixes:
+            # The multivariant playlist first: /hls/<camera>/{name} would take its name.
+            MultivariantResource(_renditions(camera, prefix), token_required=token_required,
+                                 prefix=prefix, metrics=hls_metrics).add_routes(app)
             resource = HlsResource(camera.hls, token_required=token_required, prefix=prefix,
                                    metrics=hls_metrics)
             resource.add_routes(app)
             if prefix == "/hls/":
                 app[HLS] = resource
+        if camera.sub_hls is not None:
+            # The sub-stream's media playlist and files: /hls/<camera>/sub/ only (an unnamed
+            # /hls/sub/ would be a camera named "sub").
+            HlsResource(camera.sub_hls, token_required=token_required,
+                        prefix=f"/hls/{camera.name}/sub/", metrics=hls_metrics).add_routes(app)
     if HLS in app:
         streams = {c.name: c.hls for c in cameras if c.hls is not None}
+        sub_streams = {c.name: c.sub_hls for c in cameras if c.sub_hls is not None}
         default_hls = app[HLS]
         api.status_sections["hls"] = lambda: {
-            **default_hls.status(), "cameras": {n: s.stats() for n, s in streams.items()}}
+            **default_hls.status(), "cameras": {n: s.stats() for n, s in streams.items()},
+            "sub_streams": {n: s.stats() for n, s in sub_streams.items()}}
         api.metrics_sections.append(default_hls.metrics_families)
     for camera in cameras:
         if camera.controls is None:
@@ -216,7 +245,8 @@ def _add_camera_routes(app: web.Application, api: DeviceApi, config: Config,
 
 def camera_parts_metrics(cameras: CameraSet) -> Iterator[Metric]:
     """Every camera's recorder and HLS stream figures, labelled ``camera``
-    (``ruseon_camera_recording_*``, ``ruseon_camera_hls_*``); the unlabelled
+    (``ruseon_camera_recording_*``, ``ruseon_camera_hls_*``, ``ruseon_camera_sub_hls_*`` for a
+    sub-stream's rendition); the unlabelled
     ``ruseon_recording_*`` and ``ruseon_hls_stream_*`` are the default camera's, kept as
     aliases for existing dashboards."""
     out = Families()
@@ -229,6 +259,10 @@ def camera_parts_metrics(cameras: CameraSet) -> Iterator[Metric]:
             out.stats("ruseon_camera_hls", {k: v for k, v in camera.hls.stats().items()
                                             if not k.startswith("blocking_")},
                       "HLS live window by camera", labels)
+        if camera.sub_hls is not None:
+            out.stats("ruseon_camera_sub_hls", {k: v for k, v in camera.sub_hls.stats().items()
+                                                if not k.startswith("blocking_")},
+                      "HLS live window of the sub-stream by camera", labels)
     return out.collect()
 
 

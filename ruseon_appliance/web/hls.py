@@ -14,17 +14,20 @@ system ever being looked at, long query strings 414, malformed or far-ahead ``_H
 
 from __future__ import annotations
 
+import asyncio
 import math
 import re
 import time
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from aiohttp import web
 
 from ruseon_appliance.hls import HlsStream, TooManyWaiting, render
+from ruseon_appliance.hls.playlist import MULTIVARIANT_NAME, Variant, render_multivariant
 from ruseon_appliance.hls.window import Part
 from ruseon_appliance.web.access import bearer_token, request_address
 from ruseon_appliance.web.metrics import Families
@@ -51,7 +54,7 @@ PLAYLIST_STALE_S = 2
 
 _NAME = re.compile(r"^(init|seg|part)-([0-9a-f]{8})-([0-9]{1,12})\.(mp4|m4s)$")
 _NUMBER = re.compile(r"^[0-9]{1,12}$")
-_KINDS = ("playlist", "blocking_playlist", "part", "segment", "init")
+_KINDS = ("multivariant", "playlist", "blocking_playlist", "part", "segment", "init")
 _NO_STORE = {"Cache-Control": "no-store"}
 
 
@@ -118,6 +121,15 @@ class HlsMetrics:
         return len(self._clients)
 
 
+def token_suffix(request: web.Request, token_required: bool) -> str:
+    """``?token=…`` for the URIs of a playlist fetched with the token in its query (see
+    :meth:`HlsResource._query_suffix`), else empty."""
+    token = request.query.get("token")
+    if token_required and token and bearer_token(request) is None:
+        return "?token=" + quote(token, safe="")
+    return ""
+
+
 def _number(name: str, text: str) -> int:
     if not _NUMBER.match(text):
         raise Problem(400, f"{name} must be a non-negative integer of at most "
@@ -155,10 +167,7 @@ class HlsResource:
         Only when the query token is what authenticated the request (no Bearer header: the
         auth middleware's rule), so the answer depends on exactly what a cache in front can key
         on (see docs/nginx-hls.conf)."""
-        token = request.query.get("token")
-        if self.token_required and token and bearer_token(request) is None:
-            return "?token=" + quote(token, safe="")
-        return ""
+        return token_suffix(request, self.token_required)
 
     def _cache_headers(self, cache_control: str) -> dict[str, str]:
         """``public`` lets shared caches store answers to authenticated requests (RFC 9111
@@ -317,3 +326,86 @@ class HlsResource:
         out.stats("ruseon_hls_stream", {k: v for k, v in stats.items()
                                         if not k.startswith("blocking_")}, "HLS live window")
         return out.collect()
+
+
+@dataclass(frozen=True, slots=True)
+class Rendition:
+    """One of a camera's renditions for the multivariant playlist: its media playlist's URI
+    (relative to the multivariant playlist), its stream, and where its picture size and
+    configured bitrate come from (the camera's, read per request: they follow the controls)."""
+
+    uri: str
+    stream: HlsStream
+    size: Callable[[], tuple[int, int]]
+    bitrate: Callable[[], int]
+
+    def variant(self) -> Variant | None:
+        """The playlist entry, None while the stream has no complete segment (no codec yet)."""
+        codec = self.stream.codec
+        rates = self.stream.bit_rates()
+        if codec is None or rates is None:
+            return None
+        peak, average = rates
+        configured = self.bitrate()
+        width, height = self.size()
+        # BANDWIDTH must not be under any segment's rate; the encoder's target is a floor so a
+        # quiet scene at start-up does not make the main rendition look like the small one.
+        return Variant(uri=self.uri, bandwidth=max(peak, configured),
+                       average_bandwidth=max(1, min(average, max(peak, configured))),
+                       codecs=codec, width=width, height=height,
+                       frame_rate=float(self.stream.framerate))
+
+
+class MultivariantResource:
+    """``GET <prefix>multivariant.m3u8``: a camera's renditions (main first, then the
+    sub-stream where the camera has one) for players that switch by bandwidth (hls.js, Safari).
+
+    The media playlists stay where they were (``<prefix>index.m3u8`` is the main one), so
+    players given that URL go on playing the main stream alone."""
+
+    def __init__(self, renditions: Sequence[Rendition], *, token_required: bool, prefix: str,
+                 metrics: HlsMetrics | None = None) -> None:
+        if not renditions:
+            raise ValueError("at least one rendition")
+        self.renditions = list(renditions)
+        self.token_required = token_required
+        self.prefix = prefix
+        self.metrics = metrics or HlsMetrics()
+
+    @property
+    def path(self) -> str:
+        """Where the multivariant playlist is served."""
+        return self.prefix + MULTIVARIANT_NAME
+
+    def add_routes(self, app: web.Application) -> None:
+        """Register the route (before the media routes under the same prefix)."""
+        app.router.add_get(self.path, self.playlist)
+
+    async def playlist(self, request: web.Request) -> web.Response:
+        """The multivariant playlist; held (like a first media playlist request) until the
+        renditions have a complete segment, since their codec and bit rate come from it."""
+        self.metrics.seen(request, "multivariant")
+        if len(request.query_string) > MAX_QUERY_BYTES:
+            raise Problem(414, f"the query string is longer than {MAX_QUERY_BYTES} bytes",
+                          headers=_NO_STORE)
+        if "_HLS_msn" in request.query or "_HLS_part" in request.query:
+            raise Problem(400, "blocking reloads (_HLS_msn, _HLS_part) are for the media "
+                          "playlists, not the multivariant one", headers=_NO_STORE)
+        try:
+            await asyncio.gather(*(
+                r.stream.wait_for_playlist(r.stream.window.first_msn, None,
+                                           r.stream.hold_timeout_s)
+                for r in self.renditions if r.variant() is None))
+        except TooManyWaiting:
+            raise Problem(503, "too many requests are waiting for the live edge",
+                          headers={"Retry-After": "1", **_NO_STORE}) from None
+        variants = [v for v in (r.variant() for r in self.renditions) if v is not None]
+        if not variants:
+            raise Problem(503, "no video has been segmented yet",
+                          headers={"Retry-After": "1", **_NO_STORE})
+        body = render_multivariant(variants, query=token_suffix(request, self.token_required))
+        headers = {"Cache-Control": f"public, max-age=1, stale-while-revalidate={PLAYLIST_STALE_S}"}
+        if self.token_required:
+            headers["Vary"] = "Authorization"
+        self.metrics.bytes_sent += len(body)
+        return web.Response(text=body, content_type=PLAYLIST_TYPE, headers=headers)

@@ -214,3 +214,112 @@ class ContinuityChecker:
             dsn = self.dsn_of.setdefault(segment.uri, segment.dsn)
             _check(dsn == segment.dsn, f"{segment.uri} moved from DSN {dsn} to {segment.dsn}")
             self.last_listed_msn = max(self.last_listed_msn, segment.msn)
+
+
+# -- multivariant playlists (RFC 8216bis §4.4.6) -------------------------------------------------
+
+# Tags only a media playlist may carry (§4.1: a playlist is one kind or the other).
+MEDIA_ONLY_TAGS = (
+    *(t for t in HEADER_TAGS if t != "#EXT-X-VERSION"),
+    "#EXTINF", "#EXT-X-PART", "#EXT-X-MAP", "#EXT-X-PRELOAD-HINT", "#EXT-X-PROGRAM-DATE-TIME",
+    "#EXT-X-DISCONTINUITY", "#EXT-X-ENDLIST", "#EXT-X-PLAYLIST-TYPE", "#EXT-X-BYTERANGE",
+)
+_RESOLUTION = re.compile(r"^([1-9][0-9]*)x([1-9][0-9]*)$")
+_DECIMAL = re.compile(r"^[0-9]{1,20}$")
+_FLOAT = re.compile(r"^[0-9]+(\.[0-9]+)?$")
+# RFC 6381 for H.264: avc1 (or avc3) and the SPS's profile, constraints and level in hex.
+_AVC = re.compile(r"^avc[13]\.[0-9A-Fa-f]{6}$")
+
+
+@dataclass
+class VariantEntry:
+    uri: str
+    bandwidth: int
+    average_bandwidth: int | None
+    codecs: list[str]
+    width: int
+    height: int
+    frame_rate: float
+
+
+@dataclass
+class MultivariantPlaylist:
+    version: int | None
+    independent_segments: bool
+    variants: list[VariantEntry]
+
+
+def _attribute_list(text: str) -> dict[str, str]:
+    """An attribute list, checked: names unique (§4.2), quoted strings closed."""
+    names = [k for k, _ in _ATTR.findall(text)]
+    _check(len(names) == len(set(names)), f"an attribute appears twice in {text!r}")
+    _check(text.count('"') % 2 == 0, f"an unclosed quoted string in {text!r}")
+    return attributes(text)
+
+
+def parse_multivariant(text: str) -> MultivariantPlaylist:
+    """Parse and check a multivariant playlist of H.264 video renditions; raises
+    :class:`Violation` naming the broken rule."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    _check(bool(lines) and lines[0] == "#EXTM3U", "the first line must be #EXTM3U")
+    version: int | None = None
+    independent = False
+    variants: list[VariantEntry] = []
+    index = 1
+    while index < len(lines):
+        line = lines[index]
+        index += 1
+        name, _, value = line.partition(":")
+        _check(name not in MEDIA_ONLY_TAGS,
+               f"{name} is a media playlist tag; a multivariant playlist must not have it")
+        if name == "#EXT-X-VERSION":
+            _check(version is None, "EXT-X-VERSION appears twice")
+            _check(bool(_DECIMAL.match(value)), f"EXT-X-VERSION {value!r} is not an integer")
+            version = int(value)
+        elif name == "#EXT-X-INDEPENDENT-SEGMENTS":
+            _check(not independent, "EXT-X-INDEPENDENT-SEGMENTS appears twice")
+            independent = True
+        elif name == "#EXT-X-STREAM-INF":
+            attrs = _attribute_list(value)
+            _check("BANDWIDTH" in attrs, "EXT-X-STREAM-INF without BANDWIDTH (required)")
+            _check(bool(_DECIMAL.match(attrs["BANDWIDTH"])), "BANDWIDTH is not an integer")
+            bandwidth = int(attrs["BANDWIDTH"])
+            _check(bandwidth > 0, "BANDWIDTH must be positive")
+            average = None
+            if "AVERAGE-BANDWIDTH" in attrs:
+                _check(bool(_DECIMAL.match(attrs["AVERAGE-BANDWIDTH"])),
+                       "AVERAGE-BANDWIDTH is not an integer")
+                average = int(attrs["AVERAGE-BANDWIDTH"])
+                _check(0 < average <= bandwidth,
+                       f"AVERAGE-BANDWIDTH {average} above the peak BANDWIDTH {bandwidth}")
+            # CODECS and RESOLUTION are SHOULDs for video; FRAME-RATE too (players that
+            # switch by bandwidth, and UniFi-style clients, want all three): required here.
+            _check('CODECS="' in value, "CODECS missing or not a quoted string")
+            codecs = [c.strip() for c in attrs["CODECS"].split(",")]
+            _check(all(_AVC.match(c) for c in codecs), f"CODECS {codecs} are not H.264's")
+            _check("RESOLUTION" in attrs, "RESOLUTION missing")
+            size = _RESOLUTION.match(attrs["RESOLUTION"])
+            _check(size is not None, f"RESOLUTION {attrs['RESOLUTION']!r} is not WxH")
+            assert size is not None
+            _check("FRAME-RATE" in attrs and bool(_FLOAT.match(attrs["FRAME-RATE"])),
+                   "FRAME-RATE missing or not a decimal")
+            frame_rate = float(attrs["FRAME-RATE"])
+            _check(0 < frame_rate <= 240, f"FRAME-RATE {frame_rate} is implausible")
+            _check(len(attrs["FRAME-RATE"].partition(".")[2]) <= 3,
+                   "FRAME-RATE should be rounded to three decimal places")
+            # §4.4.6.2: the next line is the variant's URI.
+            _check(index < len(lines) and not lines[index].startswith("#"),
+                   "EXT-X-STREAM-INF must be followed by its URI")
+            uri = lines[index]
+            index += 1
+            variants.append(VariantEntry(uri, bandwidth, average, codecs, int(size.group(1)),
+                                         int(size.group(2)), frame_rate))
+        elif line.startswith("#EXT"):
+            raise Violation(f"unexpected tag {line!r}")
+        elif line.startswith("#"):
+            continue  # a comment
+        else:
+            raise Violation(f"a URI without EXT-X-STREAM-INF before it: {line!r}")
+    _check(bool(variants), "a multivariant playlist lists at least one variant")
+    _check(len({v.uri for v in variants}) == len(variants), "a variant URI is listed twice")
+    return MultivariantPlaylist(version, independent, variants)

@@ -135,7 +135,8 @@ async def test_every_route_by_credential_and_host(tmp_path: Path, viewing: str) 
         # Every room that adds routes is there, and every route has a level.
         patterns = {p for _, p in routes}
         for needed in ("/api/camera/front/controls", "/relay/{name}.sdp", "/recordings",
-                       "/hls/side/index.m3u8", "/whep/{camera}", "/whep/{camera}/{stream}",
+                       "/hls/side/index.m3u8", "/hls/side/multivariant.m3u8", "/whep/{camera}",
+                       "/whep/{camera}/{stream}",
                        "/api/session", "/metrics",
                        "/onvif/device_service", "/api/events", "/api/camera/side/motion"):
             assert needed in patterns, needed
