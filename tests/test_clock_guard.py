@@ -62,7 +62,7 @@ WALL_TIME_USES: dict[tuple[str, str], str] = {
         "an access unit's capture_time_us is the wall-clock time of the picture",
     ("capture/sources/rtsp.py", "RtspSource._emit"):
         "an access unit's capture_time_us is the wall-clock time of the picture",
-    ("capture/sources/picamera.py", "PicameraSource.make_access_unit"):
+    ("capture/sources/picamera.py", "Timeline.access_unit"):
         "an access unit's capture_time_us is the wall-clock time of the picture",
     ("capture/sources/rpicam.py", "RpicamSource._emit"):
         "an access unit's capture_time_us is the wall-clock time of the picture",
