@@ -132,7 +132,8 @@ async def test_every_route_by_credential_and_host(tmp_path: Path, viewing: str) 
         patterns = {p for _, p in routes}
         for needed in ("/api/camera/front/controls", "/relay/{name}.sdp", "/recordings",
                        "/hls/side/index.m3u8", "/whep/{camera}", "/api/session", "/metrics",
-                       "/onvif/device_service", "/api/events", "/api/camera/side/motion"):
+                       "/onvif/device_service", "/api/events", "/api/camera/side/motion",
+                       "/api/events/stream"):
             assert needed in patterns, needed
         assert all(classify(m, p) is not None for m, p in routes)
         checked = 0
