@@ -494,3 +494,13 @@ install();
 connect();
 // The default camera's name (the unnamed routes'): /api/events says it.
 loadEvents();
+// Without the stream (refused, or a browser without EventSource), the indicator follows the
+// timeline's polled marks (recordings.js: every 5 s), the grid's tiles their camera's.
+setInterval(() => {
+  if (motion.stream === "open") return;
+  const name = cameraName();
+  if (!name || !window.ruseonMotionMarks) return;
+  const lasting = window.ruseonMotionMarks().some((e) => e.lasting);
+  motion.meters[name] = { ...(motion.meters[name] || {}), active: lasting };
+  renderLive();
+}, 5000);
