@@ -110,6 +110,12 @@ function renderLive() {
   const indicator = $("motion-indicator");
   indicator.hidden = !active;
   indicator.dataset.camera = name;
+  if (active) { // on the picture's own corner (not the letterbox around it)
+    const rect = pictureRect();
+    indicator.style.left = `${rect.left + 8}px`;
+    indicator.style.top = `${rect.top + 8}px`;
+  }
+  $("mo-now").hidden = !active; // the panel may cover the picture's corner (a phone)
   for (const tile of document.querySelectorAll(".cam-tile[data-camera]")) {
     const m = motion.meters[tile.dataset.camera];
     tile.dataset.motion = String(Boolean(m && m.active));
@@ -390,7 +396,8 @@ function install() {
   panel.hidden = true;
   panel.setAttribute("aria-label", "Motion");
   panel.innerHTML = `
-    <h2>Motion <span id="mo-camera" class="mo-camera"></span></h2>
+    <h2>Motion <span id="mo-camera" class="mo-camera"></span>
+      <span id="mo-now" class="mo-now" hidden>now</span></h2>
     <button id="mo-tune" type="button" class="mo-small">Tune detection…</button>
     <div id="mo-tuner" class="mo-tuner" hidden>
       <label class="mo-row"><span>Detection</span><input id="mo-enabled" type="checkbox"></label>
@@ -465,8 +472,8 @@ function install() {
   });
   $("mo-save").addEventListener("click", saveZones);
   $("mo-cancel").addEventListener("click", closeEditor);
-  window.addEventListener("resize", renderEditor);
-  video.addEventListener("resize", renderEditor);
+  window.addEventListener("resize", () => { renderEditor(); renderLive(); });
+  video.addEventListener("resize", () => { renderEditor(); renderLive(); });
 
   // Another camera on screen (cameras.js): its events, its meter, its settings.
   window.addEventListener("ruseon:camera", () => {
