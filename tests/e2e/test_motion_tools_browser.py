@@ -141,6 +141,7 @@ def test_motion_tools_on_a_phone(request: pytest.FixtureRequest, tmp_path: Path)
             for x, y in CORNERS:
                 page.mouse.click(box[0] + x * box[2], box[1] + y * box[3])
             page.click("#mo-finish")
+            save_screenshot(page, "browser-motion-zone-phone.png")
             page.click("#mo-save")
             wait(page, "() => window.ruseonMotion.editor === null && "
                        "window.ruseonMotion.settings.zones.length === 1",
@@ -151,12 +152,12 @@ def test_motion_tools_on_a_phone(request: pytest.FixtureRequest, tmp_path: Path)
                 assert abs(x - zx) < 0.02 and abs(y - zy) < 0.02, zones
 
         # A restart of the service: the zone and the sensitivity are the saved ones, and the
-        # page shows them.
+        # page shows them (on a desktop-sized screen this time).
         with running_server(state, extra_args=args) as server:
             after = motion_settings(server)
             assert after["zones"] == zones and after["sensitivity"] == 80, after
             assert after["saved"] == ["sensitivity", "zones"]
-            page = browser.new_page(viewport=PHONE)
+            page = browser.new_page(viewport={"width": 1280, "height": 720})
             log_in(page, server)
             page.goto(server.url)
             wait_for_element(page, "#btn-motion")
@@ -168,4 +169,4 @@ def test_motion_tools_on_a_phone(request: pytest.FixtureRequest, tmp_path: Path)
             assert page.inner_text("#mo-zones-info") == "1 zone"
             page.click("#mo-zones")
             page.wait_for_selector("#mo-zone-svg polygon.mo-exclude")
-            save_screenshot(page, "browser-motion-zone-phone.png")
+            save_screenshot(page, "browser-motion-zone-desktop.png")

@@ -279,13 +279,16 @@ function openEditor() {
     drawing: [], include: true,
   };
   $("mo-editor").hidden = false;
-  if (PHONE.matches) show(false); // the picture is the editor
+  motion.reopen = motion.open;
+  show(false); // the picture is the editor: nothing lies on it but the zones
   renderEditor();
 }
 
-function closeEditor() {
+function closeEditor(back = true) {
+  if (!motion.editor) return;
   motion.editor = null;
   $("mo-editor").hidden = true;
+  if (back && motion.reopen) show(true); // the panel as it was
 }
 
 function finishPolygon() {
@@ -471,13 +474,13 @@ function install() {
     renderEditor();
   });
   $("mo-save").addEventListener("click", saveZones);
-  $("mo-cancel").addEventListener("click", closeEditor);
+  $("mo-cancel").addEventListener("click", () => closeEditor());
   window.addEventListener("resize", () => { renderEditor(); renderLive(); });
   video.addEventListener("resize", () => { renderEditor(); renderLive(); });
 
   // Another camera on screen (cameras.js): its events, its meter, its settings.
   window.addEventListener("ruseon:camera", () => {
-    closeEditor();
+    closeEditor(false);
     motion.settings = null;
     motion.events = [];
     setTimeout(() => { // player.camera is set by the time the event's listeners return
@@ -491,7 +494,7 @@ function install() {
     }, 0);
   });
   window.addEventListener("ruseon:session", () => {
-    if (session.role !== "admin") { closeEditor(); motion.settings = null; }
+    if (session.role !== "admin") { closeEditor(false); motion.settings = null; }
     renderTuner();
     if (!source) connect(); // logged in: a stream refused for want of a credential may open now
   });
