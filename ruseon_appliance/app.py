@@ -151,7 +151,8 @@ class Appliance:
                                                   if self.engine else 0))
 
         app = make_app(config, self.engine, self.capture, started=self.started,
-                       relays=self.relays, cameras=self.cameras, credentials=self.credentials)
+                       relays=self.relays, cameras=self.cameras, credentials=self.credentials,
+                       bus=self.events)
         app[DEVICE_API].status_sections["integrations"] = self._integrations_status
         app[DEVICE_API].status_sections["https"] = self._https_status
         app[DEVICE_API].metrics_sections.append(self._integrations_metrics)

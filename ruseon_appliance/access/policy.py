@@ -66,6 +66,7 @@ HTTP_ROUTES: tuple[tuple[frozenset[str], str, Access], ...] = tuple(
         ("GET,HEAD", "/recordings/get", Access.VIEW),
         ("GET,HEAD", "/api/recording", Access.VIEW),
         ("GET,HEAD", "/api/events", Access.VIEW),  # motion events: when, how much, a picture
+        ("GET,HEAD", "/api/events/stream", Access.VIEW),  # the same, live (SSE), and the meter
         ("GET,HEAD", "/api/events/*/snapshot.jpg", Access.VIEW),
         # Everything that changes state or reveals what is not the picture.
         ("DELETE", "/recordings", Access.ADMIN),

@@ -27,7 +27,8 @@ def assemble_cameras(config: Config, *, clock: WallClock, events: EventBus) -> C
     ``<state>/cameras/<name>/``), recorder (``<recording.dir>/cameras/<name>/``, its share of
     ``recording.max_bytes``), HLS stream (``[hls] enable``) and watchers; the default camera
     is ``http.default_camera`` (else the first listed). A camera with ``motion`` (the
-    default) gets its detector, its events kept in ``<recording.dir>/cameras/<name>/events/``."""
+    default) gets its detector, its events kept in ``<recording.dir>/cameras/<name>/events/``
+    and its settings changed at run time in ``<state>/cameras/<name>/motion.json``."""
     configs = config.cameras
     rec = config.recording
     # recording.max_bytes bounds the whole recording disk: each camera keeps its share.
@@ -79,6 +80,7 @@ def _equip(camera: Camera, cam: CameraConfig, config: Config, *, archive: Path, 
         # whose cameras all have motion = false never pays (tests/capture/test_lazy_imports.py).
         from ..motion.monitor import MotionMonitor
         from ..motion.recording import MotionRecording
+        from ..motion.saved import MOTION_FILE, MotionFile
 
         # picamera2's lores stream where the source has one (no decode), else the H.264 of
         # the sub-stream's ring where the camera has one (640x360 decodes several times
@@ -93,6 +95,7 @@ def _equip(camera: Camera, cam: CameraConfig, config: Config, *, archive: Path, 
         camera.motion = MotionMonitor(
             ring, motion_settings(cam), camera=camera.name, publish=events.publish,
             stream="sub" if decode_sub else "main", store=store, lores=lores,
+            saved=MotionFile(state / MOTION_FILE),  # the page's tuner and zones, kept
             announce_at_once=False)  # Camera.start_watching: once the bus has subscribers
         # The footage of an event: what a motion recording holds of it (the pre- and post-roll).
         recorder.event_windows = functools.partial(

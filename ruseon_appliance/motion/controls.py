@@ -1,7 +1,7 @@
 """Motion detection as two more camera controls for Home Assistant: ``motion`` (a switch:
 detection on/off) and ``motion_sensitivity`` (a number 0-100), next to the camera's own
 controls in the one controls document (mqtt/publisher.py's ``CameraControlsPort``). Live and
-not saved, like ``PATCH /api/camera/<camera>/motion``."""
+saved (motion/saved.py: a restart keeps them), like ``PATCH /api/camera/<camera>/motion``."""
 
 from __future__ import annotations
 

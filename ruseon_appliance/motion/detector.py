@@ -90,6 +90,7 @@ class MotionDetector:
         self.settings = settings
         self._background: Any = None
         self._mask: Any = None
+        self._mask_zones: tuple[Zone, ...] | None = None  # the zones _mask was made of
         self._looked_at = 0
         self._last_t: float | None = None
         self.suppressed = 0
@@ -102,7 +103,8 @@ class MotionDetector:
 
     def _prepare(self, shape: tuple[int, int]) -> None:
         h, w = shape
-        self._mask = zones_mask(self.settings.zones, w, h)
+        self._mask_zones = self.settings.zones
+        self._mask = zones_mask(self._mask_zones, w, h)
         self._looked_at = int(self._mask.sum())
 
     def analyse(self, luma: Any, t: float) -> Analysis:
@@ -115,6 +117,8 @@ class MotionDetector:
             self._last_t = t
             self.score = 0.0
             return Analysis(0.0, False)
+        if self._mask_zones is not self.settings.zones:
+            self._prepare(plane.shape)  # zones changed while running (the page's editor)
         sensitivity = self.settings.sensitivity
         background = self._background
         difference = np.abs(plane - background)

@@ -21,9 +21,11 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .analyser import DecodeAnalyser, LoresAnalyser
-from .detector import MotionSettings
+from .detector import MotionSettings, share_threshold
+from .saved import MotionFile, SavedMotion
 from .store import EventStore, StoredEvent
 from .tracker import MotionEvent, Transition
+from .zones import Zone
 
 if TYPE_CHECKING:
     from ..capture.ring import RingBuffer
@@ -75,7 +77,8 @@ class MotionMonitor:
     def __init__(self, ring: RingBuffer, settings: MotionSettings, *, camera: str,
                  store: EventStore | None = None, publish: Publish | None = None,
                  max_backlog: int = MAX_BACKLOG, lores: LoresSource | None = None,
-                 announce_at_once: bool = True, stream: str = "main") -> None:
+                 announce_at_once: bool = True, stream: str = "main",
+                 saved: MotionFile | None = None) -> None:
         self.ring = ring
         self.camera = camera
         self.stream = stream
@@ -106,21 +109,49 @@ class MotionMonitor:
         # Announcements wait here until the bus has its subscribers (start_announcing).
         self._announcing = announce_at_once
         self._held: list[tuple[str, dict[str, Any]]] = []
+        # The configuration's settings (what a null change returns to) and what was changed
+        # at run time, kept in ``saved`` (motion/saved.py) and loaded again by start().
+        self.configured = settings
+        self.saved_file = saved
+        self.saved = SavedMotion()
 
     @property
     def settings(self) -> MotionSettings:
         """The settings in force."""
         return self.analyser.settings
 
-    def set_sensitivity(self, sensitivity: int) -> None:
-        """Change the sensitivity while running (the next analysed frame uses it)."""
-        settings = replace(self.settings, sensitivity=sensitivity)
+    def _apply(self, settings: MotionSettings) -> None:
+        # One reference swapped: the worker's next frame reads the new settings whole.
         self.analyser.detector.settings = settings
         self.analyser.tracker.settings = settings
 
-    def set_enabled(self, enabled: bool) -> None:
-        """Pause or resume detection while running; a pause ends a lasting event (in the
-        worker, which owns the analyser) and a resume starts from a fresh background."""
+    def _remember(self, **changes: Any) -> None:
+        self.saved = replace(self.saved, **changes)
+        if self.saved_file is not None:
+            self.saved_file.save(self.saved)
+
+    def set_sensitivity(self, sensitivity: int | None) -> None:
+        """Change the sensitivity while running (the next analysed frame uses it); None: back
+        to the configuration's. Saved (a restart keeps it)."""
+        value = self.configured.sensitivity if sensitivity is None else sensitivity
+        self._apply(replace(self.settings, sensitivity=value))
+        self._remember(sensitivity=sensitivity)
+
+    def set_zones(self, zones: tuple[Zone, ...] | None) -> None:
+        """Change the zones while running (the next analysed frame looks through them); None:
+        back to the configuration's. Saved."""
+        value = self.configured.zones if zones is None else zones
+        self._apply(replace(self.settings, zones=value))
+        self._remember(zones=zones)
+
+    def set_enabled(self, enabled: bool | None) -> None:
+        """Pause or resume detection while running (None: on, as configured); a pause ends a
+        lasting event (in the worker, which owns the analyser) and a resume starts from a
+        fresh background. Saved."""
+        self._remember(enabled=enabled)
+        self._set_enabled(True if enabled is None else enabled)
+
+    def _set_enabled(self, enabled: bool) -> None:
         with self._cond:
             if enabled == self.enabled:
                 return
@@ -131,7 +162,17 @@ class MotionMonitor:
             self._cond.notify()
 
     async def start(self) -> None:
-        """Load the stored events, start the worker thread and the ring reader."""
+        """Load the saved settings (over the configuration's) and the stored events, start
+        the worker thread and the ring reader."""
+        if self.saved_file is not None:
+            saved = self.saved = await asyncio.to_thread(self.saved_file.load)
+            self._apply(replace(
+                self.configured,
+                sensitivity=(self.configured.sensitivity if saved.sensitivity is None
+                             else saved.sensitivity),
+                zones=self.configured.zones if saved.zones is None else saved.zones))
+            if saved.enabled is not None:
+                self._set_enabled(saved.enabled)
         if self.store is not None:
             count = await asyncio.to_thread(self.store.load)
             log.debug("camera %s: %d motion events loaded", self.camera, count)
@@ -161,6 +202,8 @@ class MotionMonitor:
         if thread is not None:
             await asyncio.to_thread(thread.join)
         await asyncio.to_thread(self.analyser.finish)
+        if self.saved_file is not None:
+            await self.saved_file.flush()
 
     async def _read(self) -> None:
         reader = self.ring.reader("keyframe")
@@ -334,6 +377,14 @@ class MotionMonitor:
         """Whether an event lasts."""
         return self.analyser.tracker.event is not None
 
+    def meter(self) -> dict[str, Any]:
+        """The live meter (the page's tuner, the event stream): the current score (0 while
+        paused), the score that is motion at the sensitivity in force, whether an event
+        lasts. Cheap: no counters are summed."""
+        return {"score": round(self.analyser.detector.score, 4) if self.enabled else 0.0,
+                "threshold": round(share_threshold(self.settings.sensitivity), 4),
+                "active": self.active, "enabled": self.enabled}
+
     def stats(self) -> dict[str, Any]:
         """Counters and state for ``/api/status``, ``/metrics`` and MQTT."""
         analyser = self.analyser
@@ -345,6 +396,7 @@ class MotionMonitor:
             "event": self.current_event,
             "score": round(analyser.detector.score, 4),
             "sensitivity": self.settings.sensitivity,
+            "zones": len(self.settings.zones),
             "fps": round(len(recent) / FPS_WINDOW_S, 2),
             "path": self.path,
             "stream": self.stream,

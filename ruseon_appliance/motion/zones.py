@@ -86,3 +86,60 @@ def zones_mask(zones: Sequence[Zone], width: int, height: int) -> Any:
         if not zone.include:
             mask &= ~polygon_mask(zone.points, width, height)
     return mask
+
+
+# What ``PATCH /api/camera/<camera>/motion`` takes (and the saved settings hold) at most.
+MAX_ZONES = 16
+MAX_POINTS = 64
+
+
+def zone_to_json(zone: Zone) -> dict[str, Any]:
+    """``{"points": [[x, y], ...], "include": bool}`` (the API's and the saved file's form)."""
+    return {"points": [[round(x, 4), round(y, 4)] for x, y in zone.points],
+            "include": zone.include}
+
+
+def zones_from_json(value: Any) -> tuple[Zone, ...]:
+    """Zones from their JSON form (a list of ``{"points": [[x, y], ...], "include": bool}``;
+    ``points`` may also be the configuration's ``"x,y x,y x,y"`` text); ValueError with the
+    reason (which zone, which point) for anything else."""
+    if not isinstance(value, list):
+        raise ValueError('zones must be a list of {"points": [[x, y], ...], "include": true|false}')
+    if len(value) > MAX_ZONES:
+        raise ValueError(f"{len(value)} zones: at most {MAX_ZONES}")
+    zones = []
+    for n, item in enumerate(value, 1):
+        if not isinstance(item, dict):
+            raise ValueError(f"zone {n} is not an object with points and include")
+        unknown = set(item) - {"points", "include"}
+        if unknown:
+            raise ValueError(f"zone {n}: unknown key {', '.join(sorted(unknown))} "
+                             "(points and include)")
+        include = item.get("include", True)
+        if not isinstance(include, bool):
+            raise ValueError(f"zone {n}: include = {include!r} must be true or false")
+        points = item.get("points")
+        if isinstance(points, str):
+            try:
+                zones.append(Zone(parse_polygon(points), include))
+            except ValueError as exc:
+                raise ValueError(f"zone {n}: {exc}") from None
+            continue
+        if not isinstance(points, list):
+            raise ValueError(f"zone {n}: points must be a list of [x, y] pairs")
+        if len(points) > MAX_POINTS:
+            raise ValueError(f"zone {n} has {len(points)} points: at most {MAX_POINTS}")
+        parsed: list[Point] = []
+        for m, pair in enumerate(points, 1):
+            if (not isinstance(pair, list) or len(pair) != 2
+                    or any(isinstance(v, bool) or not isinstance(v, int | float) for v in pair)):
+                raise ValueError(f"zone {n}, point {m}: {pair!r} is not [x, y] (two numbers)")
+            # Compared before float(): a 400-digit JSON integer would overflow it; NaN fails.
+            if not all(0 <= v <= 1 for v in pair):
+                raise ValueError(f"zone {n}, point {m}: {pair!r} is outside the picture "
+                                 "(coordinates are 0 to 1)")
+            parsed.append((float(pair[0]), float(pair[1])))
+        if len(parsed) < 3:
+            raise ValueError(f"zone {n} has {len(parsed)} points; a zone needs at least 3")
+        zones.append(Zone(tuple(parsed), include))
+    return tuple(zones)

@@ -25,6 +25,7 @@ from ruseon_appliance.web.api import DeviceApi
 from ruseon_appliance.web.cameras import CamerasResource
 from ruseon_appliance.web.controls import ControlsResource
 from ruseon_appliance.web.cors import cors_middleware
+from ruseon_appliance.web.event_stream import EventStreamResource
 from ruseon_appliance.web.events import EventsResource, MotionControlResource
 from ruseon_appliance.web.hls import HlsMetrics, HlsResource, MultivariantResource, Rendition
 from ruseon_appliance.web.metrics import Families, WebMetrics
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     from ruseon_appliance.capture.pipeline import CapturePipeline
     from ruseon_appliance.config import Config
     from ruseon_appliance.engine.engine import Engine
+    from ruseon_appliance.events import EventBus
     from ruseon_appliance.hls import HlsStream
     from ruseon_appliance.recording import Recorder
     from ruseon_appliance.relay import RtpRelay
@@ -79,6 +81,7 @@ def make_app(
     recorder: Recorder | None = None,
     cameras: CameraSet | None = None,
     credentials: Credentials | None = None,
+    bus: EventBus | None = None,
 ) -> web.Application:
     """The web application for one engine and the cameras.
 
@@ -90,7 +93,8 @@ def make_app(
     unnamed routes serve the default camera, whose pipeline ``capture`` is. Without ``cameras``,
     ``capture`` is the one camera, with ``hls`` and ``recorder`` as its parts (tests, bench).
     ``credentials`` (default: built from ``config.auth`` and ``config.state.dir``, generating the
-    admin secret there on a first start) decide who may view and administer.
+    admin secret there on a first start) decide who may view and administer. ``bus`` (the
+    appliance's bus) feeds ``/api/events/stream``.
     """
     if credentials is None:
         credentials = Credentials.from_config(config.auth, config.state.dir)
@@ -153,6 +157,9 @@ def make_app(
     events = EventsResource({c.name: c.motion for c in cameras if c.motion is not None},
                             cameras.names, cameras.default.name)
     events.add_routes(app)
+    stream = EventStreamResource(events.monitors, bus)
+    stream.add_routes(app)
+    api.status_sections["event_stream"] = stream.stats
     for camera in cameras:
         if camera.motion is not None:
             MotionControlResource(camera.motion, f"/api/camera/{camera.name}/motion"

@@ -144,8 +144,9 @@ class EventsResource:
 
 class MotionControlResource:
     """``GET``/``PATCH /api/camera/<camera>/motion`` (and ``/api/camera/motion`` for the
-    default camera): detection on or off and its sensitivity, live (admin; not saved: the
-    configuration's values come back with a restart)."""
+    default camera): detection on or off, its sensitivity and its zones, live (admin); saved
+    under the camera's state folder (motion/saved.py), so a restart keeps them; ``null``
+    returns a setting to the configuration's value."""
 
     def __init__(self, monitor: MotionMonitor, path: str) -> None:
         self.monitor = monitor
@@ -158,38 +159,67 @@ class MotionControlResource:
 
     def describe(self) -> dict[str, Any]:
         """What is in force, and the figures."""
-        stats = self.monitor.stats()
+        from ruseon_appliance.motion.zones import zone_to_json  # light, but motion's
+
+        monitor = self.monitor
+        stats = monitor.stats()
+        saved = monitor.saved
         return {"enabled": stats["enabled"], "sensitivity": stats["sensitivity"],
-                "score": stats["score"], "active": stats["active"]}
+                "zones": [zone_to_json(z) for z in monitor.settings.zones],
+                "score": stats["score"], "active": stats["active"],
+                "threshold": monitor.meter()["threshold"],
+                # Which of them were changed at run time (saved) rather than configured.
+                "saved": sorted(k for k in ("enabled", "sensitivity", "zones")
+                                if getattr(saved, k) is not None)}
 
     async def get(self, request: web.Request) -> web.Response:
         """The settings in force and the current score."""
         return web.json_response(self.describe(), headers={"Cache-Control": "no-store"})
 
     async def patch(self, request: web.Request) -> web.Response:
-        """``{"enabled": bool, "sensitivity": 0..100}`` (either or both)."""
+        """``{"enabled": bool, "sensitivity": 0..100, "zones": [...]}`` (any of them; null:
+        the configuration's value), checked whole before anything applies."""
+        from ruseon_appliance.motion.zones import zones_from_json
+
         if request.content_type not in ("application/json", "application/merge-patch+json"):
-            raise Problem(415, "PATCH takes application/json: "
-                               '{"enabled": true|false, "sensitivity": 0..100}')
+            raise Problem(415, "PATCH takes application/json: " + EXPECTED)
         try:
             changes: Any = json.loads(await request.read())
         except (ValueError, UnicodeDecodeError) as exc:
             raise Problem(400, f"the body is not valid JSON: {exc}") from None
         if not isinstance(changes, dict) or not changes:
-            raise Problem(422, 'expected {"enabled": true|false, "sensitivity": 0..100}')
-        unknown = set(changes) - {"enabled", "sensitivity"}
+            raise Problem(422, f"expected {EXPECTED}")
+        unknown = set(changes) - {"enabled", "sensitivity", "zones"}
         if unknown:
             raise Problem(422, f"unknown setting {', '.join(sorted(unknown))}: "
-                               "enabled and sensitivity can be changed")
+                               "enabled, sensitivity and zones can be changed")
         enabled, sensitivity = changes.get("enabled"), changes.get("sensitivity")
-        if "enabled" in changes and not isinstance(enabled, bool):
+        if enabled is not None and not isinstance(enabled, bool):
             raise Problem(422, f"enabled = {enabled!r} must be true or false")
-        if "sensitivity" in changes and (isinstance(sensitivity, bool)
-                                         or not isinstance(sensitivity, int)
-                                         or not 0 <= sensitivity <= 100):
-            raise Problem(422, f"sensitivity = {sensitivity!r} must be a whole number 0 to 100")
-        if isinstance(sensitivity, int):
+        if sensitivity is not None and (isinstance(sensitivity, bool)
+                                        or not isinstance(sensitivity, int)
+                                        or not 0 <= sensitivity <= 100):
+            raise Problem(422, f"sensitivity = {_short(sensitivity)} must be a whole number "
+                               "0 to 100")
+        zones = None
+        if changes.get("zones") is not None:
+            try:
+                zones = zones_from_json(changes["zones"])
+            except ValueError as exc:
+                raise Problem(400, f"zones: {exc}") from None
+        if "sensitivity" in changes:
             self.monitor.set_sensitivity(sensitivity)
-        if isinstance(enabled, bool):
+        if "zones" in changes:
+            self.monitor.set_zones(zones)
+        if "enabled" in changes:
             self.monitor.set_enabled(enabled)
         return web.json_response(self.describe(), headers={"Cache-Control": "no-store"})
+
+
+EXPECTED = ('{"enabled": true|false, "sensitivity": 0..100, '
+            '"zones": [{"points": [[x, y], ...], "include": true|false}]}')
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."

@@ -138,7 +138,8 @@ async def test_every_route_by_credential_and_host(tmp_path: Path, viewing: str) 
                        "/hls/side/index.m3u8", "/hls/side/multivariant.m3u8", "/whep/{camera}",
                        "/whep/{camera}/{stream}",
                        "/api/session", "/metrics",
-                       "/onvif/device_service", "/api/events", "/api/camera/side/motion"):
+                       "/onvif/device_service", "/api/events", "/api/camera/side/motion",
+                       "/api/events/stream"):
             assert needed in patterns, needed
         assert all(classify(m, p) is not None for m, p in routes)
         checked = 0

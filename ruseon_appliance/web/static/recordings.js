@@ -22,6 +22,8 @@ const track = $("rec-track");
 const rec = {
   ranges: [], // [{start, end}] in ms since the epoch
   events: [], // motion events [{id, start, end, snapshot}] in ms, of the camera on screen
+  defaultCamera: "", // the camera the unnamed routes serve (/api/events' default_camera)
+  fromStream: 0, // marks the event stream brought (addMotionEvent)
   state: "stopped",
   reason: "",
   preroll: 0,
@@ -68,6 +70,7 @@ async function refresh() {
     ]);
     if (events.ok) {
       const doc = await events.json();
+      rec.defaultCamera = doc.default_camera;
       const name = camera() || doc.default_camera;
       rec.events = doc.events.filter((e) => e.camera === name).map((e) => ({
         id: e.id, start: e.start * 1000, end: (e.end || Date.now() / 1000) * 1000,
@@ -359,6 +362,25 @@ function recordedFrom(t) {
   return range ? Math.min(range.start, t) : t;
 }
 window.ruseonMotionMarks = () => rec.events.map((e) => ({ ...e })); // for the end-to-end tests
+
+/** A motion event from the event stream (motion.js: {camera, event_id, start, end?, snapshot},
+ * seconds): its mark shows now, not at the next poll (which stays, as the fallback). */
+export function addMotionEvent(data) {
+  if (data.camera !== (camera() || rec.defaultCamera)) return;
+  const e = {
+    id: data.event_id, start: data.start * 1000, end: (data.end || Date.now() / 1000) * 1000,
+    lasting: data.end === undefined || data.end === null, snapshot: data.snapshot || null,
+  };
+  rec.events = rec.events.filter((x) => x.id !== e.id).concat([e]).sort((a, b) => a.start - b.start);
+  rec.fromStream += 1;
+  render();
+}
+
+/** Play a motion event ({start} in ms) from its pre-roll, as a click on its mark does. */
+export async function playEvent(e) {
+  if (!rec.ranges.some((r) => r.end >= e.start)) await refresh(); // recorded since the last poll
+  play(Math.max(e.start - rec.preroll * 1000, recordedFrom(e.start)));
+}
 track.addEventListener("pointercancel", () => { drag = null; });
 track.addEventListener("keydown", (event) => {
   // Keyboard: Enter plays the last minute recorded.
