@@ -175,7 +175,8 @@ class EventStreamResource:
     async def _run(self, client: _Client, response: web.StreamResponse) -> None:
         async def write(data: bytes) -> None:
             try:
-                await asyncio.wait_for(response.write(data), WRITE_TIMEOUT_S)
+                async with asyncio.timeout(WRITE_TIMEOUT_S):
+                    await response.write(data)
             except TimeoutError:
                 self._drop(client)
                 raise
@@ -188,8 +189,9 @@ class EventStreamResource:
         last_write = time.monotonic()
         while not self.closing and not client.dropped and not client.gone():
             timeout = max(0.0, next_meter - loop.time())
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(client.wake.wait(), timeout)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await client.wake.wait()
             client.wake.clear()
             if self.closing or client.dropped or client.gone():
                 break
