@@ -27,7 +27,7 @@ from .cameras.layout import camera_dir, migrate_top_level
 from .capture.pipeline import CapturePipeline
 from .capture.sources.base import SourceUnavailable
 from .clock import WallClock
-from .config import Config
+from .config import Config, ConfigError
 from .engine.engine import (
     GOP_CATCH_UP_MAX_S,
     Engine,
@@ -277,8 +277,23 @@ class Appliance:
                                           keyframe_interval_frames=camera.keyframe_interval,
                                           catch_up_max_bytes=gop_bytes))
         self.rtsp = RtspServer(self.config.rtsp, sources, credentials=self.credentials,
-                               default=self.cameras.default.name, absent=absent)
+                               default=self.cameras.default.name, absent=absent,
+                               extra_passwords=self._onvif_passwords)
         await self.rtsp.start()
+
+    def _onvif_passwords(self) -> list[str]:
+        """``[onvif] password`` (or its file) when ONVIF is on: RTSP plays for it too, as
+        ONVIF's GetStreamUri promises (read each time, as ONVIF's own check does: a changed
+        file counts at once). Empty when ONVIF uses the admin secret, which RTSP knows."""
+        onvif = self.config.onvif
+        if not onvif.enable:
+            return []
+        try:
+            password = onvif.resolve_password()
+        except ConfigError as exc:  # the file went away: that account plays no more
+            log.warning("onvif: %s", exc)
+            return []
+        return [password] if password else []
 
     def _add_onvif(self, app: web.Application) -> None:
         """``[onvif] enable``: the ONVIF device's SOAP routes and its ``/api/status`` section."""

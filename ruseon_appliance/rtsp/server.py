@@ -172,6 +172,7 @@ class RtspServer:
         session_timeout_s: float = SESSION_TIMEOUT_S,
         default: str = "",
         absent: Mapping[str, str] | None = None,
+        extra_passwords: Callable[[], list[str]] | None = None,
     ) -> None:
         if not sources:
             raise ValueError("an RTSP server needs at least one camera")
@@ -188,7 +189,11 @@ class RtspServer:
         self.throttle = credentials.throttle if credentials is not None else FailureThrottle()
         if credentials is not None:
             creds = credentials
-            self.auth = RtspAuth(lambda: [password for password, _ in creds.passwords()])
+            # More passwords that play (view): [onvif] password, so the stream URI an NVR got
+            # over ONVIF plays with the account it adopted the camera with.
+            extra = extra_passwords or (lambda: [])
+            self.auth = RtspAuth(lambda: [password for password, _ in creds.passwords()]
+                                 + extra())
             self.auth_required = not creds.viewing_open
         elif token:
             self.auth = RtspAuth(token)

@@ -279,3 +279,42 @@ async def test_a_pullpoint_delivers_motion_alarm_true_and_false(appliance: Appli
             await service.PullMessages(pull)
     finally:
         await cam.close()
+
+
+async def test_the_onvif_account_plays_the_stream_uri_it_was_given(tmp_path: Any) -> None:
+    """An NVR adopts the camera with ``[onvif] username``/``password`` (not the admin secret)
+    and plays the URI GetStreamUri gave it with the same account; viewing needs a credential
+    here, so RTSP refuses that URI without it or with a wrong password."""
+    import dataclasses
+    import urllib.parse
+
+    from ruseon_appliance.config import AuthConfig
+
+    user, password = "nvr", "nvr-password-0123456789"
+    config = appliance_config(tmp_path, username=user, password=password)
+    config = dataclasses.replace(config, auth=AuthConfig(token=SECRET, viewing="credential"))
+    app = Appliance(config)
+    await app.start()
+    try:
+        cam = camera_of(app, user, password)
+        try:
+            await cam.update_xaddrs()
+            media = await cam.create_media_service()
+            uri = (await media.GetStreamUri({
+                "StreamSetup": {"Stream": "RTP-Unicast", "Transport": {"Protocol": "RTSP"}},
+                "ProfileToken": "back"})).Uri
+        finally:
+            await cam.close()
+        parts = urllib.parse.urlsplit(uri)
+
+        def with_login(secret: str) -> str:
+            return parts._replace(netloc=f"{user}:{secret}@{parts.netloc}").geturl()
+
+        decoded = await asyncio.to_thread(decode_rtsp, with_login(password), "tcp", 5)
+        assert decoded["first_key"] is True and len(decoded["stamps"]) >= 5
+        assert decoded["errors"] == []
+        for refused in (uri, with_login("wrong-password")):
+            with pytest.raises(av.error.FFmpegError):  # 401 Unauthorized
+                await asyncio.to_thread(decode_rtsp, refused, "tcp", 1)
+    finally:
+        await app.stop()
