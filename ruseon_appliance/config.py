@@ -33,6 +33,9 @@ from typing import Any
 from ruseon_appliance import tls
 
 DEFAULT_CONFIG_PATH = Path("/etc/ruseon/ruseon.toml")
+# The image's own defaults (image/layer/defaults.toml: RTSP and ONVIF on, for NVRs that adopt
+# cameras by themselves), read before the config file, whose values win; absent elsewhere.
+VENDOR_DEFAULTS_PATH = Path("/usr/lib/ruseon/defaults.toml")
 
 SOURCE_KINDS = ("auto", "synthetic", "picamera", "rpicam")
 # Sources that take a sensor index (``picamera:1``, ``rpicam:1``: the second CSI connector).
@@ -1185,15 +1188,21 @@ def load_config(
     env: Mapping[str, str] | None = None,
     overrides: Mapping[str, Mapping[str, Any]] | None = None,
     required: bool = False,
+    vendor_defaults: Path | None = VENDOR_DEFAULTS_PATH,
 ) -> Config:
     """Build the effective configuration.
 
     ``path`` defaults to ``$RUSEON_CONFIG`` or :data:`DEFAULT_CONFIG_PATH`; a missing default file
     is fine (defaults apply) unless ``required``. ``overrides`` are CLI values already typed or as
-    text, ``{section: {key: value}}``.
+    text, ``{section: {key: value}}``. Lowest of all, ``vendor_defaults`` (the image's file,
+    :data:`VENDOR_DEFAULTS_PATH`) when it exists: what it sets stands in for the built-in
+    defaults, and the config file, the environment and flags override it.
     """
     environ = os.environ if env is None else env
     config = Config()
+    if vendor_defaults is not None and vendor_defaults.exists():
+        for section, values in load_toml(vendor_defaults).items():
+            config = _apply(config, section, values, str(vendor_defaults), from_text=False)
     if path is None and environ.get("RUSEON_CONFIG"):
         path, required = Path(environ["RUSEON_CONFIG"]), True
     if path is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -221,3 +222,28 @@ def test_motion_is_on_by_default_and_its_zones_are_checked(tmp_path: Path) -> No
     path.write_text('[camera]\nmotion_sensitivity = 101\n')
     with pytest.raises(ConfigError, match=r"camera\.motion_sensitivity"):
         load_config(path, env={})
+
+
+def test_the_images_defaults_sit_under_the_config_file(tmp_path: Path) -> None:
+    """/usr/lib/ruseon/defaults.toml (the image's: RTSP and ONVIF on) stands in for the built-in
+    defaults; the config file, the environment and flags still win over it."""
+    from ruseon_appliance.config import VENDOR_DEFAULTS_PATH
+
+    vendor = tmp_path / "defaults.toml"
+    shutil.copy(Path(__file__).parents[1] / "image/layer/defaults.toml", vendor)
+    config = load_config(tmp_path / "absent.toml", env={}, vendor_defaults=vendor)
+    assert config.rtsp.enable and config.onvif.enable
+    user = tmp_path / "ruseon.toml"
+    user.write_text("[onvif]\nenable = false\n")
+    config = load_config(user, env={}, vendor_defaults=vendor)
+    assert config.rtsp.enable and not config.onvif.enable
+    config = load_config(user, env={"RUSEON_RTSP_ENABLE": "false"}, vendor_defaults=vendor)
+    assert not config.rtsp.enable
+    # Elsewhere (no such file) the built-in defaults: both off.
+    assert not VENDOR_DEFAULTS_PATH.exists()
+    config = load_config(tmp_path / "absent.toml", env={})
+    assert not config.rtsp.enable and not config.onvif.enable
+    # A broken file is an error naming it, not a silent default.
+    vendor.write_text("[onvif\n")
+    with pytest.raises(ConfigError, match=r"defaults\.toml"):
+        load_config(user, env={}, vendor_defaults=vendor)

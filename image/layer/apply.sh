@@ -116,6 +116,9 @@ if [ -n "$admin_user" ]; then
     echo "$admin_user" > "$rootfs/usr/lib/ruseon/admin-user"
 fi
 install -m 0644 "$here/ruseon.issue" "$rootfs/etc/issue.d/ruseon.issue"
+# The image's defaults under /etc/ruseon/ruseon.toml (RTSP and ONVIF on; config.py
+# VENDOR_DEFAULTS_PATH): a provisioning file that replaces ruseon.toml keeps them.
+install -m 0644 "$here/defaults.toml" "$rootfs/usr/lib/ruseon/defaults.toml"
 # `sudo ruseon admin-secret` (the console's hint): on sudo's secure_path.
 install -d "$rootfs/usr/local/bin"
 ln -sf /opt/ruseon/bin/ruseon "$rootfs/usr/local/bin/ruseon"

@@ -49,6 +49,7 @@ class BootedImage:
     container: nspawn.Container
     rootfs: Path
     http_port: int
+    rtsp_port: int
     build_log: str
     # ``systemctl is-enabled`` of units in the built rootfs, before its first boot.
     enabled_before_boot: dict[str, str]
@@ -58,7 +59,7 @@ class BootedImage:
         return f"http://127.0.0.1:{self.http_port}"
 
 
-def provisioning_file(http_port: int, rtc_port: int) -> str:
+def provisioning_file(http_port: int, rtc_port: int, rtsp_port: int) -> str:
     """The ruseon.toml an admin drops on the boot partition."""
     return f"""\
 # Provisioning for one camera (applied and deleted on first boot).
@@ -89,6 +90,10 @@ listen = "127.0.0.1:{http_port}"
 [webrtc]
 listen = "127.0.0.1:{rtc_port}"
 advertise = ["127.0.0.1"]
+
+# Where, not whether: the image's defaults turn RTSP (and ONVIF) on.
+[rtsp]
+listen = "127.0.0.1:{rtsp_port}"
 """
 
 
@@ -122,11 +127,12 @@ def booted_image() -> Iterator[BootedImage]:
             for unit in ("ssh.service", "ruseon.service", "ruseon-growfs.service",
                          "systemd-timesyncd.service")
         }
-        http_port, rtc_port = free_port(), free_port(socket.SOCK_DGRAM)
-        (rootfs / "boot/firmware/ruseon.toml").write_text(provisioning_file(http_port, rtc_port))
+        http_port, rtc_port, rtsp_port = free_port(), free_port(socket.SOCK_DGRAM), free_port()
+        (rootfs / "boot/firmware/ruseon.toml").write_text(
+            provisioning_file(http_port, rtc_port, rtsp_port))
         container = nspawn.Container(rootfs, log_path=out / "console.log")
         container.wait_booted()
-        yield BootedImage(container, rootfs, http_port, build.stdout, enabled)
+        yield BootedImage(container, rootfs, http_port, rtsp_port, build.stdout, enabled)
     finally:
         if container is not None:
             container.stop()
@@ -193,6 +199,35 @@ async def test_service_serves_video_with_the_provisioned_token(
     assert refused.value.status == 401
     width, height, _ = await watch(booted_image.url, token=TOKEN)
     assert (width, height) == (320, 240)
+
+
+def test_the_image_answers_onvif_and_rtsp_by_default(booted_image: BootedImage) -> None:
+    """An NVR adopts a flashed camera by itself: the image's defaults
+    (/usr/lib/ruseon/defaults.toml) turn ONVIF and RTSP on under the provisioned ruseon.toml,
+    which says nothing of either (only where RTSP listens)."""
+    c = booted_image.container
+    nspawn.wait_for(
+        lambda: c.show("ruseon", "ActiveState")["ActiveState"] == "active", 60,
+        "ruseon.service active",
+    )
+    config = c.run("/opt/ruseon/bin/ruseon", "config", "--config", "/etc/ruseon/ruseon.toml")
+    sections = tomllib.loads(config.stdout)
+    assert sections["onvif"]["enable"] is True and sections["rtsp"]["enable"] is True
+    # ONVIF's one open call, as a client's first contact.
+    body = (b'<s:Envelope xmlns:s="http://www.w3.org/2003/05/soap-envelope"><s:Body>'
+            b'<GetSystemDateAndTime xmlns="http://www.onvif.org/ver10/device/wsdl"/>'
+            b'</s:Body></s:Envelope>')
+    request = urllib.request.Request(
+        booted_image.url + "/onvif/device_service", data=body,
+        headers={"Content-Type": "application/soap+xml; charset=utf-8"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        answer = response.read().decode()
+    assert response.status == 200 and "SystemDateAndTime" in answer, answer[:400]
+    # The RTSP server the stream URIs point at.
+    with socket.create_connection(("127.0.0.1", booted_image.rtsp_port), timeout=30) as sock:
+        sock.sendall(b"OPTIONS rtsp://127.0.0.1/ RTSP/1.0\r\nCSeq: 1\r\n\r\n")
+        reply = sock.recv(4096).decode()
+    assert reply.startswith("RTSP/1.0 200") and "DESCRIBE" in reply, reply
 
 
 def test_ssh_is_off_in_the_image_until_a_key_turns_it_on(booted_image: BootedImage) -> None:
