@@ -63,13 +63,21 @@ def assert_moving_hls(page: Any, reason: str) -> dict[str, Any]:
                        lambda s: s["mode"] == "hls" and s["state"] == "live" and s["frames"] > 10
                        and s["signature"] is not None)
     page.wait_for_timeout(2000)
+
+    def moved(later: dict[str, Any]) -> bool:
+        # WebKit counts frames from 0 again after a seek (hls.js jumping a hole after a
+        # stall): then time and pixels judge alone.
+        reset = later["frames"] < first["frames"]
+        return (later["currentTime"] > first["currentTime"] + 1
+                and frames_presented(first, later) > (0 if reset else 10)
+                and later["signature"] != first["signature"])
+
+    # Ten more frames presented, not ten in two seconds: a browser starved of CPU (WebKit's
+    # software decoder on CI's loaded clean run presented 4 frames in 3 s of media) still
+    # plays, only slower; the bound is liveness.
     later = page_state(page)
-    assert later["currentTime"] > first["currentTime"] + 1, (first, later)
-    # WebKit counts frames from 0 again after a seek (hls.js jumping a hole after a stall):
-    # then time and pixels judge alone.
-    reset = later["frames"] < first["frames"]
-    assert frames_presented(first, later) > (0 if reset else 10), (first, later)
-    assert later["signature"] != first["signature"], "the picture did not change"
+    if not moved(later):
+        later = wait_state(page, "ten more frames, time and pixels moving", moved, 60)
     assert later["hlsjs"] and later["videoWidth"] > 0, later
     assert later["label"] == "LL-HLS" and later["reason"] == reason, later
     assert later["labelReason"] == reason, later  # shown beside the label (device.css)
