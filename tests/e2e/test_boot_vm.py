@@ -422,8 +422,11 @@ def guest_clock_offset(booted: Booted) -> tuple[float, float]:
 
 def recordings(booted: Booted) -> tuple[list[str], dict[str, str], list[str]]:
     """The guest's archive: file names, sha256 of the closed segments, what was set aside."""
-    out = guest(booted, f"sudo -n sh -c 'cd {RECORD_DIR} && ls -1 && echo == && "
-                        "sha256sum -- *.mp4 && echo == && ls -1 set-aside 2>/dev/null; true'")
+    # No closed segment yet (a quick boot: the first one is still open) is an empty list, not a
+    # broken answer (`sha256sum -- *.mp4` with nothing to match failed, and the rest was lost).
+    out = guest(booted, f"sudo -n sh -c 'cd {RECORD_DIR} && ls -1; echo ==; "
+                        "for f in *.mp4; do [ -e \"$f\" ] && sha256sum -- \"$f\"; done; "
+                        "echo ==; ls -1 set-aside 2>/dev/null; true'")
     names, sums, aside = out.split("==\n")
     digests = {line.split()[1]: line.split()[0] for line in sums.splitlines()}
     return names.split(), digests, aside.split()
