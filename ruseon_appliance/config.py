@@ -274,6 +274,14 @@ def _is_source(source: str) -> bool:
             or (source.startswith(NETWORK_SOURCE_SCHEMES) and _network_host(source) != ""))
 
 
+AUDIO_KINDS = ("auto", "none", "tone", "source")
+
+
+def _is_audio(audio: str) -> bool:
+    return audio in AUDIO_KINDS or (audio.startswith("alsa:") and len(audio) > 5
+                                    and audio[5:].isprintable() and " " not in audio)
+
+
 def _zone(text: str) -> object:
     from .motion.zones import parse_polygon
 
@@ -397,6 +405,16 @@ class CameraConfig:
         "{ width, height, framerate, bitrate }", parse=parse_substream,
         render=SubstreamConfig.to_toml)
     substream_url: str = setting("", "an rtsp:// camera's second stream", secret="url")
+    # Sound (audio/): one Opus and one AAC encode per camera, read by every output.
+    audio: str = setting(
+        "auto", "sound: auto (the synthetic camera's tone, an rtsp:// camera's own track, a "
+        "Pi camera's first ALSA microphone), none, tone, source (the rtsp:// camera's track) "
+        "or alsa:DEVICE", ok=_is_audio,
+        allowed="allowed are auto, none, tone, source, alsa:DEVICE (e.g. alsa:hw:1,0, "
+        "alsa:default)")
+    audio_gain_db: float = setting(0.0, "gain before the encoders", lo=-60, hi=30, unit="dB")
+    audio_muted: bool = setting(False, "start muted (the page and the API unmute)")
+    audio_bitrate: int = setting(32_000, "Opus", lo=6_000, hi=510_000, unit="bits/s")
 
     @property
     def ring_arena_bytes(self) -> int:

@@ -26,6 +26,12 @@ WALL_FUNCTIONS = {"time", "time_ns"}  # time.time, time.time_ns
 
 # (module path relative to the package, enclosing function) -> why wall time is meant there.
 WALL_TIME_USES: dict[tuple[str, str], str] = {
+    ("audio/sources/alsa.py", "AlsaSource.read"):
+        "a chunk's capture time is a wall timestamp like a picture's (its arrival less its "
+        "length), so outputs align sound and picture by it; no duration is measured",
+    ("audio/sources/tone.py", "ToneSource.open"):
+        "the tone's chunks are stamped on the wall clock like the synthetic pictures (its "
+        "pacing is monotonic), so lip sync can be measured against the pictures' stamps",
     ("capture/sources/picamera.py", "PicameraSource._lores_time"):
         "a lores frame's capture time is a wall timestamp (its sensor time put on the wall "
         "clock once, by the offset at the first frame), as every access unit's",
@@ -77,6 +83,8 @@ WALL_TIME_USES: dict[tuple[str, str], str] = {
 
 # Subtractions of wall readings that are not durations: (module, function) -> why.
 NOT_DURATIONS: dict[tuple[str, str], str] = {
+    ("audio/sources/alsa.py", "AlsaSource.read"):
+        "arrival minus the chunk's length is when its first sample was captured: a timestamp",
     ("motion/store.py", "EventStore.prune"):
         "the age cutoff is a wall time compared with wall-dated events, and only taken while "
         "the clock is trusted",

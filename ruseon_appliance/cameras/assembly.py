@@ -70,6 +70,7 @@ def _equip(camera: Camera, cam: CameraConfig, config: Config, *, archive: Path, 
                 keyframe_interval=sub.keyframe_interval,
                 part_target_s=config.hls.part_duration_s, window_s=config.hls.window_s,
                 max_waiting=config.hls.max_waiting_requests)
+    _equip_audio(camera, cam)
     camera.stall_watcher = StallWatcher(
         events, lambda: pipeline.last_frame_monotonic, framerate=cam.framerate,
         source=pipeline.source_kind, camera=camera.name)
@@ -104,6 +105,26 @@ def _equip(camera: Camera, cam: CameraConfig, config: Config, *, archive: Path, 
             camera.motion_recording = MotionRecording(
                 recorder, camera=camera.name, preroll_s=rec.preroll_s, postroll_s=rec.postroll_s)
             events.subscribe(camera.motion_recording.on_event)
+
+
+def _equip_audio(camera: Camera, cam: CameraConfig) -> None:
+    """The camera's sound (audio/), when it has a source of it."""
+    from ..audio.choice import resolve_audio
+
+    kind, why = resolve_audio(cam)
+    if kind == "none":
+        camera.audio_reason = why
+        return
+    # Imported only for a camera with sound (numpy, two encoders: see _equip's motion note).
+    from ..audio.pipeline import AudioPipeline
+    from ..audio.sources import audio_source_for
+
+    source, why = audio_source_for(cam)
+    if source is None:
+        camera.audio_reason = why
+        return
+    camera.audio = AudioPipeline(source, gain_db=cam.audio_gain_db, muted=cam.audio_muted,
+                                 opus_bitrate=cam.audio_bitrate)
 
 
 def motion_settings(cam: CameraConfig) -> MotionSettings:

@@ -23,6 +23,7 @@ from ..recording import Recorder
 from ..tasks import cancel_and_wait
 
 if TYPE_CHECKING:
+    from ..audio.pipeline import AudioPipeline
     from ..motion.monitor import MotionMonitor
     from ..motion.recording import MotionRecording
 
@@ -100,6 +101,10 @@ class Camera:
     # main one; None when the camera has none (:attr:`sub_reason` says why).
     sub: CapturePipeline | None = None
     sub_reason: str = "no sub-stream configured"
+    # Sound (audio/): None when the camera has none (:attr:`audio_reason` says why). Started
+    # and stopped with the camera; its failures (an unplugged microphone) are its own.
+    audio: AudioPipeline | None = None
+    audio_reason: str = "no audio configured"
     _sub_camera: Camera | None = None
 
     def __init__(self, config: CameraConfig, *, pipeline: CapturePipeline | None = None,
@@ -208,6 +213,8 @@ class Camera:
                 await hls.start()
         if self.motion is not None:
             await self.motion.start()  # reads the ring like the recorder, from its first frame
+        if self.audio is not None:
+            await self.audio.start()  # never raises: a missing microphone is retried
         return started
 
     def start_watching(self) -> None:
@@ -329,6 +336,8 @@ class Camera:
             await self.recorder.stop()
         if self.controls is not None:
             await self.controls.flush()  # the values file is written off the loop
+        if self.audio is not None:
+            await self.audio.stop()
         self._stopped = True
         task, self._supervisor = self._supervisor, None
         await cancel_and_wait(task)
@@ -390,6 +399,8 @@ class Camera:
             "viewers": viewers,
             "motion": self.motion.stats() if self.motion is not None else None,
             "substream": self.substream_status(),
+            "audio": (self.audio.stats() if self.audio is not None
+                      else {"enabled": False, "reason": self.audio_reason}),
         }
 
     def substream_status(self) -> dict[str, Any]:

@@ -1,0 +1,299 @@
+"""A camera's audio: source -> clock alignment -> gain/mute -> meter -> Opus and AAC rings."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+from ..capture.access_unit import AccessUnit
+from ..capture.ring import RingBuffer
+from .encoders import AAC_BITRATE, OPUS_BITRATE, AudioEncoder, aac_encoder, opus_encoder
+from .format import AUDIO_CLOCK_RATE, PcmChunk
+from .sources.base import AudioSource, AudioSourceUnavailable
+
+log = logging.getLogger(__name__)
+
+# Each ring holds about 10 s of packets (Opus: 50 a second, AAC: 47).
+RING_BYTES = 512 * 1024
+RING_SLOTS = 512
+# The sample clock may wander this far from the capture clock before it is pulled back
+# (silence inserted when the device is slow, samples dropped when it is fast). Below one video
+# frame at 25 fps, so lip sync stays within what a viewer can see.
+DRIFT_LIMIT_US = 30_000
+# The offset is averaged over about 20 chunks (400 ms): a read's jitter is not drift.
+DRIFT_SMOOTHING = 0.05
+# A hole longer than this (an unplug, a stalled machine) restarts the timeline instead.
+GAP_RESET_US = 1_000_000
+# Waits between attempts to open a missing device.
+RETRY_S = (1.0, 2.0, 5.0, 10.0)
+SILENCE_DBFS = -90.0
+
+
+def level_dbfs(samples: np.ndarray) -> float:
+    """RMS level of int16 samples in dBFS (a full-scale sine is -3; silence is -90)."""
+    if not len(samples):
+        return SILENCE_DBFS
+    rms = math.sqrt(float(np.mean(np.square(samples.astype(np.float64)))))
+    return max(SILENCE_DBFS, 20 * math.log10(rms / 32768.0)) if rms > 0 else SILENCE_DBFS
+
+
+class AudioPipeline:
+    """One camera's audio, encoded once per codec into :attr:`opus_ring` and :attr:`aac_ring`.
+
+    Ring entries are :class:`~ruseon_appliance.capture.access_unit.AccessUnit` s: one encoded
+    packet each (Opus: 20 ms; AAC: 1024 samples), ``pts`` in 1/48000 s on a timeline that only
+    grows (a re-opened device continues it, skipping the gap), ``capture_time_us`` on the
+    video's wall clock, ``keyframe`` always True (any packet can start a stream). Written on
+    the loop thread; the source and encoders run on one worker thread.
+    """
+
+    def __init__(self, source: AudioSource, *, gain_db: float = 0.0, muted: bool = False,
+                 opus_bitrate: int = OPUS_BITRATE, aac_bitrate: int = AAC_BITRATE,
+                 retry_s: tuple[float, ...] = RETRY_S) -> None:
+        self.source = source
+        self.opus_ring = RingBuffer(RING_BYTES, RING_SLOTS)
+        self.aac_ring = RingBuffer(RING_BYTES, RING_SLOTS)
+        self._opus_bitrate = opus_bitrate
+        self._aac_bitrate = aac_bitrate
+        # The AAC encoder is made now: its AudioSpecificConfig goes into HLS and recording
+        # init segments before the first packet.
+        self._aac: AudioEncoder = aac_encoder(aac_bitrate)
+        self._opus: AudioEncoder = opus_encoder(opus_bitrate)
+        self._retry_s = retry_s
+        self._gain_db = gain_db
+        self._muted = muted
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # The sample clock: the next sample's pts, and the capture time it maps to.
+        self._next_pts = 0
+        self._next_capture_us: int | None = None
+        self._drift_avg_us = 0.0
+        self.level_dbfs = SILENCE_DBFS
+        self.peak_dbfs = SILENCE_DBFS
+        self.running = False
+        self.last_error: str | None = None
+        self.chunks_in = 0
+        self.samples_in = 0
+        self.silence_inserted = 0
+        self.samples_dropped = 0
+        self.drift_corrections = 0
+        self.timeline_resets = 0
+        self.source_failures = 0
+        self.chunks_bad = 0
+        self.last_packet_monotonic: float | None = None
+
+    # -- control (any thread; applied to the next chunk) ---------------------------------------
+    @property
+    def kind(self) -> str:
+        """The source's kind ("tone", "alsa", "rtsp")."""
+        return str(getattr(self.source, "kind", "unknown"))
+
+    @property
+    def muted(self) -> bool:
+        """Muted: silence is sent (timing and sync carry on)."""
+        return self._muted
+
+    def set_muted(self, muted: bool) -> None:
+        """Mute or unmute."""
+        self._muted = bool(muted)
+
+    @property
+    def gain_db(self) -> float:
+        """Gain applied before the encoders, in dB."""
+        return self._gain_db
+
+    def set_gain_db(self, gain_db: float) -> None:
+        """Set the gain (dB; -60..+30)."""
+        if not -60.0 <= gain_db <= 30.0 or math.isnan(gain_db):
+            raise ValueError("gain must be -60 to 30 dB")
+        self._gain_db = float(gain_db)
+
+    @property
+    def aac_config(self) -> bytes:
+        """AAC's AudioSpecificConfig (for an ``esds`` box or an SDP ``config=``)."""
+        return self._aac.extradata
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Start the worker thread (opening the source there: a missing device is retried)."""
+        if self._thread is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._stopping.clear()
+        self._thread = threading.Thread(target=self._run, name="audio", daemon=True)
+        self._thread.start()
+
+    async def stop(self) -> None:
+        """Stop the worker thread and release the source."""
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        self._stopping.set()
+        self.source.close()
+        await asyncio.to_thread(thread.join)
+        self.running = False
+
+    def problem(self) -> str | None:
+        """Why there is no sound now, or None."""
+        return self.last_error if not self.running else None
+
+    # -- the worker thread ------------------------------------------------------------------------
+    def _run(self) -> None:
+        attempt = 0
+        while not self._stopping.is_set():
+            try:
+                self.source.open()
+            except AudioSourceUnavailable as exc:
+                self._failed(str(exc), attempt)
+                attempt += 1
+                continue
+            except Exception as exc:  # a broken backend: reported and retried like a missing one
+                log.exception("audio source %s failed to open", self.kind)
+                self._failed(f"{type(exc).__name__}: {exc}", attempt)
+                attempt += 1
+                continue
+            if self.last_error is not None:
+                log.info("audio source %s is back", self.kind)
+            self.last_error = None
+            self.running = True
+            attempt = 0
+            try:
+                while not self._stopping.is_set():
+                    chunk = self.source.read()
+                    if chunk is None:
+                        break
+                    self._take(chunk)
+            except AudioSourceUnavailable as exc:
+                self.running = False
+                self.source.close()
+                self._failed(str(exc), 0)
+                continue
+            except Exception as exc:
+                self.running = False
+                self.source.close()
+                log.exception("audio source %s failed", self.kind)
+                self._failed(f"{type(exc).__name__}: {exc}", 0)
+                continue
+            self.running = False
+            if not self._stopping.is_set():  # the source ended by itself: open it again
+                self.source.close()
+                self._failed("the audio source ended", 0)
+
+    def _failed(self, reason: str, attempt: int) -> None:
+        if reason != self.last_error:
+            log.warning("audio source %s: %s (retrying; video is not affected)",
+                        self.kind, reason)
+        self.last_error = reason
+        self.source_failures += 1
+        self._stopping.wait(self._retry_s[min(attempt, len(self._retry_s) - 1)])
+
+    def _take(self, chunk: PcmChunk) -> None:
+        samples = np.asarray(chunk.samples)
+        if samples.dtype != np.int16 or samples.ndim != 1:
+            self.chunks_bad += 1  # a broken chunk is skipped, never fatal
+            return
+        self.chunks_in += 1
+        self.samples_in += len(samples)
+        samples = self._align(samples, chunk.capture_time_us)
+        if not len(samples):
+            return
+        if self._muted:
+            samples = np.zeros_like(samples)
+        elif self._gain_db:
+            scaled = samples.astype(np.float32) * (10.0 ** (self._gain_db / 20.0))
+            samples = np.clip(scaled, -32768, 32767).astype(np.int16)
+        level = level_dbfs(samples)
+        self.level_dbfs = level
+        self.peak_dbfs = max(level, self.peak_dbfs - 1.0)  # falls 1 dB a chunk (50 dB/s)
+        pts = self._next_pts
+        capture0 = self._next_capture_us
+        assert capture0 is not None
+        self._next_pts += len(samples)
+        self._next_capture_us = capture0 + len(samples) * 1_000_000 // AUDIO_CLOCK_RATE
+        opus = self._opus.encode(samples, pts)
+        aac = self._aac.encode(samples, pts)
+        if not opus and not aac:
+            return
+        units = [(self.opus_ring, self._unit(data, p, pts, capture0)) for data, p in opus]
+        units += [(self.aac_ring, self._unit(data, p, pts, capture0)) for data, p in aac]
+        loop = self._loop
+        if loop is None:
+            return
+        try:
+            loop.call_soon_threadsafe(self._write, units)
+        except RuntimeError:  # the loop is closed
+            self._stopping.set()
+
+    @staticmethod
+    def _unit(data: bytes, pts: int, chunk_pts: int, chunk_capture_us: int) -> AccessUnit:
+        capture = chunk_capture_us + (pts - chunk_pts) * 1_000_000 // AUDIO_CLOCK_RATE
+        return AccessUnit(data, pts, True, capture)
+
+    def _write(self, units: list[tuple[RingBuffer, AccessUnit]]) -> None:
+        for ring, unit in units:
+            ring.write(unit)
+        self.last_packet_monotonic = time.monotonic()
+
+    def _align(self, samples: Any, capture_us: int) -> Any:
+        """Keep the sample clock on the capture clock: a device that runs slow gets silence
+        inserted, one that runs fast loses samples, a hole restarts the timeline past it."""
+        expected = self._next_capture_us
+        if expected is None:
+            self._next_capture_us = capture_us
+            return samples
+        offset = capture_us - expected  # > 0: the device delivered fewer samples than time passed
+        if abs(offset) > GAP_RESET_US:
+            # An unplug or a stall: the timeline jumps over the hole (pts keeps growing).
+            self.timeline_resets += 1
+            if offset > 0:
+                self._next_pts += offset * AUDIO_CLOCK_RATE // 1_000_000
+            self._next_capture_us = capture_us
+            self._drift_avg_us = 0.0
+            self._opus.restart_at(self._next_pts)
+            self._aac.restart_at(self._next_pts)
+            return samples
+        self._drift_avg_us += DRIFT_SMOOTHING * (offset - self._drift_avg_us)
+        if abs(self._drift_avg_us) <= DRIFT_LIMIT_US:
+            return samples
+        self.drift_corrections += 1
+        correction = int(self._drift_avg_us * AUDIO_CLOCK_RATE // 1_000_000)
+        self._drift_avg_us = 0.0
+        if correction > 0:
+            self.silence_inserted += correction
+            return np.concatenate([np.zeros(correction, dtype=np.int16), samples])
+        drop = min(-correction, len(samples))
+        self.samples_dropped += drop
+        return samples[drop:]
+
+    def stats(self) -> dict[str, Any]:
+        """For /api/status and /metrics."""
+        return {
+            "enabled": True,
+            "source": self.kind,
+            "running": self.running,
+            "problem": self.problem(),
+            "muted": self._muted,
+            "gain_db": self._gain_db,
+            "level_dbfs": round(self.level_dbfs, 1),
+            "peak_dbfs": round(self.peak_dbfs, 1),
+            "chunks_in": self.chunks_in,
+            "chunks_bad": self.chunks_bad,
+            "samples_in": self.samples_in,
+            "silence_inserted": self.silence_inserted,
+            "samples_dropped": self.samples_dropped,
+            "drift_corrections": self.drift_corrections,
+            "timeline_resets": self.timeline_resets,
+            "source_failures": self.source_failures,
+            "opus": {"codec": self._opus.codec, "bitrate": self._opus_bitrate,
+                     "packets": self._opus.packets, "bytes": self._opus.bytes},
+            "aac": {"codec": self._aac.codec, "bitrate": self._aac_bitrate,
+                    "packets": self._aac.packets, "bytes": self._aac.bytes},
+            "source_stats": self.source.stats(),
+        }
