@@ -1,0 +1,214 @@
+"""The audio room: a real tone through the real encoders, decoded back with PyAV."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+from fractions import Fraction
+from typing import Any
+
+import av
+import numpy as np
+import pytest
+
+from ruseon_appliance.audio.choice import first_capture_device, resolve_audio
+from ruseon_appliance.audio.format import AUDIO_CLOCK_RATE, FRAME_SAMPLES, FRAME_US, PcmChunk
+from ruseon_appliance.audio.pipeline import AudioPipeline, level_dbfs
+from ruseon_appliance.audio.sources.base import AudioSourceUnavailable
+from ruseon_appliance.audio.sources.tone import BEEP_US, ToneSource, beep_onsets_us, tone_samples
+from ruseon_appliance.config import CameraConfig
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class ScriptedSource:
+    """A stand-in device: plays the tone from a fixed capture time, as fast as asked, with
+    scripted faults. Only the hardware is stood in for; the pipeline and encoders are real."""
+
+    kind = "scripted"
+
+    def __init__(self, *, chunks: int, start_us: int = 10_000_000, clock_ppm: float = 0.0,
+                 fail_open: int = 0, fail_after: int | None = None,
+                 bad_at: tuple[int, ...] = ()) -> None:
+        self.chunks, self.start_us, self.clock_ppm = chunks, start_us, clock_ppm
+        self.fail_open, self.fail_after, self.bad_at = fail_open, fail_after, bad_at
+        self.opens = self.sent = 0
+        self.done = threading.Event()
+        self._closed = threading.Event()
+
+    def open(self) -> None:
+        self.opens += 1
+        if self.opens <= self.fail_open:
+            raise AudioSourceUnavailable("no such device (unplugged)")
+        self._closed.clear()
+
+    def read(self) -> PcmChunk | None:
+        if self._closed.is_set():
+            return None
+        if self.sent >= self.chunks:
+            self.done.set()
+            self._closed.wait(5)
+            return None
+        if self.fail_after is not None and self.sent == self.fail_after:
+            self.fail_after = None
+            raise AudioSourceUnavailable("device unplugged")
+        i = self.sent
+        self.sent += 1
+        # The capture clock: a device whose crystal runs fast delivers more samples per second
+        # of capture time; its chunks carry that many samples but are 20 ms apart in time.
+        capture = self.start_us + i * FRAME_US
+        if i in self.bad_at:
+            return PcmChunk(np.zeros((2, 3), dtype=np.float32), capture)
+        n = round(FRAME_SAMPLES * (1 + self.clock_ppm / 1e6))
+        return PcmChunk(tone_samples(capture, n), capture)
+
+    def close(self) -> None:
+        self._closed.set()
+
+    def stats(self) -> dict[str, Any]:
+        return {"opens": self.opens}
+
+
+async def run(source: ScriptedSource, **kw: Any) -> tuple[AudioPipeline, list[Any], list[Any]]:
+    pipeline = AudioPipeline(source, retry_s=(0.05,), **kw)
+    opus, aac = pipeline.opus_ring.reader("next"), pipeline.aac_ring.reader("next")
+    await pipeline.start()
+    await asyncio.to_thread(source.done.wait, 30)
+    await asyncio.sleep(0.2)  # the last writes reach the loop
+    await pipeline.stop()
+    got: dict[str, list[Any]] = {"opus": [], "aac": []}
+    for name, reader in (("opus", opus), ("aac", aac)):
+        while (view := reader.poll()) is not None:
+            got[name].append((bytes(view.data), view.pts, view.capture_time_us))
+    return pipeline, got["opus"], got["aac"]
+
+
+def decode(codec: str, packets: list[Any], extradata: bytes = b"") -> Any:
+    ctx: Any = av.CodecContext.create(codec, "r")
+    ctx.sample_rate = AUDIO_CLOCK_RATE
+    ctx.layout = "mono"
+    if extradata:
+        ctx.extradata = extradata
+    pcm = []
+    for data, pts, _ in packets:
+        packet = av.Packet(data)
+        packet.pts = pts
+        packet.time_base = Fraction(1, AUDIO_CLOCK_RATE)
+        for frame in ctx.decode(packet):
+            pcm.append(frame.to_ndarray().reshape(-1).astype(np.float64))
+    return np.concatenate(pcm)
+
+
+def beep_starts(pcm: Any, threshold: float = 0.15) -> list[int]:
+    """Sample indices where the loud beep begins (the 1 kHz -6 dBFS burst)."""
+    if pcm.dtype.kind == "i":
+        pcm = pcm / 32768.0
+    window = 96  # 2 ms
+    env = np.sqrt(np.convolve(pcm ** 2, np.ones(window) / window, mode="same"))
+    loud = env > threshold
+    return [int(i) for i in np.flatnonzero(loud[1:] & ~loud[:-1]) + 1]
+
+
+async def test_the_tone_comes_out_of_both_encoders_with_its_beeps_on_the_capture_clock() -> None:
+    source = ScriptedSource(chunks=150, start_us=10_500_000)  # 3 s from 10.5 s
+    pipeline, opus, aac = await run(source)
+    assert len(opus) == 150  # one Opus packet per 20 ms chunk, none lost
+    assert [p for _, p, _ in opus] == [i * FRAME_SAMPLES for i in range(150)]
+    assert len(aac) in range(150 * FRAME_SAMPLES // 1024 - 2, 150 * FRAME_SAMPLES // 1024 + 1)
+    assert [p for _, p, _ in aac] == [i * 1024 for i in range(len(aac))]
+    # Every packet's capture time is its pts on the source's capture clock.
+    for _, pts, capture in opus + aac:
+        assert capture == 10_500_000 + pts * 1_000_000 // AUDIO_CLOCK_RATE
+    expected = beep_onsets_us(10_500_000, 10_500_000 + 150 * FRAME_US)
+    assert expected == [11_000_000, 12_000_000, 13_000_000]
+    for codec, packets, extra in (("opus", opus, b""), ("aac", aac, pipeline.aac_config)):
+        pcm = decode(codec, packets, extra)
+        starts = [10_500_000 + i * 1_000_000 // AUDIO_CLOCK_RATE for i in beep_starts(pcm)]
+        assert len(starts) == len(expected), (codec, starts)
+        # Within a few ms: the codecs' own delay (Opus 2.5 ms + 2 ms window; AAC's 1024).
+        for got, want in zip(starts, expected, strict=True):
+            assert abs(got - want) < 30_000, (codec, got, want)
+    stats = pipeline.stats()
+    assert stats["opus"]["packets"] == 150 and stats["chunks_in"] == 150
+    assert stats["drift_corrections"] == 0 and stats["timeline_resets"] == 0
+
+
+async def test_mute_sends_silence_and_gain_scales_the_level() -> None:
+    loud = ScriptedSource(chunks=50)
+    pipeline, opus, _ = await run(loud, gain_db=-20.0)
+    quiet_level = pipeline.stats()["level_dbfs"]
+    plain, _, _ = await run(ScriptedSource(chunks=50))
+    assert plain.stats()["level_dbfs"] - quiet_level == pytest.approx(20.0, abs=0.5)
+    muted, opus, _ = await run(ScriptedSource(chunks=50), muted=True)
+    assert len(opus) == 50  # the timeline carries on
+    assert np.max(np.abs(decode("opus", opus))) < 0.01
+    assert muted.stats()["level_dbfs"] == -90.0
+    with pytest.raises(ValueError):
+        muted.set_gain_db(99.0)
+
+
+async def test_an_unplugged_device_is_retried_and_the_timeline_continues() -> None:
+    source = ScriptedSource(chunks=100, fail_open=2, fail_after=40)
+    pipeline, opus, _ = await run(source)
+    assert source.opens == 4  # two failed opens, the first run, the re-open after the unplug
+    assert pipeline.stats()["source_failures"] == 3
+    assert len(opus) == 100
+    pts = [p for _, p, _ in opus]
+    assert pts == sorted(set(pts))
+    assert pipeline.problem() is None or not pipeline.running
+
+
+async def test_a_broken_chunk_is_skipped_not_fatal() -> None:
+    pipeline, opus, _ = await run(ScriptedSource(chunks=60, bad_at=(10, 11, 30)))
+    stats = pipeline.stats()
+    assert stats["chunks_bad"] == 3
+    # 57 good chunks, and the 60 ms they left as a hole filled with silence by the clock
+    # alignment (at most that much) so what follows stays in sync.
+    assert stats["silence_inserted"] <= 3 * FRAME_SAMPLES
+    assert len(opus) == (57 * FRAME_SAMPLES + stats["silence_inserted"]) // FRAME_SAMPLES
+
+
+async def test_a_device_whose_clock_runs_fast_is_pulled_back_onto_the_capture_clock() -> None:
+    # 2 % fast: 20 ms of capture time holds 979 samples. Left alone, the sound would run 60 ms
+    # behind the picture within 3 s; pulled back, it stays within the limit.
+    source = ScriptedSource(chunks=500, clock_ppm=20_000)
+    pipeline, opus, _ = await run(source)
+    stats = pipeline.stats()
+    assert stats["drift_corrections"] >= 3 and stats["samples_dropped"] > 0
+    # The newest packet's capture time (by the sample clock) against the source's own.
+    last_capture = source.start_us + (source.chunks - 1) * FRAME_US
+    _, _, mapped = opus[-1]
+    assert abs(mapped - last_capture) < 60_000
+
+
+async def test_the_real_tone_source_is_paced_in_real_time() -> None:
+    tone = ToneSource()
+    tone.open()
+    chunks = [tone.read() for _ in range(10)]
+    tone.close()
+    assert tone.read() is None
+    stamps = [c.capture_time_us for c in chunks if c is not None]
+    assert [b - a for a, b in itertools.pairwise(stamps)] == [FRAME_US] * 9
+
+
+def test_beeps_start_at_whole_seconds() -> None:
+    pcm = tone_samples(999_000_000 - 50_000, 9600)  # 200 ms around a whole second
+    starts = beep_starts(pcm)
+    assert len(starts) == 1
+    assert abs(starts[0] - 2400) < 100  # 50 ms in
+    assert level_dbfs(tone_samples(0, 4800)) == pytest.approx(-9.0, abs=1.5)  # beep
+    assert level_dbfs(tone_samples(BEEP_US, 4800)) == pytest.approx(-33.5, abs=1.5)
+
+
+def test_audio_auto_means_the_tone_the_ip_camera_track_or_a_microphone(tmp_path: Any) -> None:
+    pcm = tmp_path / "pcm"
+    assert resolve_audio(CameraConfig(source="synthetic")) == ("tone", "")
+    assert resolve_audio(CameraConfig(source="rtsp://cam/x"))[0] == "source"
+    assert resolve_audio(CameraConfig(source="picamera"), pcm_list=pcm)[0] == "none"
+    pcm.write_text("00-00: bcm2835 : bcm2835 : playback 8\n"
+                   "01-00: USB Audio : USB Audio : capture 1\n")
+    assert first_capture_device(pcm) == "hw:1,0"
+    assert resolve_audio(CameraConfig(source="picamera"), pcm_list=pcm) == ("alsa:hw:1,0", "")
+    assert resolve_audio(CameraConfig(source="synthetic", audio="none"))[0] == "none"
+    assert resolve_audio(CameraConfig(source="file:/x.h264"))[0] == "none"
