@@ -76,6 +76,8 @@ HTTP_ROUTES: tuple[tuple[frozenset[str], str, Access], ...] = tuple(
         ("GET,HEAD,PATCH", "/api/camera/*/controls", Access.ADMIN),
         ("GET,HEAD,PATCH", "/api/camera/motion", Access.ADMIN),
         ("GET,HEAD,PATCH", "/api/camera/*/motion", Access.ADMIN),
+        ("GET,HEAD,PATCH", "/api/camera/audio", Access.ADMIN),  # mute, gain
+        ("GET,HEAD,PATCH", "/api/camera/*/audio", Access.ADMIN),
         ("GET,HEAD", "/metrics", Access.ADMIN),
         ("GET,HEAD", "/relay/*.sdp", Access.ADMIN),
     )

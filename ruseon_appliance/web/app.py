@@ -22,6 +22,7 @@ from ruseon_appliance.access.policy import unclassified_routes
 from ruseon_appliance.cameras import Camera, CameraSet
 from ruseon_appliance.web.access import SessionResource, access_middleware, host_middleware
 from ruseon_appliance.web.api import DeviceApi
+from ruseon_appliance.web.audio import AudioControlResource, audio_metrics
 from ruseon_appliance.web.cameras import CamerasResource
 from ruseon_appliance.web.controls import ControlsResource
 from ruseon_appliance.web.cors import cors_middleware
@@ -166,6 +167,7 @@ def make_app(
                                   ).add_routes(app)
             if camera is cameras.default:
                 MotionControlResource(camera.motion, "/api/camera/motion").add_routes(app)
+    _add_audio_routes(app, api, cameras)
     if events.monitors:
         api.status_sections["motion"] = events.status
         api.metrics_sections.append(events.metrics)
@@ -298,3 +300,17 @@ def access_metrics(credentials: Credentials) -> Iterator[Metric]:
                 "Secret files that changed while running (their sessions ended).").add_metric(
         [], credentials.rotations)
     return out.collect()
+
+
+def _add_audio_routes(app: web.Application, api: DeviceApi, cameras: CameraSet) -> None:
+    """Each camera with sound: ``/api/camera/<name>/audio`` (and ``/api/camera/audio`` for the
+    default camera), ``ruseon_audio_*`` in ``/metrics``."""
+    pipelines = {c.name: c.audio for c in cameras if c.audio is not None}
+    for camera in cameras:
+        if camera.audio is not None:
+            AudioControlResource(camera.audio, f"/api/camera/{camera.name}/audio"
+                                 ).add_routes(app)
+            if camera is cameras.default:
+                AudioControlResource(camera.audio, "/api/camera/audio").add_routes(app)
+    if pipelines:
+        api.metrics_sections.append(lambda: audio_metrics(pipelines))

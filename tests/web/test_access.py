@@ -139,6 +139,7 @@ async def test_every_route_by_credential_and_host(tmp_path: Path, viewing: str) 
                        "/whep/{camera}/{stream}",
                        "/api/session", "/metrics",
                        "/onvif/device_service", "/api/events", "/api/camera/side/motion",
+                       "/api/camera/side/audio", "/api/camera/audio",
                        "/api/events/stream"):
             assert needed in patterns, needed
         assert all(classify(m, p) is not None for m, p in routes)
