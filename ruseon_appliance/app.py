@@ -395,12 +395,19 @@ class Appliance:
         named = [c for c in self.cameras if c is not default]
 
         def controls_of(camera: Camera) -> Any:
-            """The camera's controls, with motion on/off and sensitivity when it detects."""
-            if camera.motion is None:
-                return camera.controls
-            from .motion.controls import WithMotionControls  # numpy: only with motion on
-            return WithMotionControls(camera.controls, camera.motion,
-                                      camera.config.motion_sensitivity)
+            """The camera's controls, with motion on/off and sensitivity when it detects,
+            and the microphone switch and gain when it has sound."""
+            controls: Any = camera.controls
+            if camera.motion is not None:
+                from .motion.controls import WithMotionControls  # numpy: only with motion on
+                controls = WithMotionControls(controls, camera.motion,
+                                              camera.config.motion_sensitivity)
+            if camera.audio is not None:
+                from .audio.controls import WithAudioControls
+                controls = WithAudioControls(controls, camera.audio,
+                                             default_gain_db=camera.config.audio_gain_db,
+                                             default_muted=camera.config.audio_muted)
+            return controls
 
         self.mqtt = HomeAssistantMqtt(
             self.config.mqtt,

@@ -35,8 +35,8 @@ REQUIRED = {
 # Camera, 4 sensors + recording state, 4 binary sensors (stalled, motion, recording, clock not
 # synchronized), 2 buttons, the synthetic source's 8 camera controls (5 numbers/switches
 # live, bitrate, framerate, resolution), motion detection's 2 (a switch, a number) and its
-# image (the latest event's picture).
-ENTITIES = 12 + 8 + 2 + 1
+# image (the latest event's picture), and the sound's 2 (the microphone switch, the gain).
+ENTITIES = 12 + 8 + 2 + 1 + 2
 DISCOVERY_TOPIC = re.compile(
     r"^homeassistant/(?P<component>[a-z_]+)/(?P<node>[A-Za-z0-9_-]+)/"
     r"(?P<object>[A-Za-z0-9_-]+)/config$")
@@ -165,6 +165,25 @@ async def test_discovery_state_last_will_and_reconnect(tmp_path: Path) -> None:
                     over_http = json.load(response)["controls"]
                 assert over_http["brightness"]["value"] == 0.4
                 assert over_http["hflip"]["value"] is True
+
+                # The microphone switch mutes the camera's sound (the API sees it); the gain
+                # out of range changes nothing.
+                microphone = first[f"homeassistant/switch/{device_id}/control_microphone/config"]
+                gain = first[f"homeassistant/number/{device_id}/control_audio_gain_db/config"]
+                assert (gain["min"], gain["max"]) == (-60.0, 30.0)
+                await seen.wait_for(lambda: controls().get("microphone") is True,
+                                    what="the microphone on")
+                await presser.publish(gain["command_topic"], "99", qos=1)  # out of range
+                await presser.publish(microphone["command_topic"], microphone["payload_off"],
+                                      qos=1)
+                await seen.wait_for(lambda: controls().get("microphone") is False,
+                                    what="the microphone off")
+                request = urllib.request.Request(
+                    f"http://127.0.0.1:{appliance.http}/api/camera/audio",
+                    headers={"Authorization": f"Bearer {secret}"})
+                with urllib.request.urlopen(request, timeout=10) as response:
+                    sound = json.load(response)
+                assert sound["muted"] is True and sound["gain_db"] == 0.0
 
         # The broker restarts without persistence: every retained message is gone, and the
         # appliance reconnects and announces everything again.
