@@ -253,9 +253,12 @@ async def joins(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     # Janus's ICE is on the veth (libnice skips loopback): the viewers gather there too.
     aioice.ice.get_host_addresses = gather
     out: dict[str, dict[str, float]] = {}
-    settings = {"rtcp left out (RTP port + 1)": "", "rtcp_port = 0 (none)": "rtcp_port = 0\n"}
+    # (relay's rtcp line, the mountpoint's bufferkf)
+    settings = {"rtcp left out (RTP port + 1)": ("", False),
+                "rtcp_port = 0 (none)": ("rtcp_port = 0\n", False),
+                "rtcp + bufferkf = true": ("", True)}
     with tempfile.TemporaryDirectory(prefix="ruseon-bench-relay-") as tmp:
-        for i, (label, rtcp) in enumerate(settings.items()):
+        for i, (label, (rtcp, bufferkf)) in enumerate(settings.items()):
             base = Path(tmp) / str(i)
             base.mkdir()
             janus = Janus(base / "janus")  # a fresh one per setting (and board)
@@ -264,7 +267,7 @@ async def joins(args: argparse.Namespace) -> dict[str, dict[str, float]]:
             try:
                 info = board.status()["source"]
                 await asyncio.to_thread(janus.create_mountpoint, MOUNTPOINT, port=RTP_PORT,
-                                        rtcp_port=RTP_PORT + 1,
+                                        rtcp_port=RTP_PORT + 1, bufferkf=bufferkf,
                                         profile_level_id=info["profile_level_id"])
                 waits: list[float] = []
                 connects: list[float] = []

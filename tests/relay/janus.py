@@ -198,15 +198,17 @@ class Janus:
         return data
 
     def create_mountpoint(self, mountpoint_id: int, *, port: int, rtcp_port: int,
-                          profile_level_id: str, srtp_key: str = "") -> None:
-        """An RTP mountpoint for H.264 (as DESIGN.md's verified request), optionally SRTP."""
+                          profile_level_id: str, srtp_key: str = "",
+                          bufferkf: bool = False) -> None:
+        """An RTP mountpoint for H.264 (as DESIGN.md's verified request), optionally SRTP;
+        ``bufferkf``: Janus keeps the latest keyframe and sends it to each viewer as it starts."""
         session, handle = self.attach()
         body: dict[str, Any] = {
             "request": "create", "type": "rtp", "id": mountpoint_id,
             "name": f"relay-{mountpoint_id}",
             "media": [{"type": "video", "mid": "v", "port": port, "pt": 96, "codec": "h264",
                        "fmtp": f"profile-level-id={profile_level_id};packetization-mode=1",
-                       "rtcpport": rtcp_port}],
+                       "rtcpport": rtcp_port, "bufferkf": bufferkf}],
         }
         if srtp_key:
             body.update(srtpsuite=80, srtpcrypto=srtp_key)

@@ -226,3 +226,40 @@ async def test_srtp_mountpoint_from_the_docs_decodes_and_a_wrong_key_does_not(
             # Janus is still up and answering.
             await asyncio.to_thread(janus.attach)
             await close_all([right, wrong])
+
+
+async def test_late_joiners_get_janus_cached_keyframe_without_a_new_one(
+        request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """``bufferkf`` (docs/janus.md): with no RTCP back to the camera (so no forced keyframe) and
+    a 10 s GOP, viewers joining mid-GOP decode a picture from BEFORE they joined: Janus's cached
+    keyframe, with no new keyframe made for them."""
+    if not in_janus_netns(request):
+        return
+    rtp_port = free_port(kind=socket.SOCK_DGRAM)
+    relay_config = RelayConfig(name="janus", url=f"rtp://127.0.0.1:{rtp_port}", rtcp_port=0,
+                               bind=HostPort("127.0.0.1", 0))
+    with running_janus(tmp_path / "janus") as janus:
+        async with running_appliance(appliance_config(tmp_path, (relay_config,))) as appliance:
+            (relay,) = appliance.relays
+            info = appliance.capture.stream_info
+            assert info is not None
+            await asyncio.to_thread(janus.create_mountpoint, 1, port=rtp_port,
+                                    rtcp_port=free_port(kind=socket.SOCK_DGRAM),
+                                    profile_level_id=info.profile_level_id, bufferkf=True)
+            # The first viewer waits for a periodic keyframe (Janus caches it as it passes).
+            (first,) = await watch(janus, 1, 1)
+            await wait_for(lambda: len(first.stamps) >= 1, timeout=60, what="the first viewer")
+            forced = appliance.capture.stats()["keyframes_forced"]
+            late: list[JanusViewer] = []
+            for _ in range(3):
+                joined_at = frames_in(appliance)
+                (viewer,) = await watch(janus, 1, 1)
+                await wait_for(lambda: len(viewer.stamps) >= 1, timeout=60,  # noqa: B023
+                               what="a late viewer")
+                picture = viewer.stamps[0][1]
+                # Older than the join: only Janus's buffer could have given it.
+                assert picture < joined_at, (picture, joined_at)
+                late.append(viewer)
+            assert appliance.capture.stats()["keyframes_forced"] == forced
+            assert relay.keyframe_requests_received == 0
+            await close_all([first, *late])
