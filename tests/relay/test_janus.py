@@ -14,6 +14,7 @@ import logging
 import os
 import re
 import socket
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -252,13 +253,15 @@ async def test_late_joiners_get_janus_cached_keyframe_without_a_new_one(
             forced = appliance.capture.stats()["keyframes_forced"]
             late: list[JanusViewer] = []
             for _ in range(3):
-                joined_at = frames_in(appliance)
+                # By capture time (the picture's stamp is on this machine's wall clock): a
+                # frame count would not do, the synthetic camera skips numbers when late.
+                joined_at_us = time.time_ns() // 1000
                 (viewer,) = await watch(janus, 1, 1)
                 await wait_for(lambda: len(viewer.stamps) >= 1, timeout=60,  # noqa: B023
                                what="a late viewer")
-                picture = viewer.stamps[0][1]
+                captured_us = viewer.stamps[0][0]
                 # Older than the join: only Janus's buffer could have given it.
-                assert picture < joined_at, (picture, joined_at)
+                assert captured_us < joined_at_us, (captured_us, joined_at_us)
                 late.append(viewer)
             assert appliance.capture.stats()["keyframes_forced"] == forced
             assert relay.keyframe_requests_received == 0
