@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
+import time
 from fractions import Fraction
 from typing import Any
 
@@ -212,3 +213,69 @@ def test_audio_auto_means_the_tone_the_ip_camera_track_or_a_microphone(tmp_path:
     assert resolve_audio(CameraConfig(source="picamera"), pcm_list=pcm) == ("alsa:hw:1,0", "")
     assert resolve_audio(CameraConfig(source="synthetic", audio="none"))[0] == "none"
     assert resolve_audio(CameraConfig(source="file:/x.h264"))[0] == "none"
+
+
+async def test_an_alsa_device_stand_in_recorded_pcm_unplugged_and_back(tmp_path: Any) -> None:
+    """The real AlsaSource and PyAV's resampler on recorded PCM (44.1 kHz stereo WAV, as a USB
+    microphone may give): the opener is the one seam (no ALSA device here). The device is
+    missing at first, then plays out (an unplug: the recording ends) and is opened again."""
+    import wave
+
+    from ruseon_appliance.audio.sources.alsa import AlsaSource
+
+    path = tmp_path / "mic.wav"
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(2)
+        w.setsampwidth(2)
+        w.setframerate(44_100)
+        w.writeframes(np.repeat(tone_samples(0, 44_100), 2).tobytes())  # 1 s
+    attempts = []
+
+    class PacedRecording:
+        """The recording handed over in real time, as a device's periods are."""
+
+        def __init__(self) -> None:
+            self.container = av.open(str(path))
+            self.streams = self.container.streams
+
+        def decode(self, stream: Any) -> Any:
+            start = time.monotonic()
+            played = 0.0
+            for frame in self.container.decode(stream):
+                played += frame.samples / frame.sample_rate
+                time.sleep(max(0.0, start + played - time.monotonic()))
+                yield frame
+
+        def close(self) -> None:
+            self.container.close()
+
+    def opener(device: str) -> Any:
+        attempts.append(device)
+        if len(attempts) == 1:
+            raise OSError(19, "No such device")
+        return PacedRecording()
+
+    source = AlsaSource("hw:1,0", opener=opener)
+    pipeline = AudioPipeline(source, retry_s=(0.05,))
+    reader = pipeline.opus_ring.reader("next")
+    await pipeline.start()
+    try:
+        for _ in range(400):  # liveness: until it has been opened twice and played
+            if source.opens >= 2 and pipeline.stats()["chunks_in"] > 10:
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        await pipeline.stop()
+    stats = pipeline.stats()
+    assert attempts[:3] == ["hw:1,0"] * 3 and source.opens >= 2
+    assert stats["source_failures"] >= 2  # missing, then the recording's end (an unplug)
+    assert stats["chunks_bad"] == 0
+    assert stats["samples_dropped"] == 0  # paced as a device: nothing to pull back
+    packets = []
+    while (view := reader.poll()) is not None:
+        packets.append((bytes(view.data), view.pts, view.capture_time_us))
+    # At least the first play-out's second of sound, resampled to 48 kHz mono, encoded.
+    assert len(packets) >= 45
+    pts = [p for _, p, _ in packets]
+    assert pts == sorted(set(pts))
+    assert np.max(np.abs(decode("opus", packets))) > 0.01  # sound, not silence

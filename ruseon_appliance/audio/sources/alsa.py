@@ -43,11 +43,13 @@ class AlsaSource:
         self._resampler: Any = None
         self._closed = threading.Event()
         self._lock = threading.Lock()
+        self._reader: int | None = None  # the thread inside read(), if any
         self.opens = 0
         self.frames = 0
 
     def open(self) -> None:
         """Open the device (AudioSourceUnavailable when it is missing or busy)."""
+        self._release()  # what a close from another thread left open
         self._closed.clear()
         try:
             container = self._opener(self.device)
@@ -63,10 +65,16 @@ class AlsaSource:
 
     def read(self) -> PcmChunk | None:
         """The next period of samples, converted to 48 kHz mono s16."""
-        if self._closed.is_set() or self._frames is None:
+        with self._lock:  # against a close() from another thread (see close)
+            frames = self._frames
+            closed = self._closed.is_set() or frames is None
+            if not closed:
+                self._reader = threading.get_ident()
+        if closed:
+            self._release()
             return None
         try:
-            frame = next(self._frames)
+            frame = next(frames)
         except StopIteration as exc:
             if self._closed.is_set():
                 return None
@@ -75,7 +83,13 @@ class AlsaSource:
             if self._closed.is_set():
                 return None
             raise AudioSourceUnavailable(f"ALSA device {self.device!r} failed: {exc}") from exc
+        finally:
+            with self._lock:
+                self._reader = None
         arrived_us = time.time_ns() // 1000
+        if self._closed.is_set():
+            self._release()
+            return None
         pieces = [f.to_ndarray().reshape(-1) for f in self._resampler.resample(frame)]
         samples = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int16)
         self.frames += 1
@@ -83,8 +97,16 @@ class AlsaSource:
                         arrived_us - len(samples) * 1_000_000 // AUDIO_CLOCK_RATE)
 
     def close(self) -> None:
-        """Release the device."""
-        self._closed.set()
+        """Release the device. From another thread (the pipeline's stop) this only asks: the
+        reading thread releases it when its blocked read returns (within one ALSA period), as
+        closing an FFmpeg input under a read in progress is not safe."""
+        with self._lock:
+            self._closed.set()
+            reading_elsewhere = self._reader not in (None, threading.get_ident())
+        if not reading_elsewhere:
+            self._release()
+
+    def _release(self) -> None:
         with self._lock:
             container, self._container, self._frames = self._container, None, None
         if container is not None:
