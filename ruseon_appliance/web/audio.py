@@ -3,7 +3,6 @@ gain, live) and ``ruseon_audio_*`` in ``/metrics``."""
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -11,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from ruseon_appliance.web.metrics import Families
-from ruseon_appliance.web.problem import Problem
+from ruseon_appliance.web.problem import Problem, json_changes
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -59,14 +58,7 @@ class AudioControlResource:
     async def patch(self, request: web.Request) -> web.Response:
         """``{"muted": bool, "gain_db": number}`` (either), checked whole before either
         applies."""
-        if request.content_type not in ("application/json", "application/merge-patch+json"):
-            raise Problem(415, "PATCH takes application/json: " + EXPECTED)
-        try:
-            changes: Any = json.loads(await request.read())
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise Problem(400, f"the body is not valid JSON: {exc}") from None
-        if not isinstance(changes, dict) or not changes:
-            raise Problem(422, f"expected {EXPECTED}")
+        changes = await json_changes(request, EXPECTED)
         unknown = set(changes) - {"muted", "gain_db"}
         if unknown:
             raise Problem(422, f"unknown setting {', '.join(sorted(unknown))}: muted and "

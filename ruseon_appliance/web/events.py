@@ -4,7 +4,6 @@ detector kept (motion/store.py), and their part of ``/api/status`` and ``/metric
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -13,7 +12,7 @@ from aiohttp import web
 from ruseon_appliance.motion.store import StoredEvent, is_event_id
 from ruseon_appliance.recording import rfc3339
 from ruseon_appliance.web.metrics import Families
-from ruseon_appliance.web.problem import Problem
+from ruseon_appliance.web.problem import Problem, json_changes
 from ruseon_appliance.web.recordings import MAX_PARAM_CHARS, parse_time
 
 if TYPE_CHECKING:
@@ -181,14 +180,7 @@ class MotionControlResource:
         the configuration's value), checked whole before anything applies."""
         from ruseon_appliance.motion.zones import zones_from_json
 
-        if request.content_type not in ("application/json", "application/merge-patch+json"):
-            raise Problem(415, "PATCH takes application/json: " + EXPECTED)
-        try:
-            changes: Any = json.loads(await request.read())
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise Problem(400, f"the body is not valid JSON: {exc}") from None
-        if not isinstance(changes, dict) or not changes:
-            raise Problem(422, f"expected {EXPECTED}")
+        changes = await json_changes(request, EXPECTED)
         unknown = set(changes) - {"enabled", "sensitivity", "zones"}
         if unknown:
             raise Problem(422, f"unknown setting {', '.join(sorted(unknown))}: "

@@ -12,6 +12,7 @@ import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from http import HTTPStatus
+from typing import Any
 
 from aiohttp import web
 
@@ -109,3 +110,17 @@ def _http_exception_detail(request: web.Request, exc: web.HTTPException) -> str:
 # App keys live here so that every module of the web layer can count errors without a cycle.
 ERROR_COUNTS: web.AppKey[dict[int, int]] = web.AppKey("error_counts", dict)
 MAX_BODY_BYTES: web.AppKey[int] = web.AppKey("max_body_bytes", int)
+
+
+async def json_changes(request: web.Request, expected: str) -> dict[str, Any]:
+    """A PATCH body of settings to change: a non-empty JSON object, or the Problem that says
+    why not (415 not JSON, 400 unparsable, 422 not an object); ``expected`` shows its form."""
+    if request.content_type not in ("application/json", "application/merge-patch+json"):
+        raise Problem(415, "PATCH takes application/json: " + expected)
+    try:
+        changes: Any = json.loads(await request.read())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise Problem(400, f"the body is not valid JSON: {exc}") from None
+    if not isinstance(changes, dict) or not changes:
+        raise Problem(422, f"expected {expected}")
+    return changes
