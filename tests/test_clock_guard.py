@@ -26,6 +26,9 @@ WALL_FUNCTIONS = {"time", "time_ns"}  # time.time, time.time_ns
 
 # (module path relative to the package, enclosing function) -> why wall time is meant there.
 WALL_TIME_USES: dict[tuple[str, str], str] = {
+    ("stream/reports.py", "SenderReports.report"):
+        "a sender report's NTP time is the wall clock by definition (RFC 3550), and its RTP "
+        "time is placed by the capture time (a wall timestamp) of what was last sent",
     ("audio/sources/alsa.py", "AlsaSource.read"):
         "a chunk's capture time is a wall timestamp like a picture's (its arrival less its "
         "length), so outputs align sound and picture by it; no duration is measured",
@@ -83,6 +86,10 @@ WALL_TIME_USES: dict[tuple[str, str], str] = {
 
 # Subtractions of wall readings that are not durations: (module, function) -> why.
 NOT_DURATIONS: dict[tuple[str, str], str] = {
+    ("stream/reports.py", "SenderReports.report"):
+        "now minus the last packet's capture time places the report's RTP time on the capture "
+        "clock (lip sync across streams); a step of the clock past CAPTURE_MAPPING_MAX_S "
+        "falls back to the monotonic send time",
     ("audio/sources/alsa.py", "AlsaSource.read"):
         "arrival minus the chunk's length is when its first sample was captured: a timestamp",
     ("motion/store.py", "EventStore.prune"):

@@ -691,6 +691,16 @@ def sendonly_peer_connection(
     return pc, transceiver
 
 
+def add_sendonly_transceiver(pc: RTCPeerConnection, track: Any) -> aiortc.RTCRtpTransceiver:
+    """Add a sendonly transceiver carrying ``track`` to ``pc`` (whose receiver gets no
+    bandwidth estimator, as in :func:`sendonly_peer_connection`)."""
+    token = _building_sendonly.set(True)
+    try:
+        return pc.addTransceiver(track, direction="sendonly")
+    finally:
+        _building_sendonly.reset(token)
+
+
 def ssl_context_factory(certificate: RTCCertificate) -> Callable[[list[Any]], Any]:
     """aiortc's own ``RTCCertificate._create_ssl_context`` for ``certificate``: a new
     ``SSL.Context`` (certificate, key, ciphers, SRTP profiles) for one DTLS connection."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from aiortc import RTCRtpCodecCapability
+from aiortc import RTCRtpCodecCapability, RTCRtpSender
 from aiortc.codecs import CODECS
 from aiortc.rtcrtpparameters import RTCRtcpFeedback, RTCRtpCodecParameters
 from aiortc.sdp import H264Profile, parse_h264_profile_level_id
@@ -65,6 +65,12 @@ class CodecRegistry:
         """Register the base profiles (idempotent; CODECS is process-wide)."""
         for plid in BASE_PROFILE_LEVEL_IDS:
             self._ensure(plid)
+
+    @staticmethod
+    def audio_preferences() -> list[RTCRtpCodecCapability]:
+        """An audio transceiver's codec preferences: Opus alone (the feed's one encode)."""
+        return [c for c in RTCRtpSender.getCapabilities("audio").codecs
+                if c.mimeType.lower() == "audio/opus"]
 
     def _free_payload_types(self) -> list[int]:
         used = {c.payloadType for c in CODECS["video"]} | {c.payloadType for c in CODECS["audio"]}

@@ -32,6 +32,13 @@ from aiortc.rtcconfiguration import RTCBundlePolicy
 from ruseon_appliance.capture.pipeline import CapturePipeline
 from ruseon_appliance.config import WebRtcConfig
 from ruseon_appliance.engine import aiortc_internals, srtp_profiles
+from ruseon_appliance.engine.audio import (
+    AudioFanout,
+    AudioFeed,
+    AudioViewer,
+    FanoutAudioTrack,
+    offers_opus,
+)
 from ruseon_appliance.engine.certificate import DtlsCertificate, load_or_create_certificate
 from ruseon_appliance.engine.codec_registry import CodecRegistry
 from ruseon_appliance.engine.errors import (
@@ -125,6 +132,8 @@ class Engine:
         self._answer_lock = asyncio.Lock()
         # One fan-out send loop per feed with viewers (or consumers), by id(feed).
         self._fanouts: dict[int, Fanout] = {}
+        # One audio send loop per audio feed with viewers, by id(audio feed).
+        self._audio_fanouts: dict[int, AudioFanout] = {}
         self._sessions: dict[str, WhepSession] = {}
         # Offers being answered (not sessions yet), in all and by source address key.
         self._pending = 0
@@ -215,6 +224,9 @@ class Engine:
         fanouts, self._fanouts = list(self._fanouts.values()), {}
         for fanout in fanouts:
             await fanout.stop()
+        audio_fanouts, self._audio_fanouts = list(self._audio_fanouts.values()), {}
+        for audio_fanout in audio_fanouts:
+            await audio_fanout.stop()
         self._mux.close()
         self._started = False
         self._stopping = False
@@ -275,9 +287,15 @@ class Engine:
         self._listeners.append(listener)
 
     async def offer(self, sdp: str, *, feed: CapturePipeline | None = None,
-                    remote: str | None = None) -> tuple[WhepSession, str]:
+                    remote: str | None = None,
+                    audio: AudioFeed | None = None) -> tuple[WhepSession, str]:
         """Answer a viewer's offer for ``feed`` (default: the engine's default feed): returns
         the new session and the answer SDP. Every feed shares the certificate and UDP port.
+
+        ``audio`` is the feed's sound (its Opus packets), if it has any: an offer whose
+        ``m=audio`` receives Opus is answered with it (on the fan-out send path), one without
+        gets video alone, and an offer's audio section the engine cannot serve is answered
+        inactive, never refused.
 
         ``remote`` is the address the offer came from (the HTTP client's), if known: it may
         hold at most :meth:`~WebRtcConfig.places_per_address` places, connected and pending
@@ -291,7 +309,7 @@ class Engine:
             chosen = feed if feed is not None else self._feed
             if chosen is None:
                 raise StreamNotReady("no camera was named for this viewer", retry_after=5)
-            return await self._offer(sdp, address_key(remote), chosen)
+            return await self._offer(sdp, address_key(remote), chosen, audio)
         except OfferError as exc:
             self.offers_rejected[type(exc).__name__] += 1
             logger.info("offer refused (%s): %s", type(exc).__name__, exc.reason)
@@ -346,6 +364,7 @@ class Engine:
             "mux": self._mux.stats(),
             "srtp": self._srtp_stats(),
             "fanout": _summed([f.stats() for f in self._fanouts.values()]),
+            "audio_fanout": _summed([f.stats() for f in self._audio_fanouts.values()]),
             "prebuilt": self._prebuilt.stats() if self._prebuilt is not None else None,
             "prebuilt_dtls": (self._prebuilt_ssl.stats()
                               if self._prebuilt_ssl is not None else None),
@@ -406,8 +425,8 @@ class Engine:
                     by_address[oldest.remote_key])
         oldest.close_soon("reclaimed")
 
-    async def _offer(self, sdp: str, key: str | None,
-                     feed: CapturePipeline) -> tuple[WhepSession, str]:
+    async def _offer(self, sdp: str, key: str | None, feed: CapturePipeline,
+                     audio: AudioFeed | None = None) -> tuple[WhepSession, str]:
         if not self._started or self._stopping:
             raise StreamNotReady("the engine is not running", retry_after=5)
         self._take_place(key)
@@ -432,7 +451,7 @@ class Engine:
             # ones are made; what would run between them waits (offer_burst.py).
             async with self._answer_lock:
                 session, answer = await self._build_session(checked, info.profile_level_id,
-                                                            feed)
+                                                            feed, audio)
             session.remote_key = key
             return session, answer
         finally:
@@ -509,22 +528,42 @@ class Engine:
                             on_nack=lambda seq: None)
 
     async def _build_session(
-        self, offer: CheckedOffer, profile_level_id: str, feed: CapturePipeline
+        self, offer: CheckedOffer, profile_level_id: str, feed: CapturePipeline,
+        audio: AudioFeed | None = None
     ) -> tuple[WhepSession, str]:
         assert self._certificate is not None
         preferences = self._codecs.select(profile_level_id)
+        wants_audio = any(offers_opus(m) for m in offer.description.media)
         with aiortc_internals.lean_offer(offer.sdp, offer.description,
                                          self._codecs.local_codecs(profile_level_id)):
-            return await self._build_lean_session(offer.sdp, preferences, feed)
+            return await self._build_lean_session(
+                offer.sdp, preferences, feed, audio if wants_audio else None)
+
+    def audio_fanout_for(self, audio: AudioFeed) -> AudioFanout:
+        """The audio send loop of ``audio`` (started on first use)."""
+        fanout = self._audio_fanouts.get(id(audio))
+        if fanout is None:
+            fanout = self._audio_fanouts[id(audio)] = AudioFanout(audio, self._mux.socket_for)
+            fanout.start()
+        return fanout
 
     async def _build_lean_session(
-        self, offer_sdp: str, preferences: list[RTCRtpCodecCapability], feed: CapturePipeline
+        self, offer_sdp: str, preferences: list[RTCRtpCodecCapability], feed: CapturePipeline,
+        audio: AudioFeed | None = None
     ) -> tuple[WhepSession, str]:
         fanout = self.fanout_for(feed)
         pc, transceiver, track = self._new_peer_connection(feed, fanout)
         viewer = self._new_fanout_viewer(fanout, feed) if fanout is not None else None
         # Before setRemoteDescription: set afterwards, aiortc silently falls back to VP8.
         transceiver.setCodecPreferences(preferences)
+        # Sound on the fan-out path only (the stock sender would encode it again per viewer).
+        audio_viewer: AudioViewer | None = None
+        audio_transceiver = None
+        if audio is not None and fanout is not None:
+            audio_transceiver = aiortc_internals.add_sendonly_transceiver(
+                pc, FanoutAudioTrack())
+            audio_transceiver.setCodecPreferences(self._codecs.audio_preferences())
+            audio_viewer = AudioViewer(self.audio_fanout_for(audio))
         ufrag: str | None = None
         try:
             try:
@@ -567,12 +606,20 @@ class Engine:
                 raise UnsupportedOffer("the offer does not let the engine send video")
             if viewer is not None:
                 viewer.attach(transceiver.sender, connection)
+            if audio_viewer is not None and audio_transceiver is not None:
+                if audio_transceiver.currentDirection == "sendonly":
+                    audio_viewer.attach(audio_transceiver.sender, connection)
+                else:  # the offer's audio section matched another way: video alone
+                    audio_viewer.stop()
+                    audio_viewer = None
         except BaseException:
             if ufrag is not None:
                 self._mux.unregister(ufrag)
             track.stop()
             if viewer is not None:
                 viewer.stop()
+            if audio_viewer is not None:
+                audio_viewer.stop()
             await pc.close()
             raise
 
@@ -591,6 +638,7 @@ class Engine:
                 lambda: self._viewer_keyframe_request(session, track.refresh, "pli/fir"))
             aiortc_internals.count_retransmissions(transceiver.sender, session.on_nack)
         session.feed = feed
+        session.audio = audio_viewer
         self._sessions[session.id] = session
         session.attach(self.config.connect_timeout_s)
         self.offers_accepted += 1

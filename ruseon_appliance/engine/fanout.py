@@ -114,6 +114,9 @@ class FanoutViewer:
         self._ts_origin = random.randrange(0, 1 << 32)
         # The frame being sent and how many of its packets are out.
         self._current: tuple[PacketizedFrame, int, int] | None = None  # frame, timestamp, next
+        # The capture time (wall clock, us) of the frame being sent: sender reports map RTP
+        # time to it, as the session's audio does (lip sync).
+        self._current_capture_us: int | None = None
         # counters
         self.frames_sent = 0
         self.keyframes_sent = 0
@@ -299,11 +302,14 @@ class FanoutViewer:
             if current is None:
                 if not cursor.queue:
                     break
-                frame, out_pts, keyframe, _capture = cursor.queue.popleft()
+                frame, out_pts, keyframe, capture_us = cursor.queue.popleft()
                 current = (frame, (self._ts_origin + out_pts) & 0xFFFFFFFF, 0)
                 if self.frames_sent == 0:
                     self._send_leading_padding(sock, addr, current[1])
                 self.frames_sent += 1
+                # A join or refresh burst's frames are stamped for when they leave, not for
+                # when they were captured: their reports place RTP time by the send time.
+                self._current_capture_us = capture_us if self.frames_sent > burst else None
                 self.keyframes_sent += keyframe
             # The rest of the frame, as far as the budget goes (the per-packet loop).
             frame, timestamp, start = current
@@ -311,7 +317,7 @@ class FanoutViewer:
             i, budget.tokens, octets = writer.send_frame(frame, timestamp, start, budget.tokens,
                                                          sock, addr)
             if i > start:
-                self.reports.sent(i - start, octets, timestamp, now)
+                self.reports.sent(i - start, octets, timestamp, now, self._current_capture_us)
                 self.nack.note(first_seq, frame, start, i - start, timestamp, now)
             if i < len(frame.payloads):
                 self._current = (frame, timestamp, i)

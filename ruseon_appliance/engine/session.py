@@ -12,6 +12,7 @@ from typing import Any
 from aiortc import RTCPeerConnection, RTCRtpSender
 
 from ruseon_appliance.engine import aiortc_internals
+from ruseon_appliance.engine.audio import AudioViewer
 from ruseon_appliance.engine.fanout import FanoutViewer
 from ruseon_appliance.engine.track import ViewerTrack
 
@@ -59,6 +60,8 @@ class WhepSession:
         # The feed (a camera's pipeline) this session watches; set by the engine. The web
         # layer maps it back to a camera name; the engine never knows names.
         self.feed: Any = None
+        # The session's audio stream (set by the engine), None when it has no sound.
+        self.audio: AudioViewer | None = None
         self._release = release
         self._closing: asyncio.Task[None] | None = None
         self._reaper: asyncio.TimerHandle | None = None
@@ -141,6 +144,8 @@ class WhepSession:
             self._reaper.cancel()
             self._reaper = None
         self.track.stop()
+        if self.audio is not None:
+            self.audio.stop()
         try:
             async with asyncio.timeout(CLOSE_TIMEOUT_S):
                 await self.pc.close()
@@ -184,5 +189,6 @@ class WhepSession:
             "rtt_ms": None if rtt is None else round(rtt * 1000, 1),
             "srtp_profile": self.srtp_profile,
             "dtls_role": self.dtls_role,
+            "audio": None if self.audio is None else self.audio.stats(),
             **send_path,
         }

@@ -5,25 +5,35 @@ back."""
 from __future__ import annotations
 
 import random
+import time
 
-from ruseon_appliance.stream.rtcp import ntp_now, sender_report_at
+from ruseon_appliance.stream.rtcp import ntp_of, sender_report_at
 
 # Sender report interval (randomised 0.5-1.5x, as RFC 3550 asks).
 SR_INTERVAL_S = 1.0
 # Sender reports remembered for matching receiver reports' LSR (round-trip time).
 SR_REMEMBERED = 8
+# A capture time further than this from the wall clock now (a clock step between capture and
+# report) is not used to place the report's RTP timestamp: the send time is, as without one.
+CAPTURE_MAPPING_MAX_S = 5.0
 
 
 class SenderReports:
     """Counts what one SSRC sent and writes its sender reports (+ SDES CNAME).
 
-    The sender tells it what went out once per service call (:meth:`sent`), not per packet;
-    the SR's RTP timestamp is the last one sent, advanced by the wall time since at 90 kHz.
+    The sender tells it what went out once per service call (:meth:`sent`), not per packet.
+    The SR's RTP timestamp is the last one sent, advanced at ``clock_rate`` by the time since
+    that packet's *capture* (its ``capture_us``, on the wall clock the SR's NTP time is read
+    from): every stream of a session (video, audio) then maps its RTP time to the capture
+    instant, which is what a receiver lines them up by (lip sync). Without a capture time (or
+    across a wall-clock step) the time since the packet was sent is used instead.
     """
 
-    def __init__(self, ssrc: int = 0, cname: str = "") -> None:
+    def __init__(self, ssrc: int = 0, cname: str = "", *, clock_rate: int = 90_000) -> None:
         self.ssrc = ssrc
         self.cname = cname
+        self.clock_rate = clock_rate
+        self._last_capture_s: float | None = None
         self.packets_sent = 0
         self.octets_sent = 0  # payload octets, as RTCP SR counts them
         self._last_ts = 0
@@ -32,12 +42,15 @@ class SenderReports:
         self._sent_at: dict[int, float] = {}  # middle 32 bits of an SR's NTP time -> when
         self.reports_sent = 0
 
-    def sent(self, packets: int, octets: int, timestamp: int, now: float) -> None:
-        """``packets`` carrying ``octets`` of payload went out, the last stamped ``timestamp``."""
+    def sent(self, packets: int, octets: int, timestamp: int, now: float,
+             capture_us: int | None = None) -> None:
+        """``packets`` carrying ``octets`` of payload went out, the last stamped ``timestamp``
+        (captured at ``capture_us``, wall clock, when known)."""
         self.packets_sent += packets
         self.octets_sent += octets
         self._last_ts = timestamp
         self._last_send_monotonic = now
+        self._last_capture_s = None if capture_us is None else capture_us / 1e6
 
     def first_due(self, at: float) -> None:
         """The first report is due at ``at`` (an early one: RTT and sync from the start)."""
@@ -52,8 +65,13 @@ class SenderReports:
 
     def report(self, now: float) -> tuple[bytes, int]:
         """A sender report + SDES CNAME for now, and its NTP time (for :meth:`sent_report`)."""
-        ntp = ntp_now()
-        rtp_ts = (self._last_ts + int((now - self._last_send_monotonic) * 90_000)) & 0xFFFFFFFF
+        wall = time.time()
+        ntp = ntp_of(wall)
+        elapsed = now - self._last_send_monotonic
+        captured = self._last_capture_s
+        if captured is not None and abs(wall - captured) <= CAPTURE_MAPPING_MAX_S:
+            elapsed = wall - captured
+        rtp_ts = (self._last_ts + round(elapsed * self.clock_rate)) & 0xFFFFFFFF
         return sender_report_at(ntp, self.ssrc, rtp_ts, self.packets_sent, self.octets_sent,
                                 self.cname), ntp
 
@@ -74,7 +92,8 @@ class SenderReports:
 class ReceiverStats:
     """What the peer's receiver reports and REMB say about one stream."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock_rate: int = 90_000) -> None:
+        self.clock_rate = clock_rate
         self.reports = 0
         self.rtt: float | None = None  # seconds, smoothed
         self.fraction_lost = 0.0
@@ -88,7 +107,7 @@ class ReceiverStats:
         self.reports += 1
         self.fraction_lost = fraction_lost / 256
         self.packets_lost = packets_lost
-        self.jitter_ms = jitter / 90
+        self.jitter_ms = jitter * 1000 / self.clock_rate
         if sr_sent_at is not None:
             rtt = max(0.0, now - sr_sent_at - dlsr / 65536)
             self.rtt = rtt if self.rtt is None else 0.85 * self.rtt + 0.15 * rtt

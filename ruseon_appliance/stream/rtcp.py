@@ -25,7 +25,12 @@ _SR = struct.Struct("!BBHIIIIII")
 
 def ntp_now() -> int:
     """The current wall-clock time as a 64-bit NTP timestamp."""
-    t = time.time() + NTP_EPOCH_OFFSET
+    return ntp_of(time.time())
+
+
+def ntp_of(wall: float) -> int:
+    """Unix time ``wall`` (seconds) as a 64-bit NTP timestamp."""
+    t = wall + NTP_EPOCH_OFFSET
     seconds = int(t)
     return (seconds << 32) | int((t - seconds) * (1 << 32))
 

@@ -59,6 +59,34 @@ class SrtpPacketWriter:
                 self.drops.send_errors += 1
         self.seq = (self.seq + 1) & 0xFFFF
 
+    def send_payload(self, payload: bytes, timestamp: int, marker: bool,
+                     sock: socket.socket, addr: tuple[str, int]) -> bool:
+        """One packet carrying the whole of ``payload`` (an audio frame); False if it was
+        refused by SRTP or the socket (counted on :attr:`drops`)."""
+        buffer = self._single
+        view = buffer.view
+        tpl = self.header
+        hl = tpl.struct.size
+        n = hl + len(payload)
+        tpl.struct.pack_into(view, 0, tpl.b0, (0x80 | tpl.payload_type) if marker
+                             else tpl.payload_type, self.seq, timestamp, tpl.ssrc,
+                             tpl.extensions_now())
+        view[hl:n] = payload
+        buffer.length[0] = n
+        self.seq = (self.seq + 1) & 0xFFFF
+        if srtp_protect_in_place(self._handle, buffer.cdata, buffer.length) != SRTP_OK:
+            self.drops.send_errors += 1
+            return False
+        try:
+            sock.sendto(view[:buffer.length[0]], addr)
+        except BlockingIOError:
+            self.drops.send_dropped_full += 1
+            return False
+        except OSError:
+            self.drops.send_errors += 1
+            return False
+        return True
+
     def send_frame(self, frame: PacketizedFrame, timestamp: int, start: int, tokens: float,
                    sock: socket.socket, addr: tuple[str, int]) -> tuple[int, float, int]:
         """Send packets ``start ..`` of ``frame`` stamped ``timestamp`` while ``tokens`` (payload

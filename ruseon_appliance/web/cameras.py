@@ -66,6 +66,7 @@ class CamerasResource:
         self._snapshots = {(cameras.default.name, "main"): default_snapshot}
         whep.camera_problem = self._problem_of
         whep.choose_feed = self._default_feed
+        whep.audio_of = self._audio_of
 
     def _problem_of(self, feed: object) -> str | None:
         camera = self.cameras.default if feed is None else self.cameras.of_feed(feed)
@@ -74,6 +75,11 @@ class CamerasResource:
         if camera.sub is not None and feed is camera.sub:
             return camera.sub_problem()
         return camera.problem()
+
+    def _audio_of(self, feed: object) -> object:
+        """The sound a viewer of ``feed`` gets (either stream of a camera has the camera's)."""
+        camera = self.cameras.default if feed is None else self.cameras.of_feed(feed)
+        return None if camera is None else camera.audio
 
     def feed(self, camera: Camera, stream: str) -> CapturePipeline:
         """``camera``'s pipeline of ``stream``, or a 404 saying why there is none."""

@@ -102,6 +102,9 @@ class WhepResource:
         # The default camera's pipeline of a stream name (``/whep?stream=sub``; web/cameras.py
         # sets it); raises a 404 Problem for a stream there is not. None: the engine's default.
         self.choose_feed: Callable[[str], Any] = _main_only
+        # The sound of a camera (by its pipeline; None: the default), the engine's audio feed,
+        # or None without (web/cameras.py sets it).
+        self.audio_of: Callable[[Any], Any] = lambda feed: None
         self._records: dict[str, _SessionRecord] = {}
         # An engine that implements ICE restarts exposes
         # ``async restart_ice(session_id, sdpfrag) -> str`` returning the answer fragment.
@@ -162,7 +165,8 @@ class WhepResource:
         # forwards (access/client.py), so a proxy's clients each have their own share.
         remote = request_address(request)
         try:
-            session, answer = await self.engine.offer(sdp, feed=feed, remote=remote)
+            session, answer = await self.engine.offer(sdp, feed=feed, remote=remote,
+                                                      audio=self.audio_of(feed))
         except OfferError as exc:
             self.metrics.offers_refused[type(exc).__name__] += 1
             problem = self._offer_problem(exc)
