@@ -84,7 +84,9 @@ async function startLive(tile) {
   // Never two sessions for one tile: each holds one of the board's viewer places.
   clearTimeout(tile.timer);
   if (tile.client) tile.client.close();
-  const client = new WhepClient(`/whep/${encodeURIComponent(tile.camera)}${streamPath(tile)}`);
+  // The grid's tiles are muted pictures: no sound is asked for (nothing sent, nothing decoded).
+  const client = new WhepClient(`/whep/${encodeURIComponent(tile.camera)}${streamPath(tile)}`,
+    { audio: false });
   tile.client = client;
   try {
     const pc = await client.connect((track, stream) => {

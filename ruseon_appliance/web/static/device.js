@@ -4,6 +4,8 @@ import { login } from "./session.js";
 import { WhepClient, WhepError, webrtcSupport } from "./whep.js";
 
 const STATS_INTERVAL_MS = 1000;
+// The sound meter's refresh (getStats' audioLevel of what arrives, muted or not).
+const SOUND_INTERVAL_MS = 250;
 const STATUS_INTERVAL_MS = 5000;
 // A connection that shows no new frame for this long is torn down and reopened.
 const STALL_MS = 6000;
@@ -38,6 +40,12 @@ const player = {
   camera: decodeURIComponent(location.hash.slice(1)),
   get endpoint() { return this.camera ? `/whep/${encodeURIComponent(this.camera)}` : "/whep"; },
   get pc() { return this.client ? this.client.pc : null; },
+  // Sound: whether this session carries any, whether the person turned it on (kept across
+  // reconnects; browsers only let a page start sound after a click), and the receiver's
+  // figures (getStats inbound-rtp audio: samples received, concealed, level).
+  audio: false,
+  soundOn: false,
+  audioStats: null,
 };
 window.ruseon = player; // for diagnostics and the end-to-end tests
 
@@ -67,10 +75,13 @@ async function connect() {
   player.previous = null;
   player.lastFrames = 0;
   player.lastFrameChange = performance.now();
+  showSound(false);
   if (player.state !== "reconnecting") setState("connecting", "Connecting to the camera…");
   try {
     const pc = await client.connect((track, stream) => {
+      if (generation !== player.generation) return;
       if (video.srcObject !== stream) video.srcObject = stream;
+      if (track.kind === "audio") showSound(true);
       video.play().catch(() => {});
     });
     if (generation !== player.generation) return;
@@ -188,6 +199,7 @@ player.stopWebrtc = () => {
   if (player.client) player.client.close();
   player.client = null;
   video.srcObject = null;
+  showSound(false);
 };
 player.startWebrtc = () => {
   if (webrtcUnavailable()) return;
@@ -324,6 +336,62 @@ async function refreshStatus() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Sound: off until the person turns it on (autoplay rules), a meter of what arrives either way
+
+const soundButton = $("btn-sound");
+
+function showSound(present) {
+  player.audio = present;
+  soundButton.hidden = !present;
+  video.muted = !(present && player.soundOn);
+  if (!present) {
+    player.audioStats = null;
+    $("sound-level").style.width = "0";
+    setText("stat-audio", "–");
+  }
+}
+
+function setSound(on) {
+  player.soundOn = on;
+  video.muted = !on;
+  soundButton.setAttribute("aria-pressed", String(on));
+  soundButton.title = on ? "Turn the sound off" : "Turn the sound on";
+  setText("sound-label", on ? "Sound on" : "Sound off");
+  if (on) video.play().catch(() => {});
+}
+
+soundButton.addEventListener("click", () => setSound(!player.soundOn));
+
+async function soundTick() {
+  const pc = player.pc;
+  if (!player.audio || !pc || player.transport !== "webrtc") return;
+  let inbound = null;
+  let codec = null;
+  try {
+    const report = await pc.getStats();
+    report.forEach((s) => { if (s.type === "inbound-rtp" && s.kind === "audio") inbound = s; });
+    if (inbound && inbound.codecId) codec = report.get(inbound.codecId);
+  } catch {
+    return;
+  }
+  if (!inbound) return;
+  const level = inbound.audioLevel || 0; // 0..1, linear
+  const db = level > 0 ? 20 * Math.log10(level) : -Infinity;
+  player.audioStats = {
+    totalSamplesReceived: inbound.totalSamplesReceived || 0,
+    concealedSamples: inbound.concealedSamples || 0,
+    packetsReceived: inbound.packetsReceived || 0,
+    audioLevel: level,
+    levelDb: Number.isFinite(db) ? db : null,
+  };
+  // The meter spans -60..0 dBFS.
+  const width = Number.isFinite(db) ? Math.max(0, Math.min(1, (db + 60) / 60)) : 0;
+  $("sound-level").style.width = `${Math.round(width * 100)}%`;
+  const name = codec ? codec.mimeType.replace("audio/", "") : "audio";
+  setText("stat-audio", Number.isFinite(db) ? `${name} · ${db.toFixed(0)} dB` : name);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Controls
 
 const statsPanel = $("stats");
@@ -386,5 +454,6 @@ wake();
 // The offer first: its POST takes the connection the page was loaded on, ahead of the status.
 connect();
 setInterval(statsTick, STATS_INTERVAL_MS);
+setInterval(soundTick, SOUND_INTERVAL_MS);
 setInterval(refreshStatus, STATUS_INTERVAL_MS);
 refreshStatus();

@@ -30,11 +30,13 @@ async function problemDetail(response) {
 export class WhepClient {
   /**
    * @param {string} endpoint  the WHEP endpoint URL, e.g. "/whep"
-   * @param {{token?: string}} options
+   * @param {{token?: string, audio?: boolean}} options  audio: also ask for the camera's sound
+   *   (default true; a camera without sound answers it inactive, which costs nothing)
    */
   constructor(endpoint, options = {}) {
     this.endpoint = endpoint;
     this.token = options.token || "";
+    this.audio = options.audio !== false;
     this.pc = null;
     this.sessionUrl = null;
   }
@@ -46,7 +48,9 @@ export class WhepClient {
   }
 
   /**
-   * Open a receive-only video session. Resolves once the answer is applied; media follows.
+   * Open a receive-only session: video, and the camera's sound when it has any (Opus, in the
+   * same MediaStream, so the browser keeps the two in sync). Resolves once the answer is
+   * applied; media follows.
    * @param {(track: MediaStreamTrack, stream: MediaStream) => void} onTrack
    * @returns {Promise<RTCPeerConnection>}
    */
@@ -54,6 +58,7 @@ export class WhepClient {
     const pc = new RTCPeerConnection({ iceServers: [], bundlePolicy: "max-bundle" });
     this.pc = pc;
     pc.addTransceiver("video", { direction: "recvonly" });
+    if (this.audio) pc.addTransceiver("audio", { direction: "recvonly" });
     pc.ontrack = (event) => {
       const stream = event.streams[0] || new MediaStream([event.track]);
       onTrack(event.track, stream);
