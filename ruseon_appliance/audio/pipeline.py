@@ -65,6 +65,12 @@ class AudioPipeline:
         # init segments before the first packet.
         self._aac: AudioEncoder = aac_encoder(aac_bitrate)
         self._opus: AudioEncoder = opus_encoder(opus_bitrate)
+        self._aac_config = self._aac.extradata
+        # A codec nobody reads (no reader on its ring: no WebRTC viewer or RTSP client for
+        # Opus, no HLS or recording for AAC) is not encoded; the first reader gets a fresh
+        # encoder from the next chunk on. Counts of the encoders retired so far:
+        self._encoding = {"opus": True, "aac": True}
+        self._retired = {"opus": [0, 0], "aac": [0, 0]}  # packets, bytes
         self._retry_s = retry_s
         self._gain_db = gain_db
         self._muted = muted
@@ -118,7 +124,7 @@ class AudioPipeline:
     @property
     def aac_config(self) -> bytes:
         """AAC's AudioSpecificConfig (for an ``esds`` box or an SDP ``config=``)."""
-        return self._aac.extradata
+        return self._aac_config
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -217,8 +223,8 @@ class AudioPipeline:
         assert capture0 is not None
         self._next_pts += len(samples)
         self._next_capture_us = capture0 + len(samples) * 1_000_000 // AUDIO_CLOCK_RATE
-        opus = self._opus.encode(samples, pts)
-        aac = self._aac.encode(samples, pts)
+        opus = self._encode("opus", samples, pts)
+        aac = self._encode("aac", samples, pts)
         if not opus and not aac:
             return
         units = [(self.opus_ring, self._unit(data, p, pts, capture0)) for data, p in opus]
@@ -230,6 +236,34 @@ class AudioPipeline:
             loop.call_soon_threadsafe(self._write, units)
         except RuntimeError:  # the loop is closed
             self._stopping.set()
+
+    def _encode(self, codec: str, samples: Any, pts: int) -> list[tuple[bytes, int]]:
+        """``samples`` (at ``pts``) through ``codec``'s encoder while its ring has readers."""
+        ring = self.opus_ring if codec == "opus" else self.aac_ring
+        encoder = self._opus if codec == "opus" else self._aac
+        if not ring.reader_count:
+            if self._encoding[codec]:  # the last reader left: retire this encoder
+                self._encoding[codec] = False
+                retired = self._retired[codec]
+                retired[0] += encoder.packets
+                retired[1] += encoder.bytes
+            return []
+        if not self._encoding[codec]:  # a reader again: a fresh encoder from this chunk
+            self._encoding[codec] = True
+            if codec == "opus":
+                encoder = self._opus = opus_encoder(self._opus_bitrate)
+            else:
+                encoder = self._aac = aac_encoder(self._aac_bitrate)
+        return encoder.encode(samples, pts)
+
+    def _codec_stats(self, codec: str) -> dict[str, Any]:
+        encoder = self._opus if codec == "opus" else self._aac
+        packets, size = self._retired[codec]
+        if self._encoding[codec]:
+            packets, size = packets + encoder.packets, size + encoder.bytes
+        return {"codec": encoder.codec,
+                "bitrate": self._opus_bitrate if codec == "opus" else self._aac_bitrate,
+                "encoding": self._encoding[codec], "packets": packets, "bytes": size}
 
     @staticmethod
     def _unit(data: bytes, pts: int, chunk_pts: int, chunk_capture_us: int) -> AccessUnit:
@@ -291,9 +325,7 @@ class AudioPipeline:
             "drift_corrections": self.drift_corrections,
             "timeline_resets": self.timeline_resets,
             "source_failures": self.source_failures,
-            "opus": {"codec": self._opus.codec, "bitrate": self._opus_bitrate,
-                     "packets": self._opus.packets, "bytes": self._opus.bytes},
-            "aac": {"codec": self._aac.codec, "bitrate": self._aac_bitrate,
-                    "packets": self._aac.packets, "bytes": self._aac.bytes},
+            "opus": self._codec_stats("opus"),
+            "aac": self._codec_stats("aac"),
             "source_stats": self.source.stats(),
         }

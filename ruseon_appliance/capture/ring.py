@@ -190,6 +190,11 @@ class RingBuffer:
         # Shielded: one reader being cancelled must not cancel the future the others share.
         await asyncio.shield(self._waiter)
 
+    @property
+    def reader_count(self) -> int:
+        """Readers open now (a producer may skip work nobody reads; any thread may ask)."""
+        return len(self._readers)
+
     def reader(self, start: Literal["keyframe", "next"] = "keyframe") -> RingReader:
         """A new cursor: at the newest keyframe (a picture at once), or at the next write."""
         reader = RingReader(self, start)

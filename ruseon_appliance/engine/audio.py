@@ -115,24 +115,31 @@ class AudioFanout:
             self._reader = None
 
     def activate(self, viewer: AudioViewer) -> None:
-        """A viewer is ready: it is sent every packet written from now on."""
+        """A viewer is ready: it is sent every packet written from now on. The loop reads
+        the ring only while it has viewers: without a reader the camera does not encode
+        Opus at all (audio/pipeline.py)."""
         if viewer not in self._viewers:
             self._viewers.append(viewer)
+        if self._reader is None:
+            self._reader = self._ring.reader("next")
 
     def remove(self, viewer: AudioViewer) -> None:
         """Stop sending to ``viewer``."""
         if viewer in self._viewers:
             self._viewers.remove(viewer)
+        if not self._viewers and self._reader is not None:
+            self._reader.close()
+            self._reader = None
 
     def pump(self) -> None:
         """Copy what is new in the ring out once and send it to every viewer."""
         reader = self._reader
         if reader is None:
-            reader = self._reader = self._ring.reader("next")
+            return
         packets: list[tuple[bytes, int, int]] = []
         while (view := reader.poll()) is not None:
             packets.append((bytes(view.data), view.pts, view.capture_time_us))
-        if not packets or not self._viewers:
+        if not packets:
             return
         self.packets_read += len(packets)
         now = time.monotonic()
@@ -148,7 +155,6 @@ class AudioFanout:
 
     async def _run(self) -> None:
         ring = self._ring
-        self._reader = ring.reader("next")
         while True:
             await ring.wait()
             self.pump()

@@ -193,6 +193,56 @@ async def test_the_real_tone_source_is_paced_in_real_time() -> None:
     assert [b - a for a, b in itertools.pairwise(stamps)] == [FRAME_US] * 9
 
 
+async def test_the_real_tone_source_is_the_reference_signal_on_whole_20_ms() -> None:
+    tone = ToneSource()
+    tone.open()
+    chunks = [tone.read() for _ in range(3)]
+    tone.close()
+    for chunk in chunks:
+        assert chunk is not None and chunk.capture_time_us % FRAME_US == 0
+        # A slice of the precomputed second: the reference signal to within rounding.
+        reference = tone_samples(chunk.capture_time_us, FRAME_SAMPLES).astype(np.int32)
+        assert np.max(np.abs(chunk.samples.astype(np.int32) - reference)) <= 1
+
+
+async def test_a_codec_nobody_reads_is_not_encoded_until_someone_does() -> None:
+    source = ScriptedSource(chunks=250)
+    pipeline = AudioPipeline(source, retry_s=(0.05,))
+    opus = pipeline.opus_ring.reader("next")  # Opus is read; AAC (HLS, recordings) is not
+    await pipeline.start()
+    await wait_until(lambda: source.sent >= 50)
+    assert pipeline.stats()["aac"] == {**pipeline.stats()["aac"], "encoding": False,
+                                       "packets": 0}
+    assert pipeline.aac_ring.newest_seq == -1
+    aac = pipeline.aac_ring.reader("next")  # a reader comes: a fresh encoder from now on
+    opus.close()  # and the last Opus reader goes
+    await asyncio.to_thread(source.done.wait, 30)
+    await asyncio.sleep(0.2)
+    await pipeline.stop()
+    stats = pipeline.stats()
+    assert stats["aac"]["encoding"] is True and stats["opus"]["encoding"] is False
+    got = []
+    while (view := aac.poll()) is not None:
+        got.append((bytes(view.data), view.pts, view.capture_time_us))
+    assert 0 < stats["aac"]["packets"] == len(got)
+    # It starts where the reader came, on the sample clock, contiguous from there.
+    first = got[0][1]
+    assert first >= 50 * FRAME_SAMPLES
+    assert [p for _, p, _ in got] == [first + i * 1024 for i in range(len(got))]
+    for _, pts, capture in got:
+        assert capture == source.start_us + pts * 1_000_000 // AUDIO_CLOCK_RATE
+    assert len(decode("aac", got, pipeline.aac_config)) > 0
+    # Opus stopped with its reader and its packets so far are still counted.
+    assert 50 <= stats["opus"]["packets"] < 250
+
+
+async def wait_until(predicate: Any, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
 def test_beeps_start_at_whole_seconds() -> None:
     pcm = tone_samples(999_000_000 - 50_000, 9600)  # 200 ms around a whole second
     starts = beep_starts(pcm)

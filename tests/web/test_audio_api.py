@@ -68,10 +68,19 @@ async def test_mute_and_gain_apply_live_and_bad_input_is_a_4xx_with_a_reason(
 
 
 async def test_status_and_metrics_show_each_cameras_sound(tmp_path: Path) -> None:
-    async with full_appliance(tmp_path, "open") as (_app, base), aiohttp.ClientSession() as http:
+    async with full_appliance(tmp_path, "open") as (app, base), aiohttp.ClientSession() as http:
         for name in ("front", "side"):
             await wait_for_level(http, base + f"/api/camera/{name}/audio", loud=True)
-        await asyncio.sleep(0.2)  # an AAC frame is 21 ms: one at least is out
+        async with http.get(base + "/api/status", headers=ADMIN) as response:
+            status = await response.json()
+        # Nobody reads either camera's sound yet (no viewer, no client): nothing is encoded.
+        for camera in status["cameras"]:
+            for codec in ("opus", "aac"):
+                assert camera["audio"][codec]["encoding"] is False, camera["audio"]
+        # A reader of each ring (what a viewer, an RTSP client, HLS or a recording opens).
+        readers = [ring.reader("next") for camera in app.cameras
+                   for ring in (camera.audio.opus_ring, camera.audio.aac_ring)]
+        await asyncio.sleep(0.3)  # an AAC frame is 21 ms: some are out
         async with http.get(base + "/api/status", headers=ADMIN) as response:
             status = await response.json()
         cams = {c["name"]: c for c in status["cameras"]}
@@ -79,6 +88,7 @@ async def test_status_and_metrics_show_each_cameras_sound(tmp_path: Path) -> Non
             audio = cams[name]["audio"]
             assert audio["enabled"] is True and audio["source"] == "tone"
             assert audio["opus"]["packets"] > 0 and audio["aac"]["packets"] > 0
+            assert audio["opus"]["encoding"] and audio["aac"]["encoding"]
         async with http.get(base + "/metrics", headers=ADMIN) as response:
             text = await response.text()
         for name in ("front", "side"):
@@ -87,3 +97,5 @@ async def test_status_and_metrics_show_each_cameras_sound(tmp_path: Path) -> Non
                                   rf'codec="{codec}"\}} (\S+)', text)
                 assert match and float(match.group(1)) > 0, (name, codec)
         assert re.search(r'ruseon_audio_up\{camera="side"\} 1', text)
+        for reader in readers:
+            reader.close()

@@ -40,8 +40,24 @@ def beep_onsets_us(capture_start_us: int, capture_end_us: int) -> list[int]:
     return list(range(first, capture_end_us, 1_000_000))
 
 
+_SECOND: Any = None
+
+
+def _one_second() -> Any:
+    """The signal's whole second (it repeats every second: 440 and 1000 cycles a second),
+    made once per process."""
+    global _SECOND
+    if _SECOND is None:
+        _SECOND = tone_samples(0, AUDIO_CLOCK_RATE)
+    return _SECOND
+
+
 class ToneSource:
-    """Test tone, 20 ms a chunk, paced on the monotonic clock and stamped on the wall clock."""
+    """Test tone, 20 ms a chunk, paced on the monotonic clock and stamped on the wall clock.
+
+    Chunks start on whole 20 ms of the wall clock (a second holds 50 of them), so each is a
+    slice of one precomputed second of the signal rather than computed again.
+    """
 
     kind = "tone"
 
@@ -55,8 +71,11 @@ class ToneSource:
     def open(self) -> None:
         """Start the clock."""
         self._closed.clear()
-        self._start_mono = time.monotonic()
-        self._start_wall_us = time.time_ns() // 1000
+        mono = time.monotonic()
+        wall_us = time.time_ns() // 1000
+        aligned = -(-wall_us // FRAME_US) * FRAME_US  # the next whole 20 ms
+        self._start_mono = mono + (aligned - wall_us) / 1e6
+        self._start_wall_us = aligned
         self._index = 0
 
     def read(self) -> PcmChunk | None:
@@ -73,7 +92,8 @@ class ToneSource:
         capture_us = self._start_wall_us + self._index * FRAME_US
         self._index += 1
         self.chunks += 1
-        return PcmChunk(tone_samples(capture_us, FRAME_SAMPLES), capture_us)
+        offset = capture_us % 1_000_000 * AUDIO_CLOCK_RATE // 1_000_000
+        return PcmChunk(_one_second()[offset:offset + FRAME_SAMPLES].copy(), capture_us)
 
     def close(self) -> None:
         """Stop; a waiting read returns None."""
