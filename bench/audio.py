@@ -51,8 +51,12 @@ def thread_cpu(tid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def pipeline_cost(window: float) -> tuple[float, dict[str, object]]:
+async def pipeline_cost(window: float, *, read: bool = True) -> tuple[float, dict[str, object]]:
+    """The pipeline thread's share of a core in real time, with both rings read (``read``:
+    as with a WebRTC viewer and HLS) or none (nobody watching: nothing is encoded)."""
     pipeline = AudioPipeline(ToneSource())
+    readers = [pipeline.opus_ring.reader("next"), pipeline.aac_ring.reader("next")] if read \
+        else []
     await pipeline.start()
     await asyncio.sleep(0.5)
     thread = pipeline._thread
@@ -62,7 +66,101 @@ async def pipeline_cost(window: float) -> tuple[float, dict[str, object]]:
     used = thread_cpu(thread.native_id) - before
     stats = pipeline.stats()
     await pipeline.stop()
+    for reader in readers:
+        reader.close()
     return used / window, stats
+
+
+class PumpClock:
+    """Loop-thread CPU spent in a send loop's ``pump`` (wrapped on the instance)."""
+
+    def __init__(self, loop_object: object) -> None:
+        self.cpu = 0.0
+        self.calls = 0
+        original = loop_object.pump  # type: ignore[attr-defined]
+
+        def pump() -> None:
+            began = time.thread_time()
+            original()
+            self.cpu += time.thread_time() - began
+            self.calls += 1
+
+        loop_object.pump = pump  # type: ignore[attr-defined]
+
+
+async def fanout_cost(viewers: int, window: float, *, audio_on: bool) -> dict[str, float]:
+    """``viewers`` aiortc peers (packets counted and dropped, never decoded) on a real engine
+    over loopback; the loop-thread CPU of the video and the audio send loops per packet sent,
+    each counted apart."""
+    import tempfile
+
+    import aioice.ice
+    from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+
+    from ruseon_appliance.capture.pipeline import CapturePipeline
+    from ruseon_appliance.config import CameraConfig, HostPort, WebRtcConfig
+    from ruseon_appliance.engine import Engine
+    from ruseon_appliance.engine.aiortc_internals import discard_received_rtp
+
+    aioice.ice.get_host_addresses = lambda use_ipv4, use_ipv6: ["127.0.0.1"]
+    feed = CapturePipeline(CameraConfig(source="synthetic", width=640, height=480, framerate=30,
+                                        bitrate=1_000_000, keyframe_interval=60,
+                                        profile="baseline"))
+    audio = AudioPipeline(ToneSource())
+    await feed.start()
+    await feed.wait_first_frame(10)
+    await audio.start()
+    with tempfile.TemporaryDirectory() as state:
+        engine = Engine(WebRtcConfig(listen=HostPort("127.0.0.1", 0), advertise=("127.0.0.1",),
+                                     max_viewers=max(16, viewers)), Path(state), feed)
+        await engine.start()
+        clients = []
+        received = [0]
+        for _ in range(viewers):
+            pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+            pc.addTransceiver("video", direction="recvonly")
+            pc.addTransceiver("audio", direction="recvonly")
+            await pc.setLocalDescription(await pc.createOffer())
+            session, answer = await engine.offer(pc.localDescription.sdp,
+                                                 audio=audio if audio_on else None)
+            await pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
+            discard_received_rtp(pc, lambda size: received.__setitem__(0, received[0] + 1))
+            clients.append((pc, session))
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not all(
+                s.state == "connected" for _, s in clients):
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(1.0)
+        fanout = engine.fanout
+        assert fanout is not None
+        video_clock = PumpClock(fanout)
+        audio_fanout = engine.audio_fanout_for(audio) if audio_on else None
+        audio_clock = PumpClock(audio_fanout) if audio_fanout is not None else None
+
+        def sent() -> tuple[int, int]:
+            video = sum(s.track.packets_sent for _, s in clients)
+            sound = sum(s.audio.packets_sent for _, s in clients if s.audio is not None)
+            return video, sound
+
+        v0, a0 = sent()
+        await asyncio.sleep(window)
+        v1, a1 = sent()
+        for pc, _ in clients:
+            await pc.close()
+        await engine.stop()
+    await audio.stop()
+    await feed.stop()
+    video_packets, audio_packets = v1 - v0, a1 - a0
+    return {
+        "viewers": viewers,
+        "video_packets": video_packets,
+        "audio_packets": audio_packets,
+        "video_us_per_packet": video_clock.cpu / max(1, video_packets) * 1e6,
+        "audio_us_per_packet": (audio_clock.cpu / max(1, audio_packets) * 1e6
+                                if audio_clock is not None else 0.0),
+        "video_loop_share": video_clock.cpu / window,
+        "audio_loop_share": audio_clock.cpu / window if audio_clock is not None else 0.0,
+    }
 
 
 def main() -> None:
@@ -76,6 +174,9 @@ def main() -> None:
         for signal in ("tone", "noise"):
             results[f"{codec}_{signal}"] = encode_cost(make, signal, args.seconds)
     pipeline_share, stats = asyncio.run(pipeline_cost(args.window))
+    idle_share, _ = asyncio.run(pipeline_cost(args.window, read=False))
+    with_audio = asyncio.run(fanout_cost(args.viewers, args.window, audio_on=True))
+    without = asyncio.run(fanout_cost(args.viewers, args.window, audio_on=False))
     per_camera = results["opus_tone"] + results["aac_tone"]
     naive = results["opus_tone"] * args.viewers + results["aac_tone"]
     print("audio encode cost, share of one core (CPU s per s of 48 kHz mono audio)")
@@ -83,10 +184,20 @@ def main() -> None:
         print(f"  {key:12s} {value * 100:6.2f} %")
     print(f"  pipeline thread in real time (tone + both encoders): {pipeline_share * 100:.2f} %"
           f" ({stats['chunks_in']} chunks)")
+    print(f"  pipeline thread with nobody reading (the tone only, no encode): "
+          f"{idle_share * 100:.2f} %")
     print(f"  one encode per camera: {per_camera * 100:.2f} %; a per-viewer Opus encode for "
           f"{args.viewers} viewers: {naive * 100:.2f} % -> ratio {naive / per_camera:.1f}x")
-    print(json.dumps({"results": results, "pipeline": pipeline_share,
-                      "viewers": args.viewers}))
+    print(f"fan-out to {args.viewers} WebRTC viewers, loop-thread CPU per packet sent:")
+    print(f"  audio on : video {with_audio['video_us_per_packet']:.1f} us/packet "
+          f"({with_audio['video_packets']} packets), audio "
+          f"{with_audio['audio_us_per_packet']:.1f} us/packet ({with_audio['audio_packets']} "
+          f"packets); audio loop {with_audio['audio_loop_share'] * 100:.2f} % of a core")
+    print(f"  audio off: video {without['video_us_per_packet']:.1f} us/packet "
+          f"({without['video_packets']} packets)")
+    print(json.dumps({"results": results, "pipeline": pipeline_share, "pipeline_idle": idle_share,
+                      "viewers": args.viewers, "fanout_audio_on": with_audio,
+                      "fanout_audio_off": without}))
 
 
 if __name__ == "__main__":
