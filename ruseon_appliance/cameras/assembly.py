@@ -119,7 +119,7 @@ def _equip_audio(camera: Camera, cam: CameraConfig) -> None:
     from ..audio.pipeline import AudioPipeline
     from ..audio.sources import audio_source_for
 
-    source, why = audio_source_for(kind)
+    source, why = audio_source_for(kind, camera.pipeline.source)
     if source is None:
         camera.audio_reason = why
         return

@@ -2,9 +2,12 @@
 gir1.2-gst-rtsp-server-1.0), serving a recorded Annex B ``.h264`` file at its own pace.
 
 Run by Debian's ``/usr/bin/python3`` (the test venv may not see python3-gi):
-``/usr/bin/python3 rtsp_server.py PORT PATH FILE``; prints ``ready`` once it listens, on
-127.0.0.1 only. The file's SPS carries VUI timing, so h264parse stamps each access unit and the
-server sends it in real time; the RTP payloader repeats SPS/PPS in-band before every IDR.
+``/usr/bin/python3 rtsp_server.py PORT PATH FILE [AUDIO]``; prints ``ready`` once it listens, on
+127.0.0.1 only. ``AUDIO`` (default none) adds a sound track as an IP camera's: ``aac`` (AAC-LC
+16 kHz mono, RFC 3640), ``pcmu`` (G.711 mu-law 8 kHz) or ``opus`` (48 kHz), each a 440 Hz
+sine at half scale from GStreamer's audiotestsrc. The file's SPS carries VUI timing, so
+h264parse stamps each access unit and the server sends it in real time; the RTP payloader
+repeats SPS/PPS in-band before every IDR.
 """
 
 from __future__ import annotations
@@ -17,9 +20,20 @@ gi.require_version("Gst", "1.0")
 gi.require_version("GstRtspServer", "1.0")
 from gi.repository import GLib, Gst, GstRtspServer  # noqa: E402
 
+AUDIO = {
+    "none": "",
+    "aac": "audio/x-raw,rate=16000,channels=1 ! avenc_aac ! rtpmp4gpay name=pay1 pt=97",
+    "pcmu": "audio/x-raw,rate=8000,channels=1 ! mulawenc ! rtppcmupay name=pay1 pt=0",
+    "opus": "audio/x-raw,rate=48000,channels=1 ! opusenc ! rtpopuspay name=pay1 pt=98",
+}
+
 
 def main() -> int:
     port, path, filename = sys.argv[1], sys.argv[2], sys.argv[3]
+    audio = AUDIO[sys.argv[4] if len(sys.argv) > 4 else "none"]
+    if audio:
+        audio = (" audiotestsrc is-live=true wave=sine freq=440 volume=0.5 ! audioconvert ! "
+                 "audioresample ! " + audio)
     Gst.init(None)
     server = GstRtspServer.RTSPServer()
     server.set_address("127.0.0.1")
@@ -27,7 +41,7 @@ def main() -> int:
     factory = GstRtspServer.RTSPMediaFactory()
     factory.set_launch(f'( filesrc location="{filename}" ! h264parse ! '
                        "video/x-h264,stream-format=byte-stream,alignment=au ! "
-                       "rtph264pay name=pay0 pt=96 config-interval=-1 )")
+                       f"rtph264pay name=pay0 pt=96 config-interval=-1{audio} )")
     factory.set_shared(True)
     server.get_mount_points().add_factory(path, factory)
     if server.attach(None) == 0:

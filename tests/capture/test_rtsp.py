@@ -68,13 +68,13 @@ def record(path: Path, width: int, height: int) -> Path:
 class RtspServer:
     """gst-rtsp-server in a child process of Debian's Python (python3-gi)."""
 
-    def __init__(self, recording: Path, port: int) -> None:
-        self.recording, self.port = recording, port
+    def __init__(self, recording: Path, port: int, audio: str = "none") -> None:
+        self.recording, self.port, self.audio = recording, port, audio
         self.proc: subprocess.Popen[str] | None = None
 
     def start(self) -> None:
         self.proc = subprocess.Popen([SYSTEM_PYTHON, str(SERVER), str(self.port), "/cam",
-                                      str(self.recording)], stdout=subprocess.PIPE,
+                                      str(self.recording), self.audio], stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline().strip()
@@ -88,6 +88,15 @@ class RtspServer:
 
 @pytest.fixture
 def server(recording: Path) -> Iterator[RtspServer]:
+    require_rtsp_server()
+    running = RtspServer(recording, free_port())
+    running.start()
+    yield running
+    running.kill()
+
+
+def require_rtsp_server() -> None:
+    """Fail in CI (skip elsewhere) without GStreamer's RTSP server."""
     check = subprocess.run([SYSTEM_PYTHON, "-c", "import gi; gi.require_version("
                             "'GstRtspServer', '1.0')"], capture_output=True, text=True)
     if check.returncode != 0:
@@ -96,10 +105,6 @@ def server(recording: Path) -> Iterator[RtspServer]:
         if IN_CI:
             pytest.fail(message)
         pytest.skip(message)
-    running = RtspServer(recording, free_port())
-    running.start()
-    yield running
-    running.kill()
 
 
 async def read_units(pipeline: CapturePipeline, count: int, timeout: float = 30) -> list[

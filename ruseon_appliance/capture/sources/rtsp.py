@@ -117,6 +117,10 @@ class RtspSource:
         self.connected = False
         self.last_error = ""
         self.parameter_sets_added = 0
+        # Who takes the stream's audio track (audio/sources/track.py TrackSource: its
+        # ``take(packet, stream, arrival_us)`` and ``missing(reason)``), None: not read.
+        self.audio_sink: Any = None
+        self.audio_packets = 0
 
     async def start(self, deliver: Deliver) -> None:
         """Start the connect/read/reconnect task (the first connection is made in it)."""
@@ -156,6 +160,7 @@ class RtspSource:
             "frames": self.frames,
             "bytes": self.bytes,
             "parameter_sets_added": self.parameter_sets_added,
+            "audio_packets": self.audio_packets,
             "last_error": self.last_error,
         }
 
@@ -241,15 +246,28 @@ class RtspSource:
                                     for s in container.streams) or "no stream"
                 raise ValueError(f"the camera offers no H.264 video stream ({offered})")
             stream = streams[0]
+            sink = self.audio_sink
+            audio = list(container.streams.audio) if sink is not None else []
+            if sink is not None and not audio:
+                sink.missing("the camera's stream has no audio track")
             parameter_sets = avcc_to_annex_b(bytes(stream.codec_context.extradata or b""))
             self.connects += 1
             self.connected = True
             log.info("rtsp source %s: connected (%dx%d)", redact(self.url),
                      stream.codec_context.width, stream.codec_context.height)
-            for packet in container.demux(stream):
+            for packet in container.demux(stream, *audio[:1]):
                 if not current():
                     return
                 if packet.size == 0:
+                    continue
+                if packet.stream is not stream:
+                    # The sound: handed over on this thread (decoded by the sink), never
+                    # through the video path; a failure there costs the sound, not the video.
+                    self.audio_packets += 1
+                    try:
+                        sink.take(packet, packet.stream, time.time_ns() // 1000)
+                    except Exception:
+                        log.exception("rtsp source %s: the audio track failed", redact(self.url))
                     continue
                 data = bytes(packet)
                 types = nal_types(data)

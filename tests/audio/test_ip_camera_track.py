@@ -1,0 +1,127 @@
+"""An IP camera's own sound (``audio = "source"``): the audio track of a real RTSP camera
+(GStreamer's gst-rtsp-server with an audio test source, started by the test on loopback) taken
+with its video, decoded, and encoded once into Opus and AAC, with the video untouched."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ruseon_appliance.audio.choice import resolve_audio
+from ruseon_appliance.audio.pipeline import AudioPipeline
+from ruseon_appliance.audio.sources import audio_source_for
+from ruseon_appliance.audio.sources.track import TrackSource
+from ruseon_appliance.capture.pipeline import CapturePipeline
+from ruseon_appliance.capture.sources.rtsp import RtspSource
+from ruseon_appliance.config import CameraConfig
+from tests.audio.test_pipeline import decode
+from tests.capture.test_rtsp import (
+    FPS,
+    HEIGHT,
+    WIDTH,
+    RtspServer,
+    record,
+    require_rtsp_server,
+    wait_until,
+)
+from tests.tooling import free_port
+
+pytestmark = pytest.mark.timeout(120)
+NO_TRACK = "the camera's stream has no audio track"
+
+
+@pytest.fixture(scope="module")
+def recording(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return record(tmp_path_factory.mktemp("track") / "stamped.h264", WIDTH, HEIGHT)
+
+
+async def take_sound(recording: Path, audio: str, opus_packets: int = 100) -> dict[str, Any]:
+    """Run an RTSP camera whose stream has an ``audio`` track through the video and audio
+    pipelines; what came out of each."""
+    require_rtsp_server()
+    server = RtspServer(recording, free_port(), audio)
+    server.start()
+    url = f"rtsp://127.0.0.1:{server.port}/cam"
+    camera = CameraConfig(name="gate", source=url, framerate=FPS, width=WIDTH, height=HEIGHT)
+    assert resolve_audio(camera)[0] == "source"  # auto: an rtsp:// camera's own track
+    video = CapturePipeline(camera, source=RtspSource(camera, url, backoff_s=(0.2, 1.0)))
+    track, why = audio_source_for("source", video.source)
+    assert isinstance(track, TrackSource), why
+    sound = AudioPipeline(track, retry_s=(0.1,))
+    opus = sound.opus_ring.reader("next")
+    aac = sound.aac_ring.reader("next")
+    await video.start()
+    await sound.start()
+    try:
+        await wait_until(lambda: sound.opus_ring.newest_seq + 1 >= opus_packets
+                         or (audio == "none" and sound.problem() == NO_TRACK), timeout=60)
+        frames_then = video.ring.newest_seq
+        # The video goes on meanwhile (liveness, not a time bound).
+        await wait_until(lambda: video.ring.newest_seq >= frames_then + 5, timeout=30)
+        await asyncio.sleep(0.3)
+        got: dict[str, Any] = {"opus": [], "aac": []}
+        for name, reader in (("opus", opus), ("aac", aac)):
+            while (view := reader.poll()) is not None:
+                got[name].append((bytes(view.data), view.pts, view.capture_time_us))
+        newest = video.ring.frame(video.ring.newest_seq)
+        return {**got, "stats": sound.stats(), "problem": sound.problem(),
+                "video_frames_later": video.ring.newest_seq - frames_then,
+                "video_capture_us": newest.capture_time_us if newest else 0,
+                "track": track.stats(), "aac_config": sound.aac_config}
+    finally:
+        await sound.stop()
+        await video.stop()
+        server.kill()
+
+
+def dominant_hz(pcm: Any) -> float:
+    spectrum = np.abs(np.fft.rfft(pcm[: 48_000 // 2]))
+    return float(np.argmax(spectrum) * 48_000 / (2 * len(spectrum) - 2))
+
+
+@pytest.mark.parametrize("codec", ["aac", "pcmu", "opus"])
+async def test_an_ip_cameras_track_is_taken_with_its_video(recording: Path, codec: str) -> None:
+    out = await take_sound(recording, codec)
+    assert out["problem"] is None
+    assert out["track"]["codec"] == {"aac": "aac", "pcmu": "pcm_mulaw", "opus": "opus"}[codec]
+    assert out["track"]["decode_errors"] == 0
+    # The video goes on while the sound is taken (the same connection, the same thread).
+    assert out["video_frames_later"] > 0
+    for name, extra in (("opus", b""), ("aac", out["aac_config"])):
+        packets = out[name]
+        assert len(packets) > 40, (name, len(packets))
+        pcm = decode(name, packets[5:], extra)
+        # The camera's 440 Hz sine at half scale (-9 dBFS RMS), through decode, resample and
+        # the one encode of each codec (G.711 and the codecs cost a dB or so).
+        level = 20 * np.log10(np.sqrt(np.mean(pcm[4800:] ** 2)))
+        assert -12 < level < -7, (name, level)
+        assert abs(dominant_hz(pcm[4800:]) - 440) < 5, name
+    # Stamped on the video's clock: the newest sound is within a second of the newest picture.
+    assert abs(out["opus"][-1][2] - out["video_capture_us"]) < 1_000_000
+
+
+async def test_an_ip_camera_without_sound_says_so_and_its_video_plays(recording: Path) -> None:
+    out = await take_sound(recording, "none")
+    assert out["problem"] == NO_TRACK
+    assert out["video_frames_later"] > 0 and not out["opus"]
+
+
+def test_a_track_in_a_codec_that_cannot_be_decoded_is_reported_once_and_dropped() -> None:
+    track = TrackSource()
+    stream = SimpleNamespace(codec_context=SimpleNamespace(
+        name="no-such-codec", sample_rate=8000, extradata=b"", layout=None, channels=1))
+    for _ in range(5):
+        track.take(object(), stream, 0)
+    assert track.stats()["packets_dropped"] == 5
+    with pytest.raises(Exception, match="no-such-codec, which this FFmpeg cannot decode"):
+        track.open()
+
+
+def test_a_video_source_without_a_track_gets_no_audio_source() -> None:
+    source, why = audio_source_for("source", object())
+    assert source is None and "no audio track" in why
