@@ -99,3 +99,49 @@ async def test_status_and_metrics_show_each_cameras_sound(tmp_path: Path) -> Non
         assert re.search(r'ruseon_audio_up\{camera="side"\} 1', text)
         for reader in readers:
             reader.close()
+
+
+async def audio_direction(http: aiohttp.ClientSession, url: str, *, audio: bool = True) -> str:
+    """POST a real aiortc recvonly offer to ``url``; the answer's audio direction ("" if the
+    answer has no audio section)."""
+    from aiortc import RTCConfiguration, RTCPeerConnection
+
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    try:
+        pc.addTransceiver("video", direction="recvonly")
+        if audio:
+            pc.addTransceiver("audio", direction="recvonly")
+        await pc.setLocalDescription(await pc.createOffer())
+        async with http.post(url, data=pc.localDescription.sdp,
+                             headers={"Content-Type": "application/sdp"}) as response:
+            assert response.status == 201, await response.text()
+            answer = await response.text()
+            location = response.headers["Location"]
+        async with http.delete(url.split("/whep")[0] + location) as response:
+            assert response.status in (200, 204)
+    finally:
+        await pc.close()
+    if "m=audio" not in answer:
+        return ""
+    section = answer[answer.index("m=audio"):]
+    if "\nm=" in section:
+        section = section[:section.index("\nm=")]
+    return next(line[2:] for line in section.splitlines()
+                if line in ("a=sendonly", "a=inactive", "a=recvonly", "a=sendrecv"))
+
+
+async def test_whep_answers_each_cameras_sound_on_every_stream(tmp_path: Path) -> None:
+    async with full_appliance(tmp_path, "open") as (app, base), aiohttp.ClientSession() as http:
+        # The default camera, a named one, and the default camera's sub-stream: the camera's
+        # sound with each (a stranger may watch: viewing is open).
+        for path in ("/whep", "/whep/side", "/whep/front/sub", "/whep?stream=sub"):
+            assert await audio_direction(http, base + path) == "sendonly", path
+        assert await audio_direction(http, base + "/whep/side", audio=False) == ""
+        # A camera turned silent: its viewers' audio is answered inactive, never refused.
+        side = app.cameras.get("side")
+        assert side is not None and side.audio is not None
+        kept, side.audio = side.audio, None
+        try:
+            assert await audio_direction(http, base + "/whep/side") == "inactive"
+        finally:
+            side.audio = kept
