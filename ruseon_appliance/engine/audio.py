@@ -33,12 +33,12 @@ from aiortc.rtp import RtcpRrPacket, RtcpSrPacket
 
 from ruseon_appliance.capture.ring import RingBuffer, RingReader
 from ruseon_appliance.engine import aiortc_internals
+from ruseon_appliance.engine.fanout import take_over_stream
 from ruseon_appliance.logs import RateLimit
 from ruseon_appliance.stream.gso import DropCounters, GsoSender
 from ruseon_appliance.stream.reports import ReceiverStats, SenderReports
-from ruseon_appliance.stream.rtp_header import RtpHeaderTemplate
 from ruseon_appliance.stream.rtp_writer import SrtpPacketWriter
-from ruseon_appliance.stream.srtp import SrtpPacketBuffer, srtp_handle
+from ruseon_appliance.stream.srtp import SrtpPacketBuffer
 from ruseon_appliance.tasks import cancel_and_wait
 
 __all__ = ["OPUS_CLOCK_RATE", "AudioFanout", "AudioFeed", "AudioViewer", "FanoutAudioTrack",
@@ -211,17 +211,10 @@ class AudioViewer:
         if self.closed or sender is None or not aiortc_internals.transport_connected(sender):
             return
         self.payload_type = parameters.codecs[0].payloadType
-        self.reports.ssrc = self._ssrc
-        self.reports.cname = parameters.rtcp.cname or ""
-        header = RtpHeaderTemplate(
-            self.payload_type, self._ssrc, mid=parameters.muxId or "",
-            extensions=[(ext.uri, ext.id) for ext in parameters.headerExtensions])
-        self._srtp = aiortc_internals.srtp_session(sender)
         fanout = self._fanout
-        self._writer = SrtpPacketWriter(header, srtp_handle(self._srtp), batch=fanout.buffer,
-                                        single=fanout.buffer, gso=fanout.gso_sender,
-                                        drops=self.drops)
-        aiortc_internals.route_rtcp_to(sender, self, parameters)
+        self._writer, self._srtp = take_over_stream(
+            sender, parameters, self, self.reports, self.payload_type, batch=fanout.buffer,
+            single=fanout.buffer, gso=fanout.gso_sender, drops=self.drops)
         self.reports.first_due(time.monotonic() + 0.2)
         self.active = True
         fanout.activate(self)

@@ -49,16 +49,16 @@ from aiortc.rtp import (
 from ruseon_appliance.engine import aiortc_internals
 from ruseon_appliance.stream.cursor import ViewerCursor
 from ruseon_appliance.stream.fanout import Fanout
-from ruseon_appliance.stream.gso import DropCounters
+from ruseon_appliance.stream.gso import DropCounters, GsoSender
 from ruseon_appliance.stream.history import PacketizedFrame
 from ruseon_appliance.stream.nack import NackResponder
 from ruseon_appliance.stream.pacing import JoinPacer, SendBudget
 from ruseon_appliance.stream.reports import ReceiverStats, SenderReports
 from ruseon_appliance.stream.rtp_header import RtpHeaderTemplate
 from ruseon_appliance.stream.rtp_writer import SrtpPacketWriter
-from ruseon_appliance.stream.srtp import srtp_handle
+from ruseon_appliance.stream.srtp import SrtpPacketBuffer, srtp_handle
 
-__all__ = ["FanoutTrack", "FanoutViewer"]
+__all__ = ["FanoutTrack", "FanoutViewer", "take_over_stream"]
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +69,26 @@ def _ignore_keyframe_request(reason: str) -> None:
 
 def _ignore_nack(sequence_number: int) -> None:
     """A stopped viewer's NACKs go nowhere."""
+
+
+def take_over_stream(sender: RTCRtpSender, parameters: RTCRtpSendParameters,
+                     sink: aiortc_internals.RtcpSink, reports: SenderReports,
+                     payload_type: int, *, batch: SrtpPacketBuffer, single: SrtpPacketBuffer,
+                     gso: GsoSender, drops: DropCounters) -> tuple[SrtpPacketWriter, Any]:
+    """Once a viewer's DTLS is up: the writer of its stream ``sink._ssrc`` as negotiated
+    (payload type, MID and header extensions, the transport's SRTP session), its sender
+    reports named, and the transport's RTCP about it routed to ``sink``. Returns the writer
+    and the SRTP session (for one-off packets and RTCP)."""
+    reports.ssrc = sink._ssrc
+    reports.cname = parameters.rtcp.cname or ""
+    header = RtpHeaderTemplate(
+        payload_type, sink._ssrc, mid=parameters.muxId or "",
+        extensions=[(ext.uri, ext.id) for ext in parameters.headerExtensions])
+    session = aiortc_internals.srtp_session(sender)
+    writer = SrtpPacketWriter(header, srtp_handle(session), batch=batch, single=single, gso=gso,
+                              drops=drops)
+    aiortc_internals.route_rtcp_to(sender, sink, parameters)
+    return writer, session
 
 
 class FanoutTrack(MediaStreamTrack):  # type: ignore[misc]
@@ -236,17 +256,10 @@ class FanoutViewer:
                     and c.parameters.get("apt") == codec.payloadType):
                 self.nack.rtx_payload_type = c.payloadType
                 break
-        self.reports.ssrc = self._ssrc
-        self.reports.cname = parameters.rtcp.cname or ""
-        header = RtpHeaderTemplate(
-            self.payload_type, self._ssrc, mid=parameters.muxId or "",
-            extensions=[(ext.uri, ext.id) for ext in parameters.headerExtensions])
-        self._srtp = aiortc_internals.srtp_session(sender)
         fanout = self._fanout
-        self._writer = SrtpPacketWriter(header, srtp_handle(self._srtp), batch=fanout.batch,
-                                        single=fanout.buffer, gso=fanout.gso_sender,
-                                        drops=self.drops)
-        aiortc_internals.route_rtcp_to(sender, self, parameters)
+        self._writer, self._srtp = take_over_stream(
+            sender, parameters, self, self.reports, self.payload_type, batch=fanout.batch,
+            single=fanout.buffer, gso=fanout.gso_sender, drops=self.drops)
         self.budget.fill(time.monotonic())
         self.reports.first_due(time.monotonic() + 0.2)  # an early SR: RTT and sync from the start
         self.active = True

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,12 +16,11 @@ from aiortc.rtp import RtcpPacket, RtcpSrPacket
 
 from ruseon_appliance.audio.pipeline import AudioPipeline
 from ruseon_appliance.audio.sources.tone import ToneSource
-from ruseon_appliance.capture.pipeline import CapturePipeline
 from ruseon_appliance.capture.stamp import read_stamp
 from ruseon_appliance.engine import Engine
 from ruseon_appliance.engine.aiortc_internals import tap_received_rtp
 from ruseon_appliance.stream.rtcp import NTP_EPOCH_OFFSET
-from tests.engine.conftest import wait_for, webrtc_config
+from tests.engine.conftest import wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -39,13 +37,6 @@ async def audio() -> AsyncIterator[AudioPipeline]:
     yield pipeline
     await pipeline.stop()
 
-
-@pytest.fixture
-async def audio_engine(feed: CapturePipeline, tmp_path: Path) -> AsyncIterator[Engine]:
-    eng = Engine(webrtc_config(), tmp_path / "state", feed)
-    await eng.start()
-    yield eng
-    await eng.stop()
 
 
 @dataclass(eq=False)
@@ -174,12 +165,12 @@ def lip_sync_errors_us(viewer: AvViewer, since_us: int) -> list[int]:
 
 @pytest.mark.parametrize("audio_first", [False, True], ids=["video-first", "audio-first"])
 async def test_viewer_gets_opus_in_sync_with_the_picture(
-        audio_engine: Engine, audio: AudioPipeline, audio_first: bool) -> None:
-    viewer = await connect(audio_engine, audio, audio_first=audio_first)
+        engine: Engine, audio: AudioPipeline, audio_first: bool) -> None:
+    viewer = await connect(engine, audio, audio_first=audio_first)
     try:
         assert "opus/48000/2" in viewer.answer
         assert "m=audio" in viewer.answer and "a=sendonly" in viewer.answer
-        session = audio_engine.get(viewer.session_id)
+        session = engine.get(viewer.session_id)
         assert session.audio is not None
         # Beeps every second: wait for four, and sender reports of both streams.
         await wait_for(lambda: len(beep_onsets(viewer.sound)) >= 4
@@ -192,16 +183,16 @@ async def test_viewer_gets_opus_in_sync_with_the_picture(
         assert stats["codec"] == "opus" and stats["packets_sent"] >= 150
         assert stats["sender_reports"] >= 1
         # One encode for everybody: every packet the viewer got was read from the ring once.
-        fanout = audio_engine.stats()["audio_fanout"]
+        fanout = engine.stats()["audio_fanout"]
         assert fanout["packets_read"] <= audio.stats()["opus"]["packets"]
     finally:
         await viewer.close()
 
 
-async def test_lip_sync_holds_as_the_stream_goes_on(audio_engine: Engine,
+async def test_lip_sync_holds_as_the_stream_goes_on(engine: Engine,
                                                     audio: AudioPipeline) -> None:
     """The sender reports keep the two timelines on the capture clock, not only at join."""
-    viewer = await connect(audio_engine, audio, audio_first=False)
+    viewer = await connect(engine, audio, audio_first=False)
     try:
         await wait_for(lambda: len(viewer.pictures) > 10, timeout=30)
         later = viewer.pictures[-1][0] + 15_000_000
@@ -214,13 +205,13 @@ async def test_lip_sync_holds_as_the_stream_goes_on(audio_engine: Engine,
         await viewer.close()
 
 
-async def test_two_viewers_share_one_read_of_each_packet(audio_engine: Engine,
+async def test_two_viewers_share_one_read_of_each_packet(engine: Engine,
                                                          audio: AudioPipeline) -> None:
-    first = await connect(audio_engine, audio, audio_first=False)
-    second = await connect(audio_engine, audio, audio_first=True)
+    first = await connect(engine, audio, audio_first=False)
+    second = await connect(engine, audio, audio_first=True)
     try:
         await wait_for(lambda: len(first.sound) > 50 and len(second.sound) > 50, timeout=30)
-        fanout = audio_engine.stats()["audio_fanout"]
+        fanout = engine.stats()["audio_fanout"]
         assert fanout["viewers"] == 2
         # Each packet copied out of the ring once, sent twice.
         assert fanout["packets_sent"] >= 2 * fanout["packets_read"] - 10
@@ -230,9 +221,9 @@ async def test_two_viewers_share_one_read_of_each_packet(audio_engine: Engine,
 
 
 async def test_offers_without_audio_or_for_a_silent_camera_get_video_alone(
-        audio_engine: Engine, audio: AudioPipeline) -> None:
-    no_audio = await connect(audio_engine, audio, audio_first=False, with_audio=False)
-    silent = await connect(audio_engine, None, audio_first=True)
+        engine: Engine, audio: AudioPipeline) -> None:
+    no_audio = await connect(engine, audio, audio_first=False, with_audio=False)
+    silent = await connect(engine, None, audio_first=True)
     try:
         assert "m=audio" not in no_audio.answer
         # The camera has no sound: the offer's audio is answered inactive, never refused.
@@ -242,13 +233,13 @@ async def test_offers_without_audio_or_for_a_silent_camera_get_video_alone(
         await wait_for(lambda: len(no_audio.pictures) > 10 and len(silent.pictures) > 10,
                        timeout=30)
         assert not silent.sound and not no_audio.sound
-        assert audio_engine.get(silent.session_id).audio is None
+        assert engine.get(silent.session_id).audio is None
     finally:
         await no_audio.close()
         await silent.close()
 
 
-async def test_an_offer_without_opus_keeps_its_video(audio_engine: Engine,
+async def test_an_offer_without_opus_keeps_its_video(engine: Engine,
                                                      audio: AudioPipeline) -> None:
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
     pc.addTransceiver("video", direction="recvonly")
@@ -261,7 +252,7 @@ async def test_an_offer_without_opus_keeps_its_video(audio_engine: Engine,
                       for ln in lines) + "\r\n"
     assert "opus" not in sdp.lower()
     try:
-        session, answer = await audio_engine.offer(sdp, audio=audio)
+        session, answer = await engine.offer(sdp, audio=audio)
         assert session.audio is None
         assert "opus" not in answer.lower()
     finally:
