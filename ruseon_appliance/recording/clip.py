@@ -28,6 +28,7 @@ from ..segmenter.fmp4 import (
     av_moof_box,
     moof_box,
     movie_box,
+    parse_aac_config,
 )
 from .archive import CONTIGUOUS_TOLERANCE_US, OPEN_SUFFIX, SEGMENT_SUFFIX, Segment
 from .segment_file import SegmentFormatError, init_audio, init_track, read_segment
@@ -64,6 +65,9 @@ class Clip:
     duration_us: int
     frames: int
     content_type: str
+    # RFC 6381, every track ("avc1.64001f" or "avc1.64001f,mp4a.40.2"): what a browser's
+    # MediaSource needs to be told before it takes the file (X-Clip-Codecs).
+    codecs: str = ""
     pieces: list[bytes | _Piece] = field(default_factory=list)
     fds: list[int] = field(default_factory=list)
 
@@ -213,7 +217,8 @@ def plan_clip(segments: Sequence[Segment], start_us: int, end_us: int, fmt: str 
     assert init is not None and track is not None
     clip = Clip(start_us=times[first_index],
                 duration_us=sum(samples.duration[first_index:last]) * 1_000_000 // timescale,
-                frames=last - first_index, content_type="video/mp4", fds=fds)
+                frames=last - first_index, content_type="video/mp4", fds=fds,
+                codecs=_codecs(track[0], audio_config))
     chunks = _chunks(samples, first_index, last)
     audio = (_place_audio(sound, clip.start_us, clip.start_us + clip.duration_us)
              if audio_config is not None else None)
@@ -265,6 +270,16 @@ def _place_audio(sound: _Samples, start_us: int, end_us: int) -> _AudioPlan | No
     if not indices:
         return None
     return _AudioPlan(indices, durations, delay)
+
+
+def _codecs(avcc: bytes, audio_config: bytes | None) -> str:
+    codecs = f"avc1.{avcc[1:4].hex()}"
+    if audio_config is not None:
+        try:
+            codecs += "," + parse_aac_config(audio_config).codec
+        except ValueError:
+            codecs += ",mp4a.40.2"
+    return codecs
 
 
 def _close(fds: list[int]) -> None:

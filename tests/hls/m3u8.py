@@ -300,7 +300,7 @@ def parse_multivariant(text: str) -> MultivariantPlaylist:
             _check(bool(codecs) and _AVC.match(codecs[0]) is not None
                    and all(_AVC.match(c) or _AAC.match(c) for c in codecs[1:])
                    and sum(1 for c in codecs if _AVC.match(c)) == 1,
-                   f"CODECS {codecs} are not one H.264 (and AAC)")
+                   f"CODECS {codecs} are not H.264's (one, then AAC-LC if any)")
             _check("RESOLUTION" in attrs, "RESOLUTION missing")
             size = _RESOLUTION.match(attrs["RESOLUTION"])
             _check(size is not None, f"RESOLUTION {attrs['RESOLUTION']!r} is not WxH")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -61,7 +62,7 @@ async def appliance(tmp_path: Path) -> AsyncIterator[tuple[str, Appliance]]:
 
 
 async def clip(http: aiohttp.ClientSession, base: str, camera: str, fmt: str,
-               path: Path) -> Path:
+               path: Path) -> tuple[Path, str]:
     """Four seconds of the first recorded range, from 1.5 s into it (the first whole second
     of capture time in it may be a picture's first moment)."""
     for _ in range(60):
@@ -80,15 +81,18 @@ async def clip(http: aiohttp.ClientSession, base: str, camera: str, fmt: str,
                                 "format": fmt}) as r:
         body = await r.read()
         assert r.status == 200, body[:300]
+        codecs = r.headers["X-Clip-Codecs"]
     path.write_bytes(body)
-    return path
+    return path, codecs
 
 
 async def test_clips_of_a_camera_with_its_tone_have_aac_in_sync_and_a_silent_one_has_none(
         tmp_path: Path) -> None:
     async with appliance(tmp_path) as (base, app), aiohttp.ClientSession() as http:
         for fmt in ("mp4", "fmp4"):
-            media = await clip(http, base, "front", fmt, tmp_path / f"front.{fmt}.mp4")
+            media, codecs = await clip(http, base, "front", fmt, tmp_path / f"front.{fmt}.mp4")
+            # What the page's MediaSource is told: both tracks.
+            assert re.fullmatch(r"avc1\.[0-9a-f]{6},mp4a\.40\.2", codecs), codecs
             assert await asyncio.to_thread(streams, media) == [("video", "h264"),
                                                                ("audio", "aac")], fmt
             assert await asyncio.to_thread(decode_errors, media) == "", fmt
@@ -111,6 +115,7 @@ async def test_clips_of_a_camera_with_its_tone_have_aac_in_sync_and_a_silent_one
         stats = front.recorder.stats()
         assert stats["audio"]["frames_total"] > 0, stats
 
-        silent = await clip(http, base, "mute", "mp4", tmp_path / "mute.mp4")
+        silent, codecs = await clip(http, base, "mute", "mp4", tmp_path / "mute.mp4")
+        assert re.fullmatch(r"avc1\.[0-9a-f]{6}", codecs), codecs
         assert await asyncio.to_thread(streams, silent) == [("video", "h264")]
         assert await asyncio.to_thread(decode_errors, silent) == ""
