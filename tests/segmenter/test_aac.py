@@ -188,3 +188,60 @@ async def test_run_segmenter_reads_the_aac_ring_beside_the_video() -> None:
     # the pictures span are muxed, but for the last few frames still in flight at the close.
     assert seg.audio_dropped == len(backlog) and seg.audio_waited_out == 0
     assert 2.0 * 48_000 / 1024 - 5 <= sum(f.audio_frames for f in out) <= 2.0 * 48_000 / 1024 + 2
+
+
+async def test_a_sink_failure_on_a_fragment_the_audio_released_is_raised_by_run_segmenter(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """HLS raises from its sink to start over with other parts (tests/hls): that must work when
+    the fragment came out because its sound arrived, not only after a picture. And a failure
+    of the audio side itself never stops the pictures."""
+    video = encode(30, fps=30, gop=30, start_us=START_US)
+    config, audio = tone_frames(START_US, 1.5)
+
+    class Refused(Exception):
+        pass
+
+    def refuse(fragments: list[Fragment]) -> None:
+        raise Refused
+
+    video_ring, audio_ring = RingBuffer(4 << 20, 256), RingBuffer(1 << 20, 512)
+    seg = Fmp4Segmenter(fragment_max_s=0.25, audio_config=config)
+    reader = video_ring.reader("next")
+    audio_reader, _ = open_audio(seg, audio_ring)
+    task = asyncio.create_task(run_segmenter(reader, seg, refuse, audio=audio_reader))
+    audio_ring.write(AccessUnit(*audio[0][:2], True, audio[0][2]))  # the sound has begun
+    for unit in video[:9]:  # one part closes when the 9th picture comes, and waits for sound
+        video_ring.write(AccessUnit(unit.data, unit.pts, unit.keyframe, unit.capture_time_us))
+        await asyncio.sleep(0)
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert not task.done() and len(seg._held) == 1
+    for data, pts, capture in audio[1:20]:
+        audio_ring.write(AccessUnit(data, pts, True, capture))
+    with pytest.raises(Refused):
+        await asyncio.wait_for(task, 5)
+    audio_reader.close()
+
+    seg = Fmp4Segmenter(fragment_max_s=0.25, audio_config=config)
+
+    def broken(*args: object) -> list[Fragment]:
+        raise RuntimeError("an audio bug")
+
+    monkeypatch.setattr(seg, "push_audio", broken)
+    out: list[Fragment] = []
+    reader = video_ring.reader("next")
+    audio_reader = audio_ring.reader("next")
+    task = asyncio.create_task(run_segmenter(reader, seg, out.extend, audio=audio_reader))
+    await asyncio.sleep(0)
+    audio_ring.write(AccessUnit(*audio[30][:2], True, audio[30][2]))
+    for unit in video:
+        video_ring.write(AccessUnit(unit.data, unit.pts, unit.keyframe, unit.capture_time_us))
+        await asyncio.sleep(0)
+    for _ in range(100):
+        if not reader.lag:
+            break
+        await asyncio.sleep(0)
+    reader.close()
+    await asyncio.wait_for(task, 5)
+    audio_reader.close()
+    assert sum(f.frames for f in out) == 30 and not any(f.audio_frames for f in out)
