@@ -58,6 +58,11 @@ AUDIO_STALE_US = 500_000
 # Audio whose place by its pts and by its capture time differ by more than one AAC frame is
 # placed again by its capture time (the video's clock and the capture clock drifted apart).
 AUDIO_REANCHOR_TICKS = AAC_FRAME_SAMPLES
+# The video's capture times are often arrival times (RTSP, rpicam: jittered by the network and
+# the encoder), so the capture-to-pts mapping the audio is placed by is smoothed over about
+# 50 pictures; a step of more than a second (a new timeline) starts it again.
+VIDEO_CLOCK_SMOOTHING = 0.02
+VIDEO_CLOCK_STEP_US = 1_000_000
 # At most this many AAC frames wait for video (about 43 s): a camera without pictures yet must
 # not let its sound pile up.
 MAX_AUDIO_QUEUE = 2048
@@ -459,6 +464,8 @@ class Fmp4Segmenter:
         self._audio_end: int | None = None  # where the last frame muxed ends (1/48000)
         self._held: list[_Held] = []
         self._video_now_us: int | None = None  # capture time of the newest video pushed
+        self._video_clock_us: float | None = None  # smoothed capture time minus pts (µs)
+        self._video_clock_n = 0
         self.audio_frames = 0  # muxed
         self.audio_dropped = 0  # before the video started, overlapping, or queue overflow
         self.audio_reanchored = 0
@@ -511,6 +518,16 @@ class Fmp4Segmenter:
         self._pending = sample
         if self.audio_config is not None:
             self._video_now_us = capture_time_us
+            lead = capture_time_us - sample.pts * 1_000_000 / self.timescale
+            clock = self._video_clock_us
+            if clock is None or abs(lead - clock) > VIDEO_CLOCK_STEP_US:
+                self._video_clock_us, self._video_clock_n = lead, 1
+            else:
+                # The mean of the first ones (the first part's sound is placed by it), then
+                # a moving average.
+                self._video_clock_n += 1
+                weight = max(VIDEO_CLOCK_SMOOTHING, 1 / self._video_clock_n)
+                self._video_clock_us = clock + weight * (lead - clock)
         if previous is not None:
             delta = sample.pts - previous.pts
             if not 0 < delta <= self._max_sample_ticks:
@@ -565,6 +582,7 @@ class Fmp4Segmenter:
         # The video's timeline may start again anywhere: the audio is placed anew.
         self._audio_offset = None
         self._audio_end = None
+        self._video_clock_us = None
 
     # -- internals ------------------------------------------------------------------------
 
@@ -714,10 +732,12 @@ class Fmp4Segmenter:
         audio: list[tuple[int, int]] = []
         decode_time = offset = 0
         if frames:
-            # Where the first frame belongs by capture time, on this fragment's video timeline.
-            expected = (held.start_pts * AUDIO_TIMESCALE // self.timescale
-                        + (frames[0].capture_time_us - held.capture_time_us)
-                        * AUDIO_TIMESCALE // 1_000_000)
+            # Where the first frame belongs by capture time, on the video's timeline (by its
+            # smoothed mapping; this fragment's first picture's before there is one).
+            clock = self._video_clock_us
+            if clock is None:
+                clock = held.capture_time_us - held.start_pts * 1_000_000 / self.timescale
+            expected = round((frames[0].capture_time_us - clock) * AUDIO_TIMESCALE / 1_000_000)
             anchored = self._audio_offset
             if anchored is None or abs(frames[0].pts + anchored - expected) > (
                     AUDIO_REANCHOR_TICKS):
@@ -726,11 +746,12 @@ class Fmp4Segmenter:
                 anchored = self._audio_offset = expected - frames[0].pts
             offset = anchored
             end = self._audio_end
-            if end is not None:
-                # Never overlap what was already sent (after placing the audio again, earlier).
-                kept = [f for f in frames if f.pts + offset >= end]
-                self.audio_dropped += len(frames) - len(kept)
-                frames = kept
+            if end is None:  # the first since a (re)start: nothing before the pictures
+                end = held.start_pts * AUDIO_TIMESCALE // self.timescale
+            # Never overlap what was already sent (after placing the audio again, earlier).
+            kept = [f for f in frames if f.pts + offset >= end]
+            self.audio_dropped += len(frames) - len(kept)
+            frames = kept
         if frames:
             decode_time = frames[0].pts + offset
             max_ticks = int(_MAX_SAMPLE_S * AUDIO_TIMESCALE)

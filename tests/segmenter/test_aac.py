@@ -245,3 +245,26 @@ async def test_a_sink_failure_on_a_fragment_the_audio_released_is_raised_by_run_
     await asyncio.wait_for(task, 5)
     audio_reader.close()
     assert sum(f.frames for f in out) == 30 and not any(f.audio_frames for f in out)
+
+
+def test_jittered_capture_times_of_the_pictures_do_not_move_the_sound(tmp_path: Path) -> None:
+    """An RTSP or rpicam camera's capture times are arrival times: up to tens of ms late, never
+    the same twice. The sound is placed by the smoothed mapping, so it is placed once and stays
+    in sync with what the pictures show (their stamps are the true capture times)."""
+    video = encode(150, fps=30, gop=30, start_us=START_US)
+    jitter = [(i * 7919) % 40_000 for i in range(len(video))]  # 0-40 ms late, no pattern
+    arrived = [Unit(u.data, u.pts, u.keyframe, u.capture_time_us + 20_000 + j)
+               for u, j in zip(video, jitter, strict=True)]
+    config, audio = tone_frames(START_US - 100_000, 5.5)
+    # The sound's capture times are the true ones, shifted like the pictures' mean delay (a
+    # source delivering its chunks as late on average as the camera its pictures).
+    audio = [(d, p, c + 40_000) for d, p, c in audio]
+    seg = Fmp4Segmenter(fragment_max_s=0.25, audio_config=config)
+    fragments = interleave(seg, arrived, audio)
+    assert seg.audio_reanchored == 0
+    out = tmp_path / "jitter.mp4"
+    assert seg.init_segment is not None
+    out.write_bytes(seg.init_segment + b"".join(f.data for f in fragments))
+    assert decode_errors(out) == ""
+    sync = measure_sync(out)
+    assert len(sync.errors_s) >= 4 and all(abs(e) <= 0.015 for e in sync.errors_s), sync
