@@ -28,7 +28,14 @@ from ruseon_appliance.hls.window import (
     part_layout,
     target_duration_for,
 )
-from ruseon_appliance.segmenter import AacFeed, Fmp4Segmenter, Fragment, open_audio, run_segmenter
+from ruseon_appliance.segmenter import (
+    AacFeed,
+    Fmp4Segmenter,
+    Fragment,
+    open_audio,
+    run_segmenter,
+    usable_audio,
+)
 from ruseon_appliance.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -65,7 +72,7 @@ class HlsStream:
     ) -> None:
         self.ring = ring
         # The camera's AAC (audio/): muxed into every part and segment as a second track.
-        self.audio = audio
+        self.audio = usable_audio(audio)
         self.framerate: float = framerate
         self.part_duration_s = part_target_s
         # PART-TARGET follows whole frames (it may come out a little under part_target_s). The

@@ -35,7 +35,14 @@ from typing import Any
 from ..capture.ring import RingBuffer, RingReader
 from ..clock import ClockStep, WallClock, monotonic_us
 from ..logs import RateLimit
-from ..segmenter import AacFeed, Fmp4Segmenter, Fragment, open_audio, run_segmenter
+from ..segmenter import (
+    AacFeed,
+    Fmp4Segmenter,
+    Fragment,
+    open_audio,
+    run_segmenter,
+    usable_audio,
+)
 from ..tasks import cancel_and_wait
 from .archive import (
     OPEN_SUFFIX,
@@ -127,7 +134,7 @@ class Recorder:
         self.settings = settings
         self.ring = ring
         # The camera's AAC (audio/): a second track in every segment, in sync by capture time.
-        self.audio = audio
+        self.audio = audio = usable_audio(audio)
         # The event windows (µs, merged, with their pre- and post-roll) overlapping a range:
         # set by the camera's assembly when it detects motion. Retention keeps those segments
         # for settings.event_max_age_s; /recordings/list?events=motion lists only them.

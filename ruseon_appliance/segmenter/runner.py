@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from ..capture.ring import FrameView, RingBuffer, RingReader
-from .fmp4 import Fmp4Segmenter, Fragment
+from .fmp4 import Fmp4Segmenter, Fragment, parse_aac_config
 
 log = logging.getLogger(__name__)
 
@@ -22,6 +22,20 @@ class AacFeed(Protocol):
 
     @property
     def aac_config(self) -> bytes: ...
+
+
+def usable_audio(audio: AacFeed | None) -> AacFeed | None:
+    """``audio`` when its AudioSpecificConfig can be muxed, else None (with a warning): a
+    broken encoder configuration costs the sound, never the pictures."""
+    if audio is None:
+        return None
+    try:
+        parse_aac_config(audio.aac_config)
+    except ValueError as exc:
+        log.warning("AAC configuration %r unusable (%s): HLS and recordings go without sound",
+                    audio.aac_config.hex(), exc)
+        return None
+    return audio
 
 
 def open_audio(segmenter: Fmp4Segmenter, ring: RingBuffer) -> tuple[RingReader, list[Fragment]]:

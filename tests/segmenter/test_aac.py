@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import io
 from pathlib import Path
 
 import pytest
@@ -15,9 +16,17 @@ from ruseon_appliance.audio.encoders import aac_encoder
 from ruseon_appliance.audio.sources.tone import tone_samples
 from ruseon_appliance.capture.access_unit import AccessUnit
 from ruseon_appliance.capture.ring import RingBuffer
-from ruseon_appliance.recording import plan_clip
+from ruseon_appliance.hls import HlsStream
+from ruseon_appliance.recording import Recorder, RecorderSettings, plan_clip
 from ruseon_appliance.recording.archive import segment_info, segment_name
-from ruseon_appliance.segmenter import Fmp4Segmenter, Fragment, open_audio, run_segmenter
+from ruseon_appliance.recording.segment_file import init_audio, read_segment
+from ruseon_appliance.segmenter import (
+    Fmp4Segmenter,
+    Fragment,
+    open_audio,
+    run_segmenter,
+    usable_audio,
+)
 from tests.av_sync import decode_errors, measure_sync, stream_spans, streams
 
 from .stream import Unit, encode, segment
@@ -268,3 +277,45 @@ def test_jittered_capture_times_of_the_pictures_do_not_move_the_sound(tmp_path: 
     assert decode_errors(out) == ""
     sync = measure_sync(out)
     assert len(sync.errors_s) >= 4 and all(abs(e) <= 0.015 for e in sync.errors_s), sync
+
+
+def test_an_av_segment_cut_short_reads_to_its_last_whole_fragment_with_its_sound(
+        tmp_path: Path) -> None:
+    """A power cut in the middle of a fragment of a segment with sound: the archive's reader
+    keeps the whole fragments (both runs checked against their mdat), finds the AAC track's
+    configuration, and what it keeps still plays with both streams."""
+    video = encode(60, fps=30, gop=30, start_us=START_US)
+    config, audio = tone_frames(START_US - 100_000, 2.5)
+    seg = Fmp4Segmenter(fragment_max_s=1.0, audio_config=config)
+    fragments = interleave(seg, video, audio)
+    assert seg.init_segment is not None and len(fragments) == 2
+    whole = seg.init_segment + b"".join(f.data for f in fragments)
+    cut = whole[: len(whole) - fragments[-1].audio_bytes // 2]  # inside the last AAC run
+    index = read_segment(io.BytesIO(cut), len(cut))
+    assert init_audio(index.init) == config
+    assert len(index.fragments) == 1 and index.valid_end == len(whole) - len(fragments[-1].data)
+    run = index.fragments[0].audio
+    assert run is not None and len(run.sizes) == fragments[0].audio_frames
+    assert sum(run.sizes) == fragments[0].audio_bytes
+    # The first AAC frame captured at or after the first picture, placed where it was captured.
+    first_audio = next(c for _, _, c in audio if c >= START_US)
+    assert run.decode_time == round((first_audio - START_US) * 48_000 / 1_000_000) < 1024
+    kept = tmp_path / "kept.mp4"
+    kept.write_bytes(cut[: index.valid_end])
+    assert streams(kept) == [("video", "h264"), ("audio", "aac")]
+    assert decode_errors(kept) == ""
+
+
+def test_an_unusable_aac_configuration_costs_the_sound_not_the_pictures(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    class Broken:
+        aac_ring = RingBuffer(1 << 16, 16)
+        aac_config = b"\x12"  # one byte: no AudioSpecificConfig
+
+    with pytest.raises(ValueError):
+        Fmp4Segmenter(audio_config=Broken.aac_config)
+    assert usable_audio(Broken()) is None and "unusable" in caplog.text
+    ring = RingBuffer(1 << 20, 64)
+    assert HlsStream(ring, framerate=30, keyframe_interval=30, audio=Broken()).audio is None
+    recorder = Recorder(RecorderSettings(directory=tmp_path), ring, audio=Broken())
+    assert recorder.audio is None and recorder.stats()["audio"] is None
