@@ -49,18 +49,21 @@ def _equip(camera: Camera, cam: CameraConfig, config: Config, *, archive: Path, 
            share: int, clock: WallClock, events: EventBus) -> None:
     pipeline = camera.pipeline
     rec = config.recording
+    # First: its sound goes into the recordings and HLS (a second track, in sync by capture time).
+    _equip_audio(camera, cam)
+    audio = camera.audio
     camera.controls = CameraControls(pipeline.source, cam, state)
     recorder = camera.recorder = Recorder(RecorderSettings(
         directory=archive, continuous=rec.records_continuously, segment_s=rec.segment_s,
         preroll_s=rec.preroll_s, max_bytes=share, max_age_s=rec.max_age_hours * 3600,
         event_max_age_s=rec.event_max_age_hours * 3600 if cam.motion else 0.0,
         sync_interval_s=rec.sync_interval_s),
-        pipeline.ring, clock=clock)
+        pipeline.ring, clock=clock, audio=audio)
     if config.hls.enable:
         camera.hls = HlsStream(
             pipeline.ring, framerate=cam.framerate, keyframe_interval=cam.keyframe_interval,
             part_target_s=config.hls.part_duration_s, window_s=config.hls.window_s,
-            max_waiting=config.hls.max_waiting_requests)
+            max_waiting=config.hls.max_waiting_requests, audio=audio)
         if camera.sub is not None:
             # The sub-stream's own rendition, on its own ring (the multivariant playlist lists
             # both); parts and window as the main one's so players switch between them.
@@ -69,8 +72,7 @@ def _equip(camera: Camera, cam: CameraConfig, config: Config, *, archive: Path, 
                 camera.sub.ring, framerate=sub.framerate,
                 keyframe_interval=sub.keyframe_interval,
                 part_target_s=config.hls.part_duration_s, window_s=config.hls.window_s,
-                max_waiting=config.hls.max_waiting_requests)
-    _equip_audio(camera, cam)
+                max_waiting=config.hls.max_waiting_requests, audio=audio)
     camera.stall_watcher = StallWatcher(
         events, lambda: pipeline.last_frame_monotonic, framerate=cam.framerate,
         source=pipeline.source_kind, camera=camera.name)

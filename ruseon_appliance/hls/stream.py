@@ -28,7 +28,14 @@ from ruseon_appliance.hls.window import (
     part_layout,
     target_duration_for,
 )
-from ruseon_appliance.segmenter import Fmp4Segmenter, Fragment, run_segmenter
+from ruseon_appliance.segmenter import (
+    AacFeed,
+    Fmp4Segmenter,
+    Fragment,
+    open_audio,
+    run_segmenter,
+    usable_audio,
+)
 from ruseon_appliance.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -61,8 +68,11 @@ class HlsStream:
         max_waiting: int = 1000,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        audio: AacFeed | None = None,
     ) -> None:
         self.ring = ring
+        # The camera's AAC (audio/): muxed into every part and segment as a second track.
+        self.audio = usable_audio(audio)
         self.framerate: float = framerate
         self.part_duration_s = part_target_s
         # PART-TARGET follows whole frames (it may come out a little under part_target_s). The
@@ -88,8 +98,9 @@ class HlsStream:
         self._stopped = False
         self.last_part_monotonic: float | None = None
         self.failures = 0
-        # The RFC 6381 codec of what the window holds (kept across a segmenter that was
-        # replaced or reset and has not seen its first IDR yet): the multivariant's CODECS.
+        # The RFC 6381 codecs of what the window holds ("avc1.64001f" or, with sound,
+        # "avc1.64001f,mp4a.40.2"; kept across a segmenter that was replaced or reset and has
+        # not seen its first IDR yet): the multivariant's CODECS.
         self.codec: str | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -109,8 +120,15 @@ class HlsStream:
     async def _run(self) -> None:
         while not self._stopped:
             reader = self.ring.reader("keyframe")
+            audio_reader = None
             try:
-                await run_segmenter(reader, self.segmenter, self._sink)
+                if self.audio is not None:
+                    # Synchronously after the video's reader: the sound of the pictures from
+                    # the ring's past is still in the AAC ring.
+                    audio_reader, early = open_audio(self.segmenter, self.audio.aac_ring)
+                    if early:
+                        self._sink(early)
+                await run_segmenter(reader, self.segmenter, self._sink, audio=audio_reader)
                 return  # the ring is closed
             except _Relayout:
                 pass
@@ -122,6 +140,8 @@ class HlsStream:
                               "keyframe", self.failures)
             finally:
                 reader.close()
+                if audio_reader is not None:
+                    audio_reader.close()
             if self._relayout is not None:
                 # Nothing was published yet: start over at the next keyframe with parts cut
                 # for the real frame rate (PART-TARGET must not change once players saw it).
@@ -140,7 +160,8 @@ class HlsStream:
         """Parts cut for the current layout; a frame that would take a part past PART-TARGET
         (the camera skipped frames before it) starts the next part instead."""
         return Fmp4Segmenter(fragment_max_s=self.layout.fragment_max_s,
-                             fragment_limit_s=self.layout.part_target_s)
+                             fragment_limit_s=self.layout.part_target_s,
+                             audio_config=self.audio.aac_config if self.audio else None)
 
     def _sink(self, fragments: list[Fragment]) -> None:
         if self._relayout is not None:
@@ -148,7 +169,7 @@ class HlsStream:
         if self.window.parts_added == 0 and self._check_layout(fragments[0]):
             raise _Relayout
         init = self.segmenter.init_segment
-        self.codec = self.segmenter.codec or self.codec
+        self.codec = self.segmenter.codecs or self.codec
         for fragment in fragments:
             if init is not None and fragment.init_generation == self.segmenter.init_generation:
                 self.window.add_init(fragment.init_generation, init)
@@ -244,6 +265,15 @@ class HlsStream:
 
     # -- reporting --------------------------------------------------------------------------
 
+    def _audio_stats(self) -> dict[str, Any] | None:
+        """The AAC track's counters (None for a camera without sound)."""
+        if self.audio is None:
+            return None
+        seg = self.segmenter
+        return {"codec": "mp4a.40.2", "frames_total": seg.audio_frames,
+                "dropped_total": seg.audio_dropped, "reanchored_total": seg.audio_reanchored,
+                "waited_out_total": seg.audio_waited_out}
+
     def stats(self) -> dict[str, Any]:
         """Window, segmenter and waiting counters, for ``/api/status`` and ``/metrics``."""
         window = self.window
@@ -270,6 +300,7 @@ class HlsStream:
             "newest_capture_time_us": (newest.parts[-1].capture_time_us
                                        if newest and newest.parts else None),
             "codec": self.segmenter.codec,
+            "audio": self._audio_stats(),
             "blocking_waiting": self.waiting,
             "blocking_max": self.max_waiting,
             "blocking_refused": self.waits_refused,

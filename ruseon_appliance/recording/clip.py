@@ -19,9 +19,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..segmenter.boxes import box, box_header, full_box
-from ..segmenter.fmp4 import NON_SYNC_SAMPLE_FLAGS, SYNC_SAMPLE_FLAGS, moof_box, movie_box
+from ..segmenter.fmp4 import (
+    AAC_FRAME_SAMPLES,
+    AUDIO_TIMESCALE,
+    NON_SYNC_SAMPLE_FLAGS,
+    SYNC_SAMPLE_FLAGS,
+    AudioTrackBox,
+    av_moof_box,
+    moof_box,
+    movie_box,
+    parse_aac_config,
+)
 from .archive import CONTIGUOUS_TOLERANCE_US, OPEN_SUFFIX, SEGMENT_SUFFIX, Segment
-from .segment_file import SegmentFormatError, init_track, read_segment
+from .segment_file import SegmentFormatError, init_audio, init_track, read_segment
 
 READ_CHUNK = 1024 * 1024
 # A segment starting more than this before the previous one ended overlaps it.
@@ -55,6 +65,9 @@ class Clip:
     duration_us: int
     frames: int
     content_type: str
+    # RFC 6381, every track ("avc1.64001f" or "avc1.64001f,mp4a.40.2"): what a browser's
+    # MediaSource needs to be told before it takes the file (X-Clip-Codecs).
+    codecs: str = ""
     pieces: list[bytes | _Piece] = field(default_factory=list)
     fds: list[int] = field(default_factory=list)
 
@@ -132,6 +145,8 @@ def plan_clip(segments: Sequence[Segment], start_us: int, end_us: int, fmt: str 
         raise ClipError(400, f"format must be one of {', '.join(FORMATS)}")
     fds: list[int] = []
     samples = _Samples()
+    sound = _Samples()  # the AAC frames (time_us from the segment's timeline; sync unused)
+    audio_config: bytes | None = None
     init: bytes | None = None
     track: tuple[bytes, int, int] | None = None
     timescale = 90_000
@@ -153,10 +168,13 @@ def plan_clip(segments: Sequence[Segment], start_us: int, end_us: int, fmt: str 
             with os.fdopen(os.dup(fd), "rb") as f:
                 index = read_segment(f, os.fstat(fd).st_size)
             seg_track = init_track(index.init)
+            seg_audio = init_audio(index.init)
             if track is None:
                 init, track, timescale = index.init, seg_track, index.timescale
-            elif seg_track[0] != track[0] or index.timescale != timescale:
-                break  # new SPS/PPS: another clip
+                audio_config = seg_audio
+            elif (seg_track[0] != track[0] or index.timescale != timescale
+                  or seg_audio != audio_config):
+                break  # new SPS/PPS (or sound that came or went): another clip
             first = index.first_decode_time
             for fragment in index.fragments:
                 t = fragment.decode_time - first
@@ -166,6 +184,18 @@ def plan_clip(segments: Sequence[Segment], start_us: int, end_us: int, fmt: str 
                     samples.append(segment.start_us + t * 1_000_000 // timescale,
                                    duration, size, sync, fd, offset)
                     t += duration
+                    offset += size
+                run = fragment.audio
+                if run is None or audio_config is None:
+                    continue
+                # The audio's place in µs from the segment's start, as the video's: both
+                # tracks' decode times are on one timeline in seconds.
+                a = run.decode_time * 1_000_000 * timescale - first * 1_000_000 * AUDIO_TIMESCALE
+                offset = run.data_offset
+                for duration, size in zip(run.durations, run.sizes, strict=True):
+                    sound.append(segment.start_us + a // (AUDIO_TIMESCALE * timescale),
+                                 duration, size, True, fd, offset)
+                    a += duration * 1_000_000 * timescale
                     offset += size
             previous_end = segment.start_us + index.duration * 1_000_000 // timescale
     except (OSError, SegmentFormatError) as exc:
@@ -187,13 +217,69 @@ def plan_clip(segments: Sequence[Segment], start_us: int, end_us: int, fmt: str 
     assert init is not None and track is not None
     clip = Clip(start_us=times[first_index],
                 duration_us=sum(samples.duration[first_index:last]) * 1_000_000 // timescale,
-                frames=last - first_index, content_type="video/mp4", fds=fds)
+                frames=last - first_index, content_type="video/mp4", fds=fds,
+                codecs=_codecs(track[0], audio_config))
     chunks = _chunks(samples, first_index, last)
+    audio = (_place_audio(sound, clip.start_us, clip.start_us + clip.duration_us)
+             if audio_config is not None else None)
     if fmt == "mp4":
-        clip.pieces = _progressive(samples, chunks, track, timescale)
+        clip.pieces = _progressive(samples, chunks, track, timescale,
+                                   audio=(audio_config, sound, audio) if audio_config else None)
     else:
-        clip.pieces = _fragmented(samples, chunks, init)
+        clip.pieces = _fragmented(samples, chunks, init, audio=(sound, audio) if audio else None)
     return clip
+
+
+@dataclass
+class _AudioPlan:
+    """The AAC frames of a clip: which (indices into the audio samples), their durations
+    (1/48000, a hole in the recorded sound folded into the frame before it), and where the
+    first one starts after the clip's first picture."""
+
+    indices: list[int]
+    durations: list[int]
+    delay: int  # 1/48000
+
+    def position(self, k: int) -> int:
+        """Decode time of the ``k``-th frame (1/48000, from the clip's start)."""
+        return self.delay + sum(self.durations[:k])
+
+
+def _place_audio(sound: _Samples, start_us: int, end_us: int) -> _AudioPlan | None:
+    """The AAC frames captured within ``[start_us, end_us)`` (the clip's pictures), laid out
+    from the first one's place; None when there are none."""
+    indices: list[int] = []
+    durations: list[int] = []
+    delay = pos = 0
+    for i, t in enumerate(sound.time_us):
+        if t < start_us:
+            continue
+        if t >= end_us:
+            break
+        tick = (t - start_us) * AUDIO_TIMESCALE // 1_000_000
+        if not indices:
+            delay = pos = tick
+        elif tick - pos > AAC_FRAME_SAMPLES:
+            durations[-1] += tick - pos  # a hole in the sound: the frame before it lasts longer
+            pos = tick
+        elif tick < pos - AAC_FRAME_SAMPLES:
+            continue  # overlaps what is already placed (segments recorded twice): left out
+        indices.append(i)
+        durations.append(sound.duration[i] or AAC_FRAME_SAMPLES)
+        pos += durations[-1]
+    if not indices:
+        return None
+    return _AudioPlan(indices, durations, delay)
+
+
+def _codecs(avcc: bytes, audio_config: bytes | None) -> str:
+    codecs = f"avc1.{avcc[1:4].hex()}"
+    if audio_config is not None:
+        try:
+            codecs += "," + parse_aac_config(audio_config).codec
+        except ValueError:
+            codecs += ",mp4a.40.2"
+    return codecs
 
 
 def _close(fds: list[int]) -> None:
@@ -238,8 +324,34 @@ def _big_endian(values: array.array[int]) -> bytes:
     return values.tobytes()
 
 
+def _audio_runs(sound: _Samples, indices: list[int]) -> list[tuple[int, int]]:
+    """Runs ``[lo, hi)`` (positions in ``indices``) stored back to back in one file."""
+    runs: list[tuple[int, int]] = []
+    lo = 0
+    for k in range(1, len(indices)):
+        i, j = indices[k - 1], indices[k]
+        if (sound.fd[i] != sound.fd[j] or sound.offset[i] + sound.size[i] != sound.offset[j]
+                or k - lo >= 1024):
+            runs.append((lo, k))
+            lo = k
+    if indices:
+        runs.append((lo, len(indices)))
+    return runs
+
+
+def _audio_piece(sound: _Samples, indices: list[int], run: tuple[int, int]) -> _Piece:
+    lo, hi = run
+    first = indices[lo]
+    return _Piece(sound.fd[first], sound.offset[first],
+                  sum(sound.size[indices[k]] for k in range(lo, hi)))
+
+
 def _progressive(samples: _Samples, chunks: list[tuple[int, int]],
-                 track: tuple[bytes, int, int], timescale: int) -> list[bytes | _Piece]:
+                 track: tuple[bytes, int, int], timescale: int, *,
+                 audio: tuple[bytes, _Samples, _AudioPlan | None] | None = None,
+                 ) -> list[bytes | _Piece]:
+    if audio is not None:
+        return _progressive_av(samples, chunks, track, timescale, audio)
     first, last = chunks[0][0], chunks[-1][1]
     sizes = samples.size[first:last]
     data_size = sum(sizes)
@@ -286,8 +398,100 @@ def _progressive(samples: _Samples, chunks: list[tuple[int, int]],
     return pieces
 
 
+def _progressive_av(samples: _Samples, chunks: list[tuple[int, int]],
+                    track: tuple[bytes, int, int], timescale: int,
+                    audio: tuple[bytes, _Samples, _AudioPlan | None]) -> list[bytes | _Piece]:
+    """The progressive MP4 with the AAC track too: video and audio chunks interleaved by time
+    in one mdat (a player reading it front to back finds both as it goes)."""
+    config, sound, plan = audio
+    first, last = chunks[0][0], chunks[-1][1]
+    sizes = samples.size[first:last]
+    avcc, width, height = track
+    runs = _audio_runs(sound, plan.indices) if plan else []
+    # Every chunk of either track, in the order of their first sample's time.
+    order: list[tuple[int, int, int]] = [(samples.time_us[lo], 0, n)
+                                         for n, (lo, _) in enumerate(chunks)]
+    if plan is not None:
+        order += [(sound.time_us[plan.indices[lo]], 1, n) for n, (lo, _) in enumerate(runs)]
+    order.sort()
+    video_sizes = [sum(samples.size[lo:hi]) for lo, hi in chunks]
+    audio_pieces = [_audio_piece(sound, plan.indices, r) for r in runs] if plan else []
+    data_size = sum(video_sizes) + sum(p.size for p in audio_pieces)
+    wide = data_size + 1_000_000 > 0xFFFFFFFF - 64 * 1024 * 1024
+    stts = _run_length(samples.duration[first:last])
+    stss = array.array("I", (i + 1 for i in range(last - first) if samples.sync[first + i]))
+    stsz, stss_table = _big_endian(sizes), _big_endian(stss)
+
+    def stsc(counts: list[int]) -> bytes:
+        entries: list[tuple[int, int]] = []
+        for number, n in enumerate(counts, start=1):
+            if not entries or entries[-1][1] != n:
+                entries.append((number, n))
+        return full_box(b"stsc", 0, 0, struct.pack(">I", len(entries)),
+                        *(struct.pack(">III", f, n, 1) for f, n in entries))
+
+    def offsets(first_offset: int) -> tuple[list[int], list[int]]:
+        video = [0] * len(chunks)
+        sound_at = [0] * len(runs)
+        pos = first_offset
+        for _, kind, n in order:
+            if kind == 0:
+                video[n] = pos
+                pos += video_sizes[n]
+            else:
+                sound_at[n] = pos
+                pos += audio_pieces[n].size
+        return video, sound_at
+
+    def co(values: list[int]) -> bytes:
+        table = array.array("Q" if wide else "I", values)
+        return full_box(b"co64" if wide else b"stco", 0, 0, struct.pack(">I", len(table)),
+                        _big_endian(table))
+
+    def moov(first_offset: int) -> bytes:
+        video_at, sound_at = offsets(first_offset)
+        video_tables = b"".join([
+            full_box(b"stts", 0, 0, struct.pack(">I", len(stts)),
+                     *(struct.pack(">II", n, d) for n, d in stts)),
+            full_box(b"stss", 0, 0, struct.pack(">I", len(stss)), stss_table),
+            stsc([hi - lo for lo, hi in chunks]),
+            full_box(b"stsz", 0, 0, struct.pack(">II", 0, len(sizes)), stsz),
+            co(video_at),
+        ])
+        if plan is None:
+            track_box = AudioTrackBox(config)
+        else:
+            a_stts = _run_length(array.array("I", plan.durations))
+            a_sizes = array.array("I", (sound.size[i] for i in plan.indices))
+            audio_tables = b"".join([
+                full_box(b"stts", 0, 0, struct.pack(">I", len(a_stts)),
+                         *(struct.pack(">II", n, d) for n, d in a_stts)),
+                stsc([hi - lo for lo, hi in runs]),
+                full_box(b"stsz", 0, 0, struct.pack(">II", 0, len(a_sizes)),
+                         _big_endian(a_sizes)),
+                co(sound_at),
+            ])
+            track_box = AudioTrackBox(config, duration=sum(plan.durations),
+                                      sample_tables=audio_tables,
+                                      delay_us=plan.delay * 1_000_000 // AUDIO_TIMESCALE)
+        return movie_box([avcc], width, height, timescale,
+                         duration=sum(samples.duration[first:last]),
+                         sample_tables=video_tables, audio=track_box)
+
+    ftyp = box(b"ftyp", b"isom", struct.pack(">I", 512), b"isom", b"iso2", b"avc1", b"mp41")
+    mdat_header = box_header(b"mdat", data_size)
+    first_offset = len(ftyp) + len(moov(0)) + len(mdat_header)
+    pieces: list[bytes | _Piece] = [ftyp + moov(first_offset) + mdat_header]
+    for _, kind, n in order:
+        pieces.append(_data_piece(samples, chunks[n]) if kind == 0 else audio_pieces[n])
+    return pieces
+
+
 def _fragmented(samples: _Samples, chunks: list[tuple[int, int]],
-                init: bytes) -> list[bytes | _Piece]:
+                init: bytes, *, audio: tuple[_Samples, _AudioPlan] | None = None,
+                ) -> list[bytes | _Piece]:
+    if audio is not None:
+        return _fragmented_av(samples, chunks, init, *audio)
     pieces: list[bytes | _Piece] = [init]
     decode_time = 0
     for sequence, (lo, hi) in enumerate(chunks, start=1):
@@ -298,4 +502,34 @@ def _fragmented(samples: _Samples, chunks: list[tuple[int, int]],
         pieces.append(moof_box(sequence, decode_time, table) + box_header(b"mdat", size))
         pieces.append(_data_piece(samples, (lo, hi)))
         decode_time += sum(samples.duration[lo:hi])
+    return pieces
+
+
+def _fragmented_av(samples: _Samples, chunks: list[tuple[int, int]], init: bytes,
+                   sound: _Samples, plan: _AudioPlan) -> list[bytes | _Piece]:
+    """The fMP4 clip with sound: each video chunk's moof also runs the AAC frames captured
+    from its first picture to the next chunk's (the last: to the clip's end)."""
+    pieces: list[bytes | _Piece] = [init]
+    decode_time = 0
+    k = 0  # the next audio frame of the plan
+    audio_pos = plan.delay
+    for sequence, (lo, hi) in enumerate(chunks, start=1):
+        table = [(samples.duration[i], samples.size[i],
+                  SYNC_SAMPLE_FLAGS if samples.sync[i] else NON_SYNC_SAMPLE_FLAGS)
+                 for i in range(lo, hi)]
+        until = samples.time_us[hi] if sequence < len(chunks) else None
+        k_end = k
+        while k_end < len(plan.indices) and (
+                until is None or sound.time_us[plan.indices[k_end]] < until):
+            k_end += 1
+        mine = plan.indices[k:k_end]
+        run = [(plan.durations[j], sound.size[plan.indices[j]]) for j in range(k, k_end)]
+        size = sum(samples.size[lo:hi]) + sum(sound.size[i] for i in mine)
+        pieces.append(av_moof_box(sequence, decode_time, table, audio_pos, run)
+                      + box_header(b"mdat", size))
+        pieces.append(_data_piece(samples, (lo, hi)))
+        pieces.extend(_audio_piece(sound, mine, r) for r in _audio_runs(sound, mine))
+        audio_pos += sum(d for d, _ in run)
+        decode_time += sum(samples.duration[lo:hi])
+        k = k_end
     return pieces

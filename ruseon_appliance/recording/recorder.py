@@ -35,7 +35,14 @@ from typing import Any
 from ..capture.ring import RingBuffer, RingReader
 from ..clock import ClockStep, WallClock, monotonic_us
 from ..logs import RateLimit
-from ..segmenter import Fmp4Segmenter, Fragment, run_segmenter
+from ..segmenter import (
+    AacFeed,
+    Fmp4Segmenter,
+    Fragment,
+    open_audio,
+    run_segmenter,
+    usable_audio,
+)
 from ..tasks import cancel_and_wait
 from .archive import (
     OPEN_SUFFIX,
@@ -123,9 +130,11 @@ class Recorder:
     """Continuous and on-demand recording of one ring into an :class:`Archive`."""
 
     def __init__(self, settings: RecorderSettings, ring: RingBuffer, *,
-                 clock: WallClock | None = None) -> None:
+                 clock: WallClock | None = None, audio: AacFeed | None = None) -> None:
         self.settings = settings
         self.ring = ring
+        # The camera's AAC (audio/): a second track in every segment, in sync by capture time.
+        self.audio = audio = usable_audio(audio)
         # The event windows (µs, merged, with their pre- and post-roll) overlapping a range:
         # set by the camera's assembly when it detects motion. Retention keeps those segments
         # for settings.event_max_age_s; /recordings/list?events=motion lists only them.
@@ -144,7 +153,8 @@ class Recorder:
         self._cut = False  # a clock step: cut the open segment at the next IDR
         self.segments_retimed = 0
         self._disk = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="recording-disk")
-        self._segmenter = Fmp4Segmenter(fragment_max_s=FRAGMENT_S)
+        self._segmenter = Fmp4Segmenter(
+            fragment_max_s=FRAGMENT_S, audio_config=audio.aac_config if audio else None)
         self._timescale = self._segmenter.timescale
         self._segment_ticks = int(settings.segment_s * self._timescale)
         self._active = False
@@ -153,6 +163,7 @@ class Recorder:
         self._ending = False
         self._task: asyncio.Task[None] | None = None
         self._reader: RingReader | None = None
+        self._audio_reader: RingReader | None = None
         self._housekeeping: asyncio.Task[None] | None = None
         self._current: _OpenSegment | None = None
         self._inflight: set[asyncio.Future[Any]] = set()
@@ -230,19 +241,25 @@ class Recorder:
         self._segmenter.flush()
         reader = self.ring.reader("next")
         self._reader = reader
+        fragments: list[Fragment] = []
+        audio_reader = None
+        if self.audio is not None:
+            # The sound the AAC ring still holds goes in first, so the pre-roll has it too.
+            audio_reader, fragments = open_audio(self._segmenter, self.audio.aac_ring)
+        self._audio_reader = audio_reader
         # The pre-roll is pushed now, synchronously: nothing can be written to the ring between
         # choosing the frames and the reader's start, so there is no gap and no overlap.
         first = self._preroll_start(seconds) if seconds > 0 else None
         if first is not None:
-            fragments: list[Fragment] = []
             for seq in range(first, reader.position):
                 view = self.ring.frame(seq)
                 if view is not None:
                     fragments += self._segmenter.push(view.data, view.pts, view.keyframe,
                                                       view.capture_time_us)
+        if fragments:
             self._on_fragments(fragments)
         self._task = asyncio.create_task(run_segmenter(reader, self._segmenter,
-                                                       self._on_fragments))
+                                                       self._on_fragments, audio=audio_reader))
         self._task.add_done_callback(self._segmenter_ended)
         log.info("recording started (pre-roll %.1f s)", seconds,
                  extra={"EVENT": "recording_started"})
@@ -290,6 +307,9 @@ class Recorder:
                 pass
             self._task = None
         self._reader = None
+        if self._audio_reader is not None:
+            self._audio_reader.close()
+            self._audio_reader = None
         self._close_current()
         await self._drain()
         log.info("recording stopped", extra={"EVENT": "recording_stopped"})
@@ -748,4 +768,9 @@ class Recorder:
             "max_bytes": self.settings.max_bytes,
             "max_age_s": self.settings.max_age_s,
             "event_max_age_s": self.settings.event_max_age_s,
+            # The AAC track (only for a camera with sound).
+            "audio": None if self.audio is None else {
+                "codec": "mp4a.40.2", "frames_total": self._segmenter.audio_frames,
+                "dropped_total": self._segmenter.audio_dropped,
+                "reanchored_total": self._segmenter.audio_reanchored},
         }

@@ -13,12 +13,23 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from ..segmenter.boxes import find_box, iter_boxes, read_top_level
+from ..segmenter.fmp4 import AUDIO_TRACK_ID
 
 SYNC_FLAGS_MASK = 0x00010000  # sample_is_non_sync_sample
 
 
 class SegmentFormatError(ValueError):
     """The file does not start with an init segment this archive can read."""
+
+
+@dataclass(frozen=True, slots=True)
+class AudioRun:
+    """A fragment's AAC frames (the second track, 1/48000): where they are and their timing."""
+
+    decode_time: int
+    data_offset: int
+    durations: tuple[int, ...]
+    sizes: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +43,7 @@ class FragmentIndex:
     sync: tuple[bool, ...]
     offset: int = 0  # file offset of its moof
     end: int = 0  # file offset just past its mdat
+    audio: AudioRun | None = None  # its AAC run, when the segment has sound
 
     @property
     def duration(self) -> int:
@@ -73,17 +85,38 @@ def _timescale(moov: bytes) -> int:
 
 
 def _parse_moof(moof: bytes, moof_offset: int) -> FragmentIndex | None:
-    """The first track run of a moof (the archive writes one track, one run)."""
-    traf = find_box(moof, [b"moof", b"traf"])
-    if traf is None:
+    """The video's track run (the first traf) and, when there is one, the AAC run (track 2)."""
+    video: tuple[int, int, tuple[int, ...], tuple[int, ...], tuple[bool, ...]] | None = None
+    audio: AudioRun | None = None
+    for kind, start, end in iter_boxes(moof, 8):
+        if kind != b"traf":
+            continue
+        run = _parse_traf(moof, start, end, moof_offset)
+        if run is None:
+            return None
+        track, decode_time, data_offset, durations, sizes, sync = run
+        if video is None:
+            video = (decode_time, data_offset, durations, sizes, sync)
+        elif track == AUDIO_TRACK_ID and audio is None:
+            audio = AudioRun(decode_time, data_offset, durations, sizes)
+    if video is None:
         return None
+    return FragmentIndex(*video, audio=audio)
+
+
+def _parse_traf(moof: bytes, traf_start: int, traf_end: int, moof_offset: int,
+                ) -> tuple[int, int, int, tuple[int, ...], tuple[int, ...],
+                           tuple[bool, ...]] | None:
+    """``(track_ID, decode time, data offset, durations, sizes, sync)`` of a traf's first run."""
     base = moof_offset
     default_duration = default_size = default_flags = 0
     decode_time = 0
+    track = 0
     run: tuple[int, int] | None = None
-    for kind, start, end in iter_boxes(moof, traf[0], traf[1]):
+    for kind, start, end in iter_boxes(moof, traf_start, traf_end):
         if kind == b"tfhd":
             flags = int.from_bytes(moof[start + 1 : start + 4], "big")
+            track = struct.unpack_from(">I", moof, start + 4)[0]
             pos = start + 8  # version/flags, track_ID
             if flags & 0x01:
                 base = struct.unpack_from(">Q", moof, pos)[0]
@@ -145,8 +178,8 @@ def _parse_moof(moof: bytes, moof_offset: int) -> FragmentIndex | None:
         durations.append(duration)
         sizes.append(size)
         sync.append(not sample_flags & SYNC_FLAGS_MASK)
-    return FragmentIndex(decode_time, base + data_offset, tuple(durations), tuple(sizes),
-                         tuple(sync))
+    return (track, decode_time, base + data_offset, tuple(durations), tuple(sizes),
+            tuple(sync))
 
 
 def read_segment(f: BinaryIO, size: int) -> SegmentIndex:
@@ -178,7 +211,10 @@ def read_segment(f: BinaryIO, size: int) -> SegmentIndex:
             fragment = _parse_moof(pending[1], pending[0])
             mdat_end = start + box_size
             if fragment is None or fragment.data_offset < start + header or (
-                    fragment.data_offset + sum(fragment.sizes) > mdat_end):
+                    fragment.data_offset + sum(fragment.sizes) > mdat_end) or (
+                    fragment.audio is not None and (
+                        fragment.audio.data_offset < start + header
+                        or fragment.audio.data_offset + sum(fragment.audio.sizes) > mdat_end)):
                 break
             fragments.append(dataclasses.replace(fragment, offset=pending[0], end=mdat_end))
             valid_end = mdat_end
@@ -201,3 +237,51 @@ def init_track(init: bytes) -> tuple[bytes, int, int]:
                 if child == b"avcC":
                     return init[cstart:cend], width, height
     raise SegmentFormatError("no avc1/avcC sample entry in the init segment")
+
+
+def init_audio(init: bytes) -> bytes | None:
+    """The AudioSpecificConfig of the init segment's AAC track (``mp4a``/``esds``), None when
+    it has no sound."""
+    moov = find_box(init, [b"moov"])
+    if moov is None:
+        return None
+    for kind, start, end in iter_boxes(init, moov[0], moov[1]):
+        if kind != b"trak":
+            continue
+        stsd = find_box(init, [b"mdia", b"minf", b"stbl", b"stsd"], start, end)
+        if stsd is None:
+            continue
+        for entry, estart, eend in iter_boxes(init, stsd[0] + 8, stsd[1]):
+            if entry != b"mp4a":
+                continue
+            esds = find_box(init, [b"esds"], estart + 28, eend)
+            if esds is not None:
+                return _decoder_specific_info(init[esds[0] + 4 : esds[1]])
+    return None
+
+
+def _decoder_specific_info(es: bytes) -> bytes | None:
+    """The DecoderSpecificInfo (tag 5) inside an ES_Descriptor (ISO/IEC 14496-1 7.2.6)."""
+    pos = 0
+    while pos + 2 <= len(es):
+        tag = es[pos]
+        pos += 1
+        size = 0
+        for _ in range(4):
+            byte = es[pos]
+            pos += 1
+            size = (size << 7) | (byte & 0x7F)
+            if not byte & 0x80:
+                break
+        if tag == 0x05:
+            return bytes(es[pos : pos + size])
+        if tag == 0x03:
+            flags = es[pos + 2]
+            pos += 3 + (2 if flags & 0x80 else 0) + (2 if flags & 0x20 else 0)
+            if flags & 0x40:
+                pos += 1 + es[pos]
+        elif tag == 0x04:
+            pos += 13  # objectType, streamType, bufferSizeDB, maxBitrate, avgBitrate
+        else:
+            pos += size
+    return None

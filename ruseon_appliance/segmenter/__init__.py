@@ -5,6 +5,7 @@ viewer through :func:`run_segmenter` and get the same fragments.
 """
 
 from .fmp4 import Fmp4Segmenter, Fragment
-from .runner import run_segmenter
+from .runner import AacFeed, open_audio, run_segmenter, usable_audio
 
-__all__ = ["Fmp4Segmenter", "Fragment", "run_segmenter"]
+__all__ = ["AacFeed", "Fmp4Segmenter", "Fragment", "open_audio", "run_segmenter",
+           "usable_audio"]

@@ -13,6 +13,8 @@ out of the samples because the ``avcC`` box in the init segment carries the para
 
 from __future__ import annotations
 
+import collections
+import itertools
 import struct
 from dataclasses import dataclass
 
@@ -37,9 +39,35 @@ NON_SYNC_SAMPLE_FLAGS = 0x01010000
 _DROP_FROM_SAMPLES = frozenset({NAL_SPS, NAL_PPS, NAL_AUD})
 _LEN = struct.Struct(">I")
 _SAMPLE = struct.Struct(">III")
+_AUDIO_SAMPLE = struct.Struct(">II")
 # A gap between two access units longer than this is not a frame duration (camera restart,
 # clock jump): the earlier frame gets the previous duration instead.
 _MAX_SAMPLE_S = 10.0
+
+# The AAC track (issue 30): track 2 of the same file, in the audio's own clock.
+AUDIO_TRACK_ID = 2
+AUDIO_TIMESCALE = 48_000
+AAC_FRAME_SAMPLES = 1024
+# A closed fragment waits for the audio of its span (the AAC encoder's frame and look-ahead
+# make audio arrive ~45-65 ms after its capture time) until the audio reaches its end, or the
+# video is this far past its end, or the audio is this far behind it (a source that stopped:
+# the fragment goes out at once without it). Audio that comes later still goes out, in the
+# next fragment, at its own place on the timeline.
+AUDIO_WAIT_US = 200_000
+AUDIO_STALE_US = 500_000
+# Audio whose place by its pts and by its capture time differ by more than one AAC frame is
+# placed again by its capture time (the video's clock and the capture clock drifted apart).
+AUDIO_REANCHOR_TICKS = AAC_FRAME_SAMPLES
+# The video's capture times are often arrival times (RTSP, rpicam: jittered by the network and
+# the encoder), so the capture-to-pts mapping the audio is placed by is smoothed over about
+# 50 pictures; a step of more than a second (a new timeline) starts it again.
+VIDEO_CLOCK_SMOOTHING = 0.02
+VIDEO_CLOCK_STEP_US = 1_000_000
+# At most this many AAC frames wait for video (about 43 s): a camera without pictures yet must
+# not let its sound pile up.
+MAX_AUDIO_QUEUE = 2048
+_AAC_RATES = (96000, 88200, 64000, 48000, 44100, 32000, 24000, 22050, 16000, 12000, 11025,
+              8000, 7350)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +82,8 @@ class Fragment:
     frames: int  # samples in it
     capture_time_us: int  # wall-clock µs of the first sample
     init_generation: int  # which init segment it belongs to
+    audio_frames: int = 0  # AAC frames in its second track run (0: video only)
+    audio_bytes: int = 0
 
 
 @dataclass(slots=True)
@@ -63,6 +93,67 @@ class _Sample:
     keyframe: bool
     capture_time_us: int
     parameter_sets: tuple[bytes, bytes] | None  # (sps, pps) carried by this IDR
+
+
+@dataclass(slots=True)
+class _AudioFrame:
+    data: bytes
+    pts: int  # 1/48000, the audio pipeline's timeline
+    capture_time_us: int
+
+
+@dataclass(slots=True)
+class _Held:
+    """A closed video fragment waiting for the audio of its span."""
+
+    sequence: int
+    table: list[tuple[int, int, int]]
+    payload: list[bytes]
+    start_pts: int
+    duration: int
+    independent: bool
+    frames: int
+    capture_time_us: int
+    end_us: int
+    init_generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class AacConfig:
+    """What an AudioSpecificConfig says (ISO/IEC 14496-3 1.6.2.1)."""
+
+    object_type: int  # 2: AAC-LC
+    sample_rate: int
+    channels: int
+
+    @property
+    def codec(self) -> str:
+        """RFC 6381 (``mp4a.40.2`` for AAC-LC)."""
+        return f"mp4a.40.{self.object_type}"
+
+
+def parse_aac_config(asc: bytes) -> AacConfig:
+    """Object type, sample rate and channels of an AudioSpecificConfig; ValueError if short."""
+    if len(asc) < 2:
+        raise ValueError("an AudioSpecificConfig has at least 2 bytes")
+    bits = int.from_bytes(asc[:6].ljust(6, b"\0"), "big")
+    total = 48
+    object_type = bits >> (total - 5)
+    pos = 5
+    if object_type == 31:
+        object_type = 32 + ((bits >> (total - pos - 6)) & 0x3F)
+        pos += 6
+    index = (bits >> (total - pos - 4)) & 0xF
+    pos += 4
+    if index == 15:
+        rate = (bits >> (total - pos - 24)) & 0xFFFFFF
+        pos += 24
+    elif index < len(_AAC_RATES):
+        rate = _AAC_RATES[index]
+    else:
+        raise ValueError(f"sampling frequency index {index} is reserved")
+    channels = (bits >> (total - pos - 4)) & 0xF
+    return AacConfig(object_type, rate, channels or 1)
 
 
 def _ue(bits: str, pos: int) -> tuple[int, int]:
@@ -99,12 +190,88 @@ def avc_decoder_configuration(sps: bytes, pps: bytes) -> bytes:
     return out
 
 
-def init_segment(sps: bytes, pps: bytes, info: StreamInfo, timescale: int = 90_000) -> bytes:
-    """ftyp + moov for one H.264 track with empty sample tables and an mvex (fragmented file)."""
+def init_segment(sps: bytes, pps: bytes, info: StreamInfo, timescale: int = 90_000,
+                 audio_config: bytes | None = None) -> bytes:
+    """ftyp + moov for one H.264 track (and an AAC one when ``audio_config``, the
+    AudioSpecificConfig, is given) with empty sample tables and an mvex (fragmented file)."""
     ftyp = box(b"ftyp", b"iso6", struct.pack(">I", 0), b"iso6", b"cmfc", b"isom", b"avc1", b"mp41")
     return ftyp + movie_box(
         [avc_decoder_configuration(sps, pps)], info.width, info.height, timescale,
-        duration=0, sample_tables=None)
+        duration=0, sample_tables=None,
+        audio=AudioTrackBox(audio_config) if audio_config is not None else None)
+
+
+@dataclass(frozen=True, slots=True)
+class AudioTrackBox:
+    """What :func:`movie_box` needs for the AAC track: the AudioSpecificConfig and, for a
+    progressive file, its duration (1/48000), sample tables and the silence before its first
+    sample (an empty edit, so it starts where the video does at the same capture time)."""
+
+    config: bytes
+    duration: int = 0
+    sample_tables: bytes | None = None
+    delay_us: int = 0
+
+
+def esds_box(config: bytes, bitrate: int = 0) -> bytes:
+    """``esds`` (ISO/IEC 14496-1 ES_Descriptor) for AAC with this AudioSpecificConfig."""
+    def descriptor(tag: int, *payload: bytes) -> bytes:
+        body = b"".join(payload)
+        if len(body) > 0x7F:
+            raise ValueError("descriptor too long")
+        return bytes([tag, len(body)]) + body
+
+    decoder_config = descriptor(
+        0x04, bytes([0x40, 0x15]),  # MPEG-4 audio; audio stream, upstream 0, reserved 1
+        struct.pack(">I", 0)[1:],  # bufferSizeDB
+        struct.pack(">II", bitrate, bitrate), descriptor(0x05, config))
+    es = descriptor(0x03, struct.pack(">HB", 0, 0), decoder_config, descriptor(0x06, b"\x02"))
+    return full_box(b"esds", 0, 0, es)
+
+
+def mp4a_entry(config: bytes) -> bytes:
+    """An audio sample entry ``mp4a`` around the ``esds`` of an AudioSpecificConfig."""
+    info = parse_aac_config(config)
+    rate = info.sample_rate if info.sample_rate < 0x10000 else 0
+    return box(
+        b"mp4a",
+        bytes(6), struct.pack(">H", 1),  # reserved, data_reference_index
+        bytes(8),  # reserved (version, revision, vendor)
+        struct.pack(">HHHHI", info.channels, 16, 0, 0, rate << 16),
+        esds_box(config),
+    )
+
+
+def _audio_trak(audio: AudioTrackBox, movie_ts: int) -> bytes:
+    delay = audio.delay_us * movie_ts // 1_000_000
+    movie_duration = audio.duration * movie_ts // AUDIO_TIMESCALE
+    tkhd = full_box(b"tkhd", 1, 3, struct.pack(">QQIIQ", 0, 0, AUDIO_TRACK_ID, 0,
+                                               delay + movie_duration),
+                    bytes(8), struct.pack(">hhHH", 0, 1, 0x0100, 0), _matrix(),
+                    struct.pack(">II", 0, 0))
+    mdhd = full_box(b"mdhd", 1, 0, struct.pack(">QQIQ", 0, 0, AUDIO_TIMESCALE, audio.duration),
+                    struct.pack(">HH", 0x55C4, 0))
+    hdlr = full_box(b"hdlr", 0, 0, struct.pack(">I4s", 0, b"soun"), bytes(12),
+                    b"SoundHandler\x00")
+    stsd = full_box(b"stsd", 0, 0, struct.pack(">I", 1), mp4a_entry(audio.config))
+    tables = audio.sample_tables
+    if tables is None:
+        tables = (full_box(b"stts", 0, 0, bytes(4)) + full_box(b"stsc", 0, 0, bytes(4))
+                  + full_box(b"stsz", 0, 0, bytes(8)) + full_box(b"stco", 0, 0, bytes(4)))
+    minf = box(
+        b"minf",
+        full_box(b"smhd", 0, 0, bytes(4)),
+        box(b"dinf", full_box(b"dref", 0, 0, struct.pack(">I", 1), full_box(b"url ", 0, 1))),
+        box(b"stbl", stsd, tables),
+    )
+    children = [tkhd]
+    if delay > 0:
+        # An empty edit (the silence before the first sample), then the samples from time 0.
+        children.append(box(b"edts", full_box(
+            b"elst", 0, 0, struct.pack(">I", 2), struct.pack(">IiI", delay, -1, 0x00010000),
+            struct.pack(">IiI", movie_duration, 0, 0x00010000))))
+    children.append(box(b"mdia", mdhd, hdlr, minf))
+    return box(b"trak", *children)
 
 
 def _matrix() -> bytes:
@@ -125,17 +292,23 @@ def avc1_entry(avcc: bytes, width: int, height: int) -> bytes:
 
 
 def movie_box(avccs: list[bytes], width: int, height: int, timescale: int, *, duration: int,
-              sample_tables: bytes | None) -> bytes:
-    """moov for one video track.
+              sample_tables: bytes | None, audio: AudioTrackBox | None = None) -> bytes:
+    """moov for one video track, and an AAC track after it when ``audio`` is given.
 
     ``sample_tables`` None makes a fragmented file's moov (empty tables + mvex); otherwise it is
     the stts/stss/stsc/stsz/stco boxes of a progressive file. ``duration`` is in ``timescale``.
+    Without ``audio`` the bytes are exactly those of a video-only file before audio existed.
     """
     movie_ts = 1000
     movie_duration = duration * movie_ts // timescale
-    mvhd = full_box(b"mvhd", 1, 0, struct.pack(">QQIQ", 0, 0, movie_ts, movie_duration),
+    whole_duration = movie_duration
+    if audio is not None:
+        whole_duration = max(movie_duration, (audio.delay_us * movie_ts // 1_000_000
+                                              + audio.duration * movie_ts // AUDIO_TIMESCALE))
+    next_track = (AUDIO_TRACK_ID if audio is not None else TRACK_ID) + 1
+    mvhd = full_box(b"mvhd", 1, 0, struct.pack(">QQIQ", 0, 0, movie_ts, whole_duration),
                     struct.pack(">IH", 0x00010000, 0x0100), bytes(10), _matrix(), bytes(24),
-                    struct.pack(">I", TRACK_ID + 1))
+                    struct.pack(">I", next_track))
     tkhd = full_box(b"tkhd", 1, 3, struct.pack(">QQIIQ", 0, 0, TRACK_ID, 0, movie_duration),
                     bytes(8), struct.pack(">hhHH", 0, 0, 0, 0), _matrix(),
                     struct.pack(">II", width << 16, height << 16))
@@ -157,8 +330,13 @@ def movie_box(avccs: list[bytes], width: int, height: int, timescale: int, *, du
     )
     trak = box(b"trak", tkhd, box(b"mdia", mdhd, hdlr, minf))
     children = [mvhd, trak]
+    if audio is not None:
+        children.append(_audio_trak(audio, movie_ts))
     if fragmented:
         trex = full_box(b"trex", 0, 0, struct.pack(">IIIII", TRACK_ID, 1, 0, 0, 0))
+        if audio is not None:
+            trex += full_box(b"trex", 0, 0, struct.pack(">IIIII", AUDIO_TRACK_ID, 1, 0, 0,
+                                                        SYNC_SAMPLE_FLAGS))
         children.append(box(b"mvex", trex))
     return box(b"moov", *children)
 
@@ -191,6 +369,38 @@ def fragment_bytes(sequence: int, base_decode_time: int,
     return moof + struct.pack(">I4s", 8 + len(body), b"mdat") + body
 
 
+def av_moof_box(sequence: int, base_decode_time: int, samples: list[tuple[int, int, int]],
+                audio_decode_time: int, audio: list[tuple[int, int]]) -> bytes:
+    """moof for a video run and an AAC run (``audio``: (duration, size), decode time in
+    1/48000) whose data follow in the next mdat, the video's first. Empty ``audio``: the
+    video-only moof of :func:`moof_box`."""
+    if not audio:
+        return moof_box(sequence, base_decode_time, samples)
+    n, m = len(samples), len(audio)
+    # moof = 8 + mfhd 16 + video traf (8 + 16 + 20 + 20 + 12n) + audio traf (8 + 20 + 20 + 20 + 8m)
+    moof_size = 8 + 16 + (64 + 12 * n) + (68 + 8 * m)
+    video_bytes = sum(size for _, size, _ in samples)
+    return box(
+        b"moof",
+        full_box(b"mfhd", 0, 0, struct.pack(">I", sequence)),
+        box(
+            b"traf",
+            full_box(b"tfhd", 0, 0x020000, struct.pack(">I", TRACK_ID)),
+            full_box(b"tfdt", 1, 0, struct.pack(">Q", base_decode_time)),
+            full_box(b"trun", 0, 0x000701, struct.pack(">Ii", n, moof_size + 8),
+                     b"".join(_SAMPLE.pack(d, s, f) for d, s, f in samples)),
+        ),
+        box(
+            b"traf",
+            # default-base-is-moof, default-sample-flags (every AAC frame is a sync sample)
+            full_box(b"tfhd", 0, 0x020020, struct.pack(">II", AUDIO_TRACK_ID, SYNC_SAMPLE_FLAGS)),
+            full_box(b"tfdt", 1, 0, struct.pack(">Q", audio_decode_time)),
+            full_box(b"trun", 0, 0x000301, struct.pack(">Ii", m, moof_size + 8 + video_bytes),
+                     b"".join(_AUDIO_SAMPLE.pack(d, s) for d, s in audio)),
+        ),
+    )
+
+
 class Fmp4Segmenter:
     """H.264 Annex B access units in, CMAF fMP4 out. No re-encoding.
 
@@ -200,12 +410,22 @@ class Fmp4Segmenter:
     every IDR starts a new, independent fragment. A sample's duration is known when the next
     access unit arrives, so :meth:`push` returns the fragments that became complete (usually []
     or one), delayed by at most one frame.
+
+    ``audio_config`` (an AAC AudioSpecificConfig) adds an AAC track: :meth:`push_audio` takes
+    the camera's AAC frames, and each fragment carries, in a second track run, the frames
+    captured before its end (from its start, for the first one), placed on the video's
+    timeline by capture time. A closed fragment then waits for that audio (see
+    ``AUDIO_WAIT_US``); audio that stopped never holds it. Without ``audio_config`` the output
+    is byte for byte the video-only one.
     """
 
     def __init__(self, *, fragment_max_s: float = 0.25, fragment_limit_s: float | None = None,
-                 timescale: int = 90_000) -> None:
+                 timescale: int = 90_000, audio_config: bytes | None = None) -> None:
         if fragment_max_s <= 0:
             raise ValueError("fragment_max_s must be positive")
+        if audio_config is not None:
+            parse_aac_config(audio_config)  # ValueError now, not with the first IDR
+        self.audio_config = audio_config
         self.timescale = timescale
         self._max_ticks = max(1, round(fragment_max_s * timescale))
         # A sample that would take the open fragment past this starts the next one instead
@@ -237,6 +457,19 @@ class Fmp4Segmenter:
         self._need_idr = True
         self.dropped_before_idr = 0
         self.bad_units = 0
+        # The audio track (only with audio_config).
+        self._audio: collections.deque[_AudioFrame] = collections.deque()
+        self._audio_newest_us: int | None = None  # capture time of the newest frame pushed
+        self._audio_offset: int | None = None  # decode time (1/48000) = pts + offset
+        self._audio_end: int | None = None  # where the last frame muxed ends (1/48000)
+        self._held: list[_Held] = []
+        self._video_now_us: int | None = None  # capture time of the newest video pushed
+        self._video_clock_us: float | None = None  # smoothed capture time minus pts (µs)
+        self._video_clock_n = 0
+        self.audio_frames = 0  # muxed
+        self.audio_dropped = 0  # before the video started, overlapping, or queue overflow
+        self.audio_reanchored = 0
+        self.audio_waited_out = 0  # fragments sent without waiting longer for late audio
 
     # -- public ---------------------------------------------------------------------------
 
@@ -261,6 +494,13 @@ class Fmp4Segmenter:
         return self._codec
 
     @property
+    def codecs(self) -> str | None:
+        """Every track's codec, as HLS ``CODECS`` lists them (``avc1.42e01f,mp4a.40.2``)."""
+        if self._codec is None or self.audio_config is None:
+            return self._codec
+        return f"{self._codec},{parse_aac_config(self.audio_config).codec}"
+
+    @property
     def stream_info(self) -> StreamInfo | None:
         """What the current SPS says (size, profile), None before the first IDR."""
         return self._info
@@ -276,18 +516,57 @@ class Fmp4Segmenter:
             return self._take_ready()
         previous = self._pending
         self._pending = sample
+        if self.audio_config is not None:
+            self._video_now_us = capture_time_us
+            lead = capture_time_us - sample.pts * 1_000_000 / self.timescale
+            clock = self._video_clock_us
+            if clock is None or abs(lead - clock) > VIDEO_CLOCK_STEP_US:
+                self._video_clock_us, self._video_clock_n = lead, 1
+            else:
+                # The mean of the first ones (the first part's sound is placed by it), then
+                # a moving average.
+                self._video_clock_n += 1
+                weight = max(VIDEO_CLOCK_SMOOTHING, 1 / self._video_clock_n)
+                self._video_clock_us = clock + weight * (lead - clock)
         if previous is not None:
             delta = sample.pts - previous.pts
             if not 0 < delta <= self._max_sample_ticks:
                 delta = self._last_duration
             self._append(previous, delta, next_is_idr=sample.keyframe)
+        if self._held:
+            self._release()
+        return self._take_ready()
+
+    def push_audio(self, data: bytes | memoryview, pts: int,
+                   capture_time_us: int) -> list[Fragment]:
+        """Add one AAC frame (raw, pts in 1/48000, capture time on the video's clock); return
+        the fragments that were waiting for it. Ignored without ``audio_config``.
+
+        Frames must come in order; ``data`` is copied before this returns.
+        """
+        if self.audio_config is None or not len(data):
+            return self._take_ready()
+        newest = self._audio_newest_us
+        if newest is not None and capture_time_us < newest:
+            self.audio_dropped += 1  # out of order (never from the pipeline): not muxable
+            return self._take_ready()
+        self._audio.append(_AudioFrame(bytes(data), pts, capture_time_us))
+        self._audio_newest_us = capture_time_us
+        if len(self._audio) > MAX_AUDIO_QUEUE:
+            self._audio.popleft()
+            self.audio_dropped += 1
+        if self._held:
+            self._release()
         return self._take_ready()
 
     def flush(self) -> list[Fragment]:
-        """Close the open fragment (the last sample lasts as long as the one before it)."""
+        """Close the open fragment (the last sample lasts as long as the one before it); a
+        fragment waiting for audio goes out with what has come of it."""
         if self._pending is not None:
             self._append(self._pending, self._last_duration, next_is_idr=True)
             self._pending = None
+        if self._held:
+            self._release(force=True)
         return self._take_ready()
 
     def reset(self) -> None:
@@ -300,6 +579,10 @@ class Fmp4Segmenter:
         self._ready.extend(buffered)
         self._last_duration = self._default_duration
         self._need_idr = True
+        # The video's timeline may start again anywhere: the audio is placed anew.
+        self._audio_offset = None
+        self._audio_end = None
+        self._video_clock_us = None
 
     # -- internals ------------------------------------------------------------------------
 
@@ -357,7 +640,7 @@ class Fmp4Segmenter:
             info = parse_sps(sps)
         except BitstreamError:
             return False
-        self._init = init_segment(sps, pps, info, self.timescale)
+        self._init = init_segment(sps, pps, info, self.timescale, self.audio_config)
         self._codec = f"avc1.{info.profile_level_id}"
         self._info = info
         if self._params is not None:
@@ -398,16 +681,99 @@ class Fmp4Segmenter:
         table = [(d, len(s.data), SYNC_SAMPLE_FLAGS if s.keyframe else NON_SYNC_SAMPLE_FLAGS)
                  for s, d in zip(samples, durations, strict=True)]
         first = samples[0]
-        self._ready.append(Fragment(
-            data=fragment_bytes(self._sequence, first.pts, table, [s.data for s in samples]),
-            sequence=self._sequence,
-            start_pts=first.pts,
-            duration=self._open_ticks,
-            independent=first.keyframe,
-            frames=len(samples),
-            capture_time_us=first.capture_time_us,
-            init_generation=self._open_generation,
-        ))
+        if self.audio_config is not None:
+            self._held.append(_Held(
+                self._sequence, table, [s.data for s in samples], first.pts, self._open_ticks,
+                first.keyframe, len(samples), first.capture_time_us,
+                first.capture_time_us + self._open_ticks * 1_000_000 // self.timescale,
+                self._open_generation))
+        else:
+            self._ready.append(Fragment(
+                data=fragment_bytes(self._sequence, first.pts, table, [s.data for s in samples]),
+                sequence=self._sequence,
+                start_pts=first.pts,
+                duration=self._open_ticks,
+                independent=first.keyframe,
+                frames=len(samples),
+                capture_time_us=first.capture_time_us,
+                init_generation=self._open_generation,
+            ))
         self._open = []
         self._open_durations = []
         self._open_ticks = 0
+
+    # -- the audio track --------------------------------------------------------------------
+
+    def _audio_ready(self, held: _Held) -> bool:
+        newest = self._audio_newest_us
+        if newest is None or newest >= held.end_us:
+            return True  # no audio at all, or all of its span is here (frames come in order)
+        if newest < held.end_us - AUDIO_STALE_US:
+            return True  # the audio stopped (or never caught up): video goes on without it
+        if self._video_now_us is not None and self._video_now_us >= held.end_us + AUDIO_WAIT_US:
+            self.audio_waited_out += 1
+            return True
+        return False
+
+    def _release(self, *, force: bool = False) -> None:
+        while self._held and (force or self._audio_ready(self._held[0])):
+            self._ready.append(self._with_audio(self._held.pop(0)))
+
+    def _with_audio(self, held: _Held) -> Fragment:
+        """The held fragment's moof+mdat with the AAC frames captured before its end."""
+        queue = self._audio
+        frames: list[_AudioFrame] = []
+        while queue and queue[0].capture_time_us < held.end_us:
+            frame = queue.popleft()
+            if self._audio_offset is None and frame.capture_time_us < held.capture_time_us:
+                self.audio_dropped += 1  # before the video (re)started
+                continue
+            frames.append(frame)
+        audio: list[tuple[int, int]] = []
+        decode_time = offset = 0
+        if frames:
+            # Where the first frame belongs by capture time, on the video's timeline (by its
+            # smoothed mapping; this fragment's first picture's before there is one).
+            clock = self._video_clock_us
+            if clock is None:
+                clock = held.capture_time_us - held.start_pts * 1_000_000 / self.timescale
+            expected = round((frames[0].capture_time_us - clock) * AUDIO_TIMESCALE / 1_000_000)
+            anchored = self._audio_offset
+            if anchored is None or abs(frames[0].pts + anchored - expected) > (
+                    AUDIO_REANCHOR_TICKS):
+                if anchored is not None:
+                    self.audio_reanchored += 1
+                anchored = self._audio_offset = expected - frames[0].pts
+            offset = anchored
+            end = self._audio_end
+            if end is None:  # the first since a (re)start: nothing before the pictures
+                end = held.start_pts * AUDIO_TIMESCALE // self.timescale
+            # Never overlap what was already sent (after placing the audio again, earlier).
+            kept = [f for f in frames if f.pts + offset >= end]
+            self.audio_dropped += len(frames) - len(kept)
+            frames = kept
+        if frames:
+            decode_time = frames[0].pts + offset
+            max_ticks = int(_MAX_SAMPLE_S * AUDIO_TIMESCALE)
+            for frame, after in itertools.pairwise(frames):
+                delta = after.pts - frame.pts
+                audio.append((delta if 0 < delta <= max_ticks else AAC_FRAME_SAMPLES,
+                              len(frame.data)))
+            audio.append((AAC_FRAME_SAMPLES, len(frames[-1].data)))
+            self._audio_end = decode_time + sum(d for d, _ in audio)
+            self.audio_frames += len(frames)
+        audio_bytes = sum(len(f.data) for f in frames)
+        moof = av_moof_box(held.sequence, held.start_pts, held.table, decode_time, audio)
+        body = b"".join([*held.payload, *(f.data for f in frames)])
+        return Fragment(
+            data=moof + struct.pack(">I4s", 8 + len(body), b"mdat") + body,
+            sequence=held.sequence,
+            start_pts=held.start_pts,
+            duration=held.duration,
+            independent=held.independent,
+            frames=held.frames,
+            capture_time_us=held.capture_time_us,
+            init_generation=held.init_generation,
+            audio_frames=len(frames),
+            audio_bytes=audio_bytes,
+        )

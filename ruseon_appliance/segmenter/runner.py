@@ -2,14 +2,60 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Callable
+from typing import Protocol
 
-from ..capture.ring import FrameView, RingReader
-from .fmp4 import Fmp4Segmenter, Fragment
+from ..capture.ring import FrameView, RingBuffer, RingReader
+from .fmp4 import Fmp4Segmenter, Fragment, parse_aac_config
+
+log = logging.getLogger(__name__)
+
+
+class AacFeed(Protocol):
+    """A camera's AAC, as the segmenter's consumers take it (``audio.pipeline.AudioPipeline``
+    is one): its ring of 1024-sample frames and its AudioSpecificConfig."""
+
+    @property
+    def aac_ring(self) -> RingBuffer: ...
+
+    @property
+    def aac_config(self) -> bytes: ...
+
+
+def usable_audio(audio: AacFeed | None) -> AacFeed | None:
+    """``audio`` when its AudioSpecificConfig can be muxed, else None (with a warning): a
+    broken encoder configuration costs the sound, never the pictures."""
+    if audio is None:
+        return None
+    try:
+        parse_aac_config(audio.aac_config)
+    except ValueError as exc:
+        log.warning("AAC configuration %r unusable (%s): HLS and recordings go without sound",
+                    audio.aac_config.hex(), exc)
+        return None
+    return audio
+
+
+def open_audio(segmenter: Fmp4Segmenter, ring: RingBuffer) -> tuple[RingReader, list[Fragment]]:
+    """A reader of the AAC ``ring`` from its next write, with every frame the ring already
+    holds pushed into ``segmenter`` first (it keeps only what its video reaches), so the
+    video read from the ring's past has its sound too. Synchronous: nothing is written to
+    the ring in between, so nothing is missed or pushed twice. Returns the reader (for
+    :func:`run_segmenter`'s ``audio``) and the fragments that became complete."""
+    reader = ring.reader("next")
+    out: list[Fragment] = []
+    for seq in range(ring.oldest_seq, reader.position):
+        view = ring.frame(seq)
+        if view is not None:
+            out.extend(segmenter.push_audio(view.data, view.pts, view.capture_time_us))
+    return reader, out
 
 
 async def run_segmenter(reader: RingReader, segmenter: Fmp4Segmenter,
-                        sink: Callable[[list[Fragment]], None]) -> None:
+                        sink: Callable[[list[Fragment]], None], *,
+                        audio: RingReader | None = None) -> None:
     """Push every access unit ``reader`` yields into ``segmenter``; hand finished fragments to
     ``sink`` (called only with a non-empty list, on the event loop, so keep it quick).
 
@@ -17,7 +63,33 @@ async def run_segmenter(reader: RingReader, segmenter: Fmp4Segmenter,
     the segmenter is reset so the next fragment starts cleanly at that keyframe. Frames already
     waiting in the ring are drained without awaiting. When the reader is closed or the task is
     cancelled, the open fragment is flushed to ``sink`` before returning.
+
+    ``audio`` (a reader of the camera's AAC ring, see :func:`open_audio`) is read by a second
+    task on the same loop into :meth:`Fmp4Segmenter.push_audio`; fragments it completes go to
+    ``sink`` at once. It never stops the video: a failure in it is logged and the video goes
+    on without sound (the segmenter stops waiting for audio that does not come); an exception
+    from ``sink`` there is raised here, as it would be from the video's own.
     """
+    if audio is None:
+        await _run_video(reader, segmenter, sink)
+        return
+    video_task = asyncio.current_task()
+    failed: list[BaseException] = []
+    audio_task = asyncio.create_task(_run_audio(audio, segmenter, sink, failed, video_task),
+                                     name="segmenter-audio")
+    try:
+        await _run_video(reader, segmenter, sink)
+    except asyncio.CancelledError:
+        if failed and video_task is not None and video_task.uncancel() == 0:
+            raise failed[0] from None
+        raise
+    finally:
+        audio_task.cancel()
+        await asyncio.gather(audio_task, return_exceptions=True)
+
+
+async def _run_video(reader: RingReader, segmenter: Fmp4Segmenter,
+                     sink: Callable[[list[Fragment]], None]) -> None:
     overruns = reader.overruns
     try:
         while True:
@@ -40,3 +112,31 @@ async def run_segmenter(reader: RingReader, segmenter: Fmp4Segmenter,
         rest = segmenter.flush()
         if rest:
             sink(rest)
+
+
+async def _run_audio(reader: RingReader, segmenter: Fmp4Segmenter,
+                     sink: Callable[[list[Fragment]], None], failed: list[BaseException],
+                     video_task: asyncio.Task[object] | None) -> None:
+    while True:
+        try:
+            view = await reader.next()
+        except EOFError:
+            return
+        out: list[Fragment] = []
+        current: FrameView | None = view
+        try:
+            while current is not None:
+                out.extend(segmenter.push_audio(current.data, current.pts,
+                                                current.capture_time_us))
+                current = reader.poll()
+        except Exception:
+            log.exception("the audio of a segmenter failed; the video goes on without it")
+            return
+        if out:
+            try:
+                sink(out)
+            except Exception as exc:  # the consumer's own failure: the video's loop raises it
+                failed.append(exc)
+                if video_task is not None:
+                    video_task.cancel()
+                return

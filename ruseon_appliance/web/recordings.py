@@ -230,6 +230,7 @@ class RecordingsResource:
                 "X-Clip-Start": rfc3339(clip.start_us),
                 "X-Clip-Duration": f"{clip.duration_us / 1e6:.6f}",
                 "X-Clip-Frames": str(clip.frames),
+                "X-Clip-Codecs": clip.codecs,
             })
             response.content_length = clip.content_length
             await response.prepare(request)

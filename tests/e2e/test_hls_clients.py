@@ -56,8 +56,9 @@ def test_ffmpeg_decodes_while_ll_and_plain_clients_measure_latency(tmp_path: Pat
         assert probe.returncode == 0 and not probe.stderr.strip(), probe.stderr
         streams = json.loads(probe.stdout)["streams"]
         source = server.status()["source"]
-        assert [(s["codec_name"], s["width"], s["height"]) for s in streams] == [
-            ("h264", source["width"], source["height"])]
+        # The picture, and the synthetic camera's tone muxed as AAC (issue 30).
+        assert [(s["codec_name"], s.get("width"), s.get("height")) for s in streams] == [
+            ("h264", source["width"], source["height"]), ("aac", None, None)]
         # 10 s of the live stream decoded; -v error prints nothing when nothing is wrong.
         decode = subprocess.Popen(
             [ffmpeg, "-nostdin", "-v", "error", "-i", url, "-t", "10", "-f", "null",

@@ -229,6 +229,7 @@ _DECIMAL = re.compile(r"^[0-9]{1,20}$")
 _FLOAT = re.compile(r"^[0-9]+(\.[0-9]+)?$")
 # RFC 6381 for H.264: avc1 (or avc3) and the SPS's profile, constraints and level in hex.
 _AVC = re.compile(r"^avc[13]\.[0-9A-Fa-f]{6}$")
+_AAC = re.compile(r"^mp4a\.40\.(2|5|29)$")
 
 
 @dataclass
@@ -296,7 +297,10 @@ def parse_multivariant(text: str) -> MultivariantPlaylist:
             # switch by bandwidth, and UniFi-style clients, want all three): required here.
             _check('CODECS="' in value, "CODECS missing or not a quoted string")
             codecs = [c.strip() for c in attrs["CODECS"].split(",")]
-            _check(all(_AVC.match(c) for c in codecs), f"CODECS {codecs} are not H.264's")
+            _check(bool(codecs) and _AVC.match(codecs[0]) is not None
+                   and all(_AVC.match(c) or _AAC.match(c) for c in codecs[1:])
+                   and sum(1 for c in codecs if _AVC.match(c)) == 1,
+                   f"CODECS {codecs} are not H.264's (one, then AAC-LC if any)")
             _check("RESOLUTION" in attrs, "RESOLUTION missing")
             size = _RESOLUTION.match(attrs["RESOLUTION"])
             _check(size is not None, f"RESOLUTION {attrs['RESOLUTION']!r} is not WxH")

@@ -225,3 +225,9 @@ def test_the_rendered_multivariant_passes_and_the_parser_refuses_what_breaks_the
     for rule, playlist in broken.items():
         with pytest.raises(Violation, match=rule):
             parse_multivariant(playlist)
+    # With sound (issue 30): the H.264 first, then AAC-LC; anything else is refused.
+    with_sound = text.replace('"avc1.64001f"', '"avc1.64001f,mp4a.40.2"', 1)
+    assert parse_multivariant(with_sound).variants[0].codecs == ["avc1.64001f", "mp4a.40.2"]
+    for codecs in ("mp4a.40.2,avc1.64001f", "avc1.64001f,opus", "avc1.64001f,avc1.42c01e"):
+        with pytest.raises(Violation, match=r"not H\.264's"):
+            parse_multivariant(text.replace('"avc1.64001f"', f'"{codecs}"', 1))

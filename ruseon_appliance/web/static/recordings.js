@@ -220,8 +220,12 @@ async function play(at, seconds) {
     }
     const start = Date.parse(response.headers.get("X-Clip-Start") || "") || clipStart;
     rec.playing.clipStart = start;
-    const type = `video/mp4; codecs="${rec.codec}"`;
-    const sb = ms.addSourceBuffer(MediaSource.isTypeSupported(type) ? type : 'video/mp4; codecs="avc1.42e01f"');
+    // The clip's own tracks (H.264, and AAC when the camera has sound): a SourceBuffer
+    // refuses an init segment with a track its type did not name.
+    const codecs = response.headers.get("X-Clip-Codecs") || rec.codec;
+    const type = `video/mp4; codecs="${codecs}"`;
+    const fallback = codecs.includes("mp4a.") ? "avc1.42e01f,mp4a.40.2" : "avc1.42e01f";
+    const sb = ms.addSourceBuffer(MediaSource.isTypeSupported(type) ? type : `video/mp4; codecs="${fallback}"`);
     rec.sourceBuffer = sb; // for diagnostics and the end-to-end tests
     const append = (bytes) => new Promise((resolve, reject) => {
       sb.addEventListener("updateend", resolve, { once: true });
