@@ -59,7 +59,9 @@ def test_device_page_plays_the_cameras_sound_after_a_click(request: pytest.Fixtu
                           lambda s: s["totalSamplesReceived"] - start[0] > 3 * 48_000)
         received = later["totalSamplesReceived"] - start[0]
         concealed = later["concealedSamples"] - start[1]
-        assert concealed / received < 0.05, later
+        # Little concealment: a quiet machine shows ~0 %, one at a load of 9 on 2 cores 8 %;
+        # a broken stream (wrong timestamps, lost packets) conceals most of it.
+        assert concealed / received < 0.2, later
         assert later["levelDb"] is not None and later["levelDb"] > -45, later
         assert "opus" in later["statAudio"].lower(), later
         # The meter follows what plays (Chromium reports no level for a muted element).
@@ -72,3 +74,25 @@ def test_device_page_plays_the_cameras_sound_after_a_click(request: pytest.Fixtu
         page.click("#btn-sound")  # a real (trusted) mouse click: a user gesture
         off = poll_page(page, sound, "sound off again", lambda s: s["muted"])
         assert off["pressed"] == "false" and off["soundOn"] is False
+
+
+def test_the_sound_button_plays_the_hls_streams_aac_too(request: pytest.FixtureRequest,
+                                                         tmp_path: Path) -> None:
+    """On HLS (chosen on the page, or a fallback) the same button unmutes the AAC track."""
+    if not in_browser_netns(request):
+        return
+    with running_server(tmp_path) as server, chromium() as browser:
+        page = browser.new_page()
+        page.add_init_script("sessionStorage.setItem('ruseon.transport', 'hls');")
+        page.goto(server.url)
+        poll_page(page, sound, "HLS with its sound offered",
+                  lambda s: s["audio"] and not s["hidden"], timeout_s=60)
+        assert page.evaluate("window.ruseonHls.mode") == "hls"
+        assert sound(page)["muted"] is True
+        page.click("#btn-sound")
+        on = poll_page(page, sound, "sound on", lambda s: s["soundOn"] and not s["muted"])
+        assert on["pressed"] == "true"
+        decoded = "document.getElementById('video').webkitAudioDecodedByteCount"
+        first = page.evaluate(decoded)
+        poll_page(page, lambda p: {"bytes": p.evaluate(decoded)}, "AAC being decoded",
+                  lambda s: s["bytes"] > first + 8_000)

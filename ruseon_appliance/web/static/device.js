@@ -193,6 +193,7 @@ window.addEventListener("pagehide", () => { if (player.client) player.client.clo
 // For hls-fallback.js: hand the video element over to HLS and take it back.
 player.setState = setState;
 player.askForToken = askForToken;
+player.showSound = (present) => showSound(present);
 player.stopWebrtc = () => {
   clearTimeout(player.retryTimer);
   player.generation++;
@@ -387,7 +388,7 @@ async function soundTick() {
   // The meter spans -60..0 dBFS.
   const width = Number.isFinite(db) ? Math.max(0, Math.min(1, (db + 60) / 60)) : 0;
   $("sound-level").style.width = `${Math.round(width * 100)}%`;
-  const name = codec ? codec.mimeType.replace("audio/", "") : "audio";
+  const name = codec ? codec.mimeType.replace("audio/", "") : "audio"; // e.g. "opus"
   setText("stat-audio", Number.isFinite(db) ? `${name} · ${db.toFixed(0)} dB` : name);
 }
 

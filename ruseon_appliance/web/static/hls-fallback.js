@@ -113,6 +113,10 @@ async function playHls(reason) {
     if (useNative()) {
       state.native = true;
       video.src = playlist();
+      // Native HLS (Safari) says whether there is sound once it has the media's tracks.
+      video.addEventListener("loadedmetadata", () => {
+        if (state.native && video.audioTracks && video.audioTracks.length) p.showSound(true);
+      }, { once: true });
       label("HLS", `native HLS: ${reason}`);
     } else {
       const Hls = await loadHlsJs();
@@ -126,6 +130,12 @@ async function playHls(reason) {
       state.hls = hls;
       hls.on(Hls.Events.ERROR, (event, data) => onHlsError(Hls, hls, data));
       hls.on(Hls.Events.FRAG_LOADED, (event, data) => noteMedia(data));
+      // The camera's sound (an AAC track in the init segment; hls.js names one muxed fMP4
+      // "audiovideo"): the page's Sound button unmutes it.
+      hls.on(Hls.Events.BUFFER_CODECS, (event, data) => {
+        const muxed = data && data.audiovideo && /mp4a/.test(data.audiovideo.codec || "");
+        if (state.hls === hls && data && (data.audio || muxed)) p.showSound(true);
+      });
       hls.loadSource(playlist());
       hls.attachMedia(video);
       label("LL-HLS", `hls.js ${Hls.version}: ${reason}`);
