@@ -6,6 +6,11 @@ Methods: OPTIONS, DESCRIBE, SETUP (``RTP/AVP/TCP;interleaved`` or ``RTP/AVP;unic
 client_port``), PLAY, PAUSE, TEARDOWN, GET_PARAMETER / SET_PARAMETER (keep-alives). No option
 tag is supported: a request with ``Require:`` is answered 551 with ``Unsupported:``.
 
+Tracks: ``trackID=0`` the picture (H.264); for a camera with sound (``RtspSource.audio``)
+``trackID=1``, AAC (rtsp/audio.py). A session is one camera: its first SETUP (of either track)
+makes it, a SETUP with its ``Session`` adds the other track (before PLAY), each track with a
+transport of its own; PLAY, PAUSE and TEARDOWN act on both.
+
 Sessions (``Session: id;timeout=60``): a TCP-interleaved session lives as long as its
 connection; a UDP session as long as its client shows signs of life (a request naming it, or
 any datagram from it, e.g. its receiver reports) within the timeout, and is reaped otherwise.
@@ -222,8 +227,9 @@ class RtspServer:
         self._reaper: asyncio.Task[None] | None = None
         self._handlers: set[asyncio.Task[Any]] = set()
         self._sdp_id = secrets.randbelow(1 << 31)
-        # Per camera with sound, made at its first audio SETUP.
-        self._audio_feeds: dict[str, RtspAudioFeed] = {}
+        # Per camera with sound (its main and sub-stream share it), made at its first audio
+        # SETUP.
+        self._audio_feeds: dict[int, RtspAudioFeed] = {}
         self._ended_audio = {"audio_frames_sent": 0, "audio_bytes_sent": 0,
                              "audio_frames_dropped": 0}
         # counters (of sessions that ended; live sessions are added in stats())
@@ -605,9 +611,9 @@ class RtspServer:
         target: RtspSession | RtspAudioTrack = session
         if track == "audio":
             assert source.audio is not None
-            feed = self._audio_feeds.get(source.name)
+            feed = self._audio_feeds.get(id(source.audio))
             if feed is None:
-                feed = self._audio_feeds[source.name] = RtspAudioFeed(source.audio)
+                feed = self._audio_feeds[id(source.audio)] = RtspAudioFeed(source.audio)
             target = RtspAudioTrack(feed, peer=conn.peer, cname=session.cname,
                                     peer_scope=conn.peer_scope, buffer_limit=self.buffer_limit)
         if spec.tcp:

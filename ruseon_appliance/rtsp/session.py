@@ -17,6 +17,11 @@ Delivery:
 - UDP (``RTP/AVP;unicast;client_port=a-b``): from a pair of sockets of its own, to the RTSP
   client's own address only (the connection's peer), never to an address the client names.
 
+A session may carry the camera's sound too (:attr:`RtspSession.audio`, rtsp/audio.py's
+:class:`RtspAudioTrack`, its own transport), or only the sound (:attr:`video_set_up` False):
+PLAY, PAUSE and close act on both tracks, and both tracks' sender reports map RTP time to the
+capture clock (:meth:`RtspSession._video_anchor`).
+
 RTCP: sender reports on channel 1 / the RTCP port; the client's PLI/FIR become the capture's
 coalesced keyframe request; receiver reports give loss figures. Only the client's own address
 is heard on UDP.
