@@ -115,6 +115,8 @@ async def test_the_aac_frames_arrive_byte_for_byte_with_reports_on_the_capture_c
         await wait_for(lambda: sum(ch == 3 for ch, _ in client.rtcp_on) >= 2, 10,
                        "two sender reports of the sound")
         assert server.stats()["audio_sessions"] == 1
+        (session,) = server.sessions.values()
+        video_origin = session._ts_origin  # the picture's RTP time = this + pts
     finally:
         await client.close()
     assert client.first_on[1] == "rtcp" and client.first_on[3] == "rtcp", client.first_on
@@ -152,6 +154,30 @@ async def test_the_aac_frames_arrive_byte_for_byte_with_reports_on_the_capture_c
         expected = origin + pts + (unix_us - capture) * 48_000 // 1_000_000
         assert abs(((rtp - expected + (1 << 31)) & 0xFFFFFFFF) - (1 << 31)) <= 2, report
     assert server.stats()["audio_frames_sent"] >= len(received)
+    # The picture's reports too: the capture time a report implies for each picture received
+    # (its NTP time + (the picture's RTP time - its RTP time) / 90 kHz) is the picture's own,
+    # give or take how late the synthetic camera's thread stamped one picture or another.
+    video_ring = audio_rig.capture.ring
+    captured = {}
+    for seq in range(video_ring.oldest_seq, video_ring.newest_seq + 1):
+        view = video_ring.frame(seq)
+        if view is not None:
+            captured[view.pts] = view.capture_time_us
+    video_reports = [data for ch, data in client.rtcp_on if ch == 1]
+    assert len(video_reports) >= 2
+    for report in video_reports:
+        assert report[1] == 200
+        ntp_s, ntp_frac, rtp = struct.unpack_from("!III", report, 8)
+        unix_us = (ntp_s - NTP_EPOCH_OFFSET) * 1_000_000 + ntp_frac * 1_000_000 // (1 << 32)
+        misses = []
+        for timestamp in client.frame_timestamps:
+            pts = (timestamp - video_origin) & 0xFFFFFFFF
+            if pts in captured:
+                delta = ((timestamp - rtp + (1 << 31)) & 0xFFFFFFFF) - (1 << 31)
+                misses.append(unix_us + delta * 1_000_000 // 90_000 - captured[pts])
+        assert len(misses) >= 30
+        assert abs(float(np.median(misses))) <= 10_000 and max(map(abs, misses)) <= 50_000, (
+            sorted(misses)[:: max(1, len(misses) // 10)])
 
 
 BEEP_S = 0.1
