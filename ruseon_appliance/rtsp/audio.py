@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal, Protocol
 
+from ruseon_appliance.audio.format import AAC_FRAME_SAMPLES, AUDIO_CLOCK_RATE
 from ruseon_appliance.capture.ring import FrameView, RingBuffer
 from ruseon_appliance.rtsp.rtp import ntp_of_us, open_rtp_pair, rtp_at
 from ruseon_appliance.stream.rtcp import rtcp_feedback, sender_report_at
@@ -41,8 +42,6 @@ from ruseon_appliance.tasks import cancel_and_wait
 logger = logging.getLogger(__name__)
 
 AAC_PAYLOAD_TYPE = 97
-AUDIO_CLOCK_RATE = 48_000
-AAC_FRAME_SAMPLES = 1024
 AAC_FRAME_US = AAC_FRAME_SAMPLES * 1_000_000 // AUDIO_CLOCK_RATE
 # RFC 3640 AAC-hbr: a 13-bit AU size, so no frame above this (AAC-LC mono is at most 768).
 MAX_AU_BYTES = (1 << 13) - 1

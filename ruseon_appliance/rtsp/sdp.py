@@ -6,7 +6,8 @@ from __future__ import annotations
 import base64
 import ipaddress
 
-from ruseon_appliance.rtsp.audio import AAC_PAYLOAD_TYPE, AUDIO_CLOCK_RATE
+from ruseon_appliance.audio.format import AUDIO_CLOCK_RATE
+from ruseon_appliance.rtsp.audio import AAC_PAYLOAD_TYPE
 from ruseon_appliance.rtsp.session import PAYLOAD_TYPE
 
 # The tracks' control URLs, relative to the Content-Base (``rtsp://host:8554/<camera>/``).
