@@ -6,7 +6,9 @@ The audio room encodes once per camera (``AudioPipeline.aac_ring``: 1024-sample 
 
 - :class:`RtspAudioFeed`, one per camera with sound: one task waits on the AAC ring and hands
   each new frame to every playing audio track of that camera; a frame's RTP payload (the
-  2-byte AU-headers-length, the 2-byte AU-header, the raw frame) is made once and shared.
+  2-byte AU-headers-length, the 2-byte AU-header, the raw frame) is made once and shared. The
+  audio room encodes a codec only while its ring has a reader: the feed holds one while any
+  session has the track set up (from its SETUP: the encoder is warm by PLAY), none otherwise.
 - :class:`RtspAudioTrack`, one per session that SETUPs the audio track: its own SSRC, sequence
   numbers and random timestamp origin (RTP timestamp = origin + the frame's pts, the clock
   rate 48000), TCP interleaved on its own channels or UDP from a socket pair of its own to the
@@ -34,7 +36,7 @@ from collections.abc import Callable
 from typing import Any, Literal, Protocol
 
 from ruseon_appliance.audio.format import AAC_FRAME_SAMPLES, AUDIO_CLOCK_RATE
-from ruseon_appliance.capture.ring import FrameView, RingBuffer
+from ruseon_appliance.capture.ring import FrameView, RingBuffer, RingReader
 from ruseon_appliance.rtsp.rtp import ntp_of_us, open_rtp_pair, rtp_at
 from ruseon_appliance.stream.rtcp import rtcp_feedback, sender_report_at
 from ruseon_appliance.tasks import cancel_and_wait
@@ -78,11 +80,27 @@ class RtspAudioFeed:
     def __init__(self, audio: RtspAudio) -> None:
         self.audio = audio
         self.ring = audio.aac_ring
-        self.tracks: set[RtspAudioTrack] = set()
+        self.tracks: set[RtspAudioTrack] = set()  # playing
+        self._holders: set[RtspAudioTrack] = set()  # set up
+        self._reader: RingReader | None = None
         self._task: asyncio.Task[None] | None = None
         self._payloads: dict[int, bytes] = {}
         self.frames_packetized = 0
         self.frames_too_large = 0
+
+    def hold(self, track: RtspAudioTrack) -> None:
+        """``track`` is set up: the AAC is encoded from now on (the ring has a reader)."""
+        self._holders.add(track)
+        if self._reader is None:
+            self._reader = self.ring.reader("next")  # never read: the encoder's "someone"
+
+    def release(self, track: RtspAudioTrack) -> None:
+        """``track`` is closed; the last one lets the encoder rest."""
+        self.remove(track)
+        self._holders.discard(track)
+        if not self._holders and self._reader is not None:
+            self._reader.close()
+            self._reader = None
 
     def add(self, track: RtspAudioTrack) -> None:
         """Start serving ``track`` (its first frames go out at once)."""
@@ -100,6 +118,10 @@ class RtspAudioFeed:
     async def stop(self) -> None:
         """End the task (server stop)."""
         self.tracks.clear()
+        self._holders.clear()
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
         task, self._task = self._task, None
         await cancel_and_wait(task)
 
@@ -177,6 +199,7 @@ class RtspAudioTrack:
         self.transport_kind = "tcp"
         self._tcp = transport
         self.channels = channels
+        self.feed.hold(self)
 
     def use_udp(self, local_host: str, client_ports: tuple[int, int], *,
                 scope_id: int = 0) -> tuple[int, int]:
@@ -189,6 +212,7 @@ class RtspAudioTrack:
         self._rtp_sock, self._rtcp_sock = rtp, rtcp
         self.client_ports = client_ports
         self.transport_kind = "udp"
+        self.feed.hold(self)
         return port, port + 1
 
     # -- play / pause / close --------------------------------------------------------------------
@@ -242,6 +266,7 @@ class RtspAudioTrack:
     def close(self) -> None:
         """Stop and close the UDP sockets (idempotent)."""
         self.pause()
+        self.feed.release(self)
         for sock in (self._rtp_sock, self._rtcp_sock):
             if sock is not None:
                 if self._loop is not None:

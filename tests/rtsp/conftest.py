@@ -65,7 +65,8 @@ async def start_rig(*, audio: bool = False, **overrides: Any) -> Rig:
 
         pipeline = AudioPipeline(ToneSource())
         await pipeline.start()
-        await wait_for(lambda: pipeline.aac_ring.newest_seq >= 10, 20, "AAC frames")
+        # Encoded only while read (the RTSP server's SETUP makes it a reader): the tone runs.
+        await wait_for(lambda: pipeline.running and pipeline.chunks_in >= 5, 20, "the tone")
     return Rig(capture, fanout, audio=pipeline)
 
 
