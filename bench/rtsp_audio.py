@@ -4,15 +4,19 @@ The board is a real ``ruseon serve`` process with a synthetic camera (320x240, 3
 test tone: ``audio = "auto"``) and ``[rtsp] enable``. N raw RTSP/1.0 clients in this process
 DESCRIBE, SETUP the picture (``trackID=0``) and, in the "both" rounds, the sound
 (``trackID=1``, AAC) in the same session, PLAY, then count and drop what arrives (no
-decoding), over TCP interleaved or UDP. The sound is encoded by the board whatever the
-clients do (once per camera), so the difference between the rounds is what serving it costs:
+decoding), over TCP interleaved or UDP. The board encodes AAC only while someone reads it
+(once per camera, however many): the first client of the sound starts the encoder, each
+further one costs only its sending:
 
-    video+N   N clients of the picture alone
-    both+N    N clients of picture and sound
+    video+1 / both+1   one client: the picture alone / picture and sound (+ the AAC encoder)
+    video+N / both+N   N clients
 
-Rounds alternate (video, both, video, both) so a drift of the machine's load counts for
-both. The board's CPU is read from ``/proc/<pid>/stat`` (every thread). It runs in a private
-network namespace it creates (``unshare --net``, root) with only loopback up.
+    first client's sound (with the encoder) = both+1 - video+1
+    each further client's sound = ((both+N - both+1) - (video+N - video+1)) / (N - 1)
+
+Rounds repeat (video+1, both+1, video+N, both+N, ...) so a drift of the machine's load
+counts for all. The board's CPU is read from ``/proc/<pid>/stat`` (every thread). It runs in
+a private network namespace it creates (``unshare --net``, root) with only loopback up.
 
     .venv/bin/python bench/rtsp_audio.py                    # 15 s windows, N = 10, TCP
     .venv/bin/python bench/rtsp_audio.py --transport udp --clients 20
@@ -185,12 +189,12 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         try:
             await asyncio.sleep(3.0)  # the camera and its sound are up
             for round_ in range(args.rounds):
-                for audio in (False, True):
-                    clients = [Client(board.rtsp, args.transport, audio)
-                               for _ in range(args.clients)]
+                for count, audio in ((1, False), (1, True), (args.clients, False),
+                                     (args.clients, True)):
+                    clients = [Client(board.rtsp, args.transport, audio) for _ in range(count)]
                     for client in clients:
                         await client.start()
-                    row = {"scenario": f"{'both' if audio else 'video'}+{args.clients}",
+                    row = {"scenario": f"{'both' if audio else 'video'}+{count}",
                            "round": round_, **await window(board, args.window, clients)}
                     results.append(row)
                     print(json.dumps(row), flush=True)
@@ -203,17 +207,23 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def summary(results: list[dict[str, Any]], n: int, window_s: float) -> None:
-    video = [r["board_cpu"] for r in results if r["scenario"].startswith("video")]
-    both = [r["board_cpu"] for r in results if r["scenario"].startswith("both")]
-    per_client = (sum(both) / len(both) - sum(video) / len(video)) / n
+    def mean(name: str) -> float:
+        rows = [r["board_cpu"] for r in results if r["scenario"] == name]
+        return sum(rows) / len(rows)
+
+    first = mean("both+1") - mean("video+1")
+    further = ((mean(f"both+{n}") - mean("both+1"))
+               - (mean(f"video+{n}") - mean("video+1"))) / max(1, n - 1)
     print()
     print(f"board CPU (fraction of one core; /proc ticks of 10 ms, so +-{0.01 / window_s:.4f}"
           " a window):")
-    print(f"  {n} clients of the picture:          {', '.join(f'{v:.4f}' for v in video)}")
-    print(f"  {n} clients of picture and sound:    {', '.join(f'{v:.4f}' for v in both)}")
-    print(f"  the sound, per client:              {per_client:.5f} core")
-    print(json.dumps({"summary": {"clients": n, "audio_per_client_core": round(per_client, 5),
-                                  "video_cpu": video, "both_cpu": both}}))
+    for name in ("video+1", "both+1", f"video+{n}", f"both+{n}"):
+        rows = [r["board_cpu"] for r in results if r["scenario"] == name]
+        print(f"  {name:<10} {', '.join(f'{v:.4f}' for v in rows)}")
+    print(f"  the first client's sound (with the AAC encoder): {first:.4f} core")
+    print(f"  each further client's sound:                     {further:.5f} core")
+    print(json.dumps({"summary": {"clients": n, "first_audio_client_core": round(first, 5),
+                                  "further_audio_client_core": round(further, 5)}}))
 
 
 def main() -> None:
