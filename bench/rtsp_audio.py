@@ -1,7 +1,8 @@
 """The board's CPU per RTSP client with the camera's sound against without it.
 
 The board is a real ``ruseon serve`` process with a synthetic camera (320x240, 30 fps, its
-test tone: ``audio = "auto"``) and ``[rtsp] enable``. N raw RTSP/1.0 clients in this process
+test tone: ``audio = "auto"``), ``[rtsp] enable`` and no HLS or recording (which would keep
+the AAC encoder running whatever the RTSP clients do). N raw RTSP/1.0 clients in this process
 DESCRIBE, SETUP the picture (``trackID=0``) and, in the "both" rounds, the sound
 (``trackID=1``, AAC) in the same session, PLAY, then count and drop what arrives (no
 decoding), over TCP interleaved or UDP. The board encodes AAC only while someone reads it
@@ -62,6 +63,8 @@ class Board:
         config.write_text(
             '[camera]\nsource = "synthetic"\nwidth = 320\nheight = 240\nframerate = 30\n'
             'bitrate = 300000\nkeyframe_interval = 60\naudio = "auto"\nmotion = false\n'
+            # No HLS (nor recording): they would keep the AAC encoder running on their own.
+            '[hls]\nenable = false\n'
             f'[rtsp]\nenable = true\nlisten = "127.0.0.1:{self.rtsp}"\nmax_clients = 100\n')
         env = {k: v for k, v in os.environ.items() if not k.startswith("RUSEON_")}
         self.proc = subprocess.Popen(
