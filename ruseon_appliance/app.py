@@ -272,10 +272,11 @@ class Appliance:
                 # As the engine does for viewers: the GOP so far when no fresh IDR can be had.
                 gop_bytes = (0 if feed.keyframes_on_demand
                              else int(camera.bitrate / 8 * GOP_CATCH_UP_MAX_S))
+                # The camera's sound is a second track of both its streams (one microphone).
                 sources.append(RtspSource(path, feed, fanout, framerate=camera.framerate,
                                           catch_up_max_frames=camera.catch_up_frames,
                                           keyframe_interval_frames=camera.keyframe_interval,
-                                          catch_up_max_bytes=gop_bytes))
+                                          catch_up_max_bytes=gop_bytes, audio=cam.audio))
         self.rtsp = RtspServer(self.config.rtsp, sources, credentials=self.credentials,
                                default=self.cameras.default.name, absent=absent,
                                extra_passwords=self._onvif_passwords)

@@ -84,9 +84,11 @@ HTTP_ROUTES: tuple[tuple[frozenset[str], str, Access], ...] = tuple(
 )
 
 # RTSP (RFC 2326) methods. OPTIONS is what clients ask before authenticating; playing is the
-# picture (GET_/SET_PARAMETER are keep-alives: a SET_PARAMETER that would set something is
-# refused, 451); the methods that would change what the server holds are admin, and the server
-# refuses them anyway (405: it only plays). A method not listed is treated as ADMIN.
+# picture and its sound (the audio track is SETUP and played with the same methods, so with
+# the same credential; tests/rtsp/test_rtsp_audio.py). GET_/SET_PARAMETER are keep-alives (a
+# SET_PARAMETER that would set something is refused, 451); the methods that would change what
+# the server holds are admin, and the server refuses them anyway (405: it only plays). A method
+# not listed is treated as ADMIN.
 RTSP_METHODS: dict[str, Access] = {
     "OPTIONS": Access.OPEN,
     "DESCRIBE": Access.VIEW,

@@ -1,18 +1,23 @@
-"""The session description a DESCRIBE answers: one H.264 track, parameter sets included."""
+"""The session description a DESCRIBE answers: the H.264 track, parameter sets included, and
+for a camera with sound its AAC track (RFC 3640 ``mpeg4-generic``, AAC-hbr)."""
 
 from __future__ import annotations
 
 import base64
 import ipaddress
 
+from ruseon_appliance.audio.format import AUDIO_CLOCK_RATE
+from ruseon_appliance.rtsp.audio import AAC_PAYLOAD_TYPE
 from ruseon_appliance.rtsp.session import PAYLOAD_TYPE
 
-# The track's control URL, relative to the Content-Base (``rtsp://host:8554/<camera>/``).
+# The tracks' control URLs, relative to the Content-Base (``rtsp://host:8554/<camera>/``).
 TRACK_CONTROL = "trackID=0"
+AUDIO_TRACK_CONTROL = "trackID=1"
 
 
 def describe_sdp(*, camera: str, host: str, session_id: int, profile_level_id: str,
-                 sps: bytes, pps: bytes, framerate: int = 0) -> str:
+                 sps: bytes, pps: bytes, framerate: int = 0,
+                 aac_config: bytes | None = None) -> str:
     """The SDP of ``camera``'s stream as served from ``host`` (the address the client reached).
 
     ``profile-level-id`` is the real SPS's and ``sprop-parameter-sets`` carries SPS and PPS, so
@@ -20,6 +25,10 @@ def describe_sdp(*, camera: str, host: str, session_id: int, profile_level_id: s
     (RFC 4566) tells the camera's frame rate to clients that show or plan by it (FFmpeg takes
     it as the stream's rate instead of guessing from the first timestamps; a hardware
     encoder's SPS may carry no timing).
+
+    ``aac_config`` (the AudioSpecificConfig of the camera's AAC encoder): an ``m=audio``
+    follows, AAC-LC 48 kHz mono in RFC 3640's AAC-hbr mode (13-bit AU sizes, one frame a
+    packet), as FFmpeg, VLC/live555, GStreamer and go2rtc take it.
     """
     try:
         version = 6 if ipaddress.ip_address(host).version == 6 else 4
@@ -43,4 +52,13 @@ def describe_sdp(*, camera: str, host: str, session_id: int, profile_level_id: s
     ]
     if framerate > 0:
         lines.append(f"a=framerate:{framerate}")
+    if aac_config:
+        pt = AAC_PAYLOAD_TYPE
+        lines += [
+            f"m=audio 0 RTP/AVP {pt}",
+            f"a=rtpmap:{pt} mpeg4-generic/{AUDIO_CLOCK_RATE}/1",
+            f"a=fmtp:{pt} streamtype=5;profile-level-id=1;mode=AAC-hbr;sizelength=13;"
+            f"indexlength=3;indexdeltalength=3;config={aac_config.hex()}",
+            f"a=control:{AUDIO_TRACK_CONTROL}",
+        ]
     return "\r\n".join(lines) + "\r\n"

@@ -6,6 +6,11 @@ Methods: OPTIONS, DESCRIBE, SETUP (``RTP/AVP/TCP;interleaved`` or ``RTP/AVP;unic
 client_port``), PLAY, PAUSE, TEARDOWN, GET_PARAMETER / SET_PARAMETER (keep-alives). No option
 tag is supported: a request with ``Require:`` is answered 551 with ``Unsupported:``.
 
+Tracks: ``trackID=0`` the picture (H.264); for a camera with sound (``RtspSource.audio``)
+``trackID=1``, AAC (rtsp/audio.py). A session is one camera: its first SETUP (of either track)
+makes it, a SETUP with its ``Session`` adds the other track (before PLAY), each track with a
+transport of its own; PLAY, PAUSE and TEARDOWN act on both.
+
 Sessions (``Session: id;timeout=60``): a TCP-interleaved session lives as long as its
 connection; a UDP session as long as its client shows signs of life (a request naming it, or
 any datagram from it, e.g. its receiver reports) within the timeout, and is reaped otherwise.
@@ -38,6 +43,7 @@ from ruseon_appliance.access.throttle import FailureThrottle
 from ruseon_appliance.config import RtspConfig
 from ruseon_appliance.listening import bind_every_host
 from ruseon_appliance.relay.sdp import parameter_sets
+from ruseon_appliance.rtsp.audio import RtspAudio, RtspAudioFeed, RtspAudioTrack
 from ruseon_appliance.rtsp.auth import RtspAuth
 from ruseon_appliance.rtsp.message import (
     MAX_HEAD_BYTES,
@@ -49,7 +55,7 @@ from ruseon_appliance.rtsp.message import (
     parse_head,
     parse_transport,
 )
-from ruseon_appliance.rtsp.sdp import TRACK_CONTROL, describe_sdp
+from ruseon_appliance.rtsp.sdp import AUDIO_TRACK_CONTROL, TRACK_CONTROL, describe_sdp
 from ruseon_appliance.rtsp.session import TCP_BUFFER_LIMIT, RtspFeed, RtspSession
 from ruseon_appliance.stream.fanout import Fanout
 from ruseon_appliance.tasks import cancel_and_wait
@@ -99,6 +105,12 @@ METRICS = (
      "RTSP Digest requests refused for re-using a request count (nc) of their nonce."),
     ("bad_requests", "counter", "RTSP requests that could not be parsed (400, closed)."),
     ("rejected_full", "counter", "RTSP connections or sessions refused at max_clients (503)."),
+    ("audio_sessions", "gauge", "RTSP sessions with the sound's track set up."),
+    ("audio_frames_sent", "counter", "AAC frames sent to RTSP clients."),
+    ("audio_bytes_sent", "counter",
+     "Bytes of the sound's RTP (with interleaved framing) sent to RTSP clients."),
+    ("audio_frames_dropped", "counter",
+     "AAC frames RTSP clients did not get (their connection was full, or lapped)."),
 )
 
 
@@ -115,6 +127,8 @@ class RtspSource:
     # A source that cannot make a keyframe on demand: the GOP so far (up to this many bytes)
     # goes out at PLAY, as for a WebRTC viewer, instead of a still picture until the next IDR.
     catch_up_max_bytes: int = 0
+    # The camera's sound (``Camera.audio``): offered as a second track (AAC, rtsp/audio.py).
+    audio: RtspAudio | None = None
 
 
 def _plain_ip(host: str) -> str:
@@ -213,6 +227,11 @@ class RtspServer:
         self._reaper: asyncio.Task[None] | None = None
         self._handlers: set[asyncio.Task[Any]] = set()
         self._sdp_id = secrets.randbelow(1 << 31)
+        # Per camera with sound (its main and sub-stream share it), made at its first audio
+        # SETUP.
+        self._audio_feeds: dict[int, RtspAudioFeed] = {}
+        self._ended_audio = {"audio_frames_sent": 0, "audio_bytes_sent": 0,
+                             "audio_frames_dropped": 0}
         # counters (of sessions that ended; live sessions are added in stats())
         self._ended = {"frames_sent": 0, "packets_sent": 0, "bytes_sent": 0,
                        "frames_skipped": 0, "keyframe_skips": 0, "keyframe_requests_received": 0,
@@ -257,6 +276,8 @@ class RtspServer:
         self._reaper = None
         for session in list(self.sessions.values()):
             session.close("server stopping")
+        for feed in self._audio_feeds.values():
+            await feed.stop()
         for server in self._servers:
             server.close()
         for conn in list(self._connections):
@@ -383,9 +404,15 @@ class RtspServer:
                 await writer.wait_closed()
 
     def _interleaved(self, conn: _Connection, channel: int, data: bytes) -> None:
-        """Data the client sends on a channel: RTCP on a session's second channel."""
+        """Data the client sends on a channel: RTCP on a track's second channel."""
         for session in conn.sessions:
-            if session.transport_kind == "tcp" and channel == session.channels[1]:
+            audio = session.audio
+            if (audio is not None and audio.transport_kind == "tcp"
+                    and channel == audio.channels[1]):
+                audio.handle_rtcp(data)
+                return
+            if (session.video_set_up and session.transport_kind == "tcp"
+                    and channel == session.channels[1]):
                 session.handle_rtcp(data)
                 return
 
@@ -479,26 +506,34 @@ class RtspServer:
 
     def _source_of(self, url: str, *, track: bool) -> tuple[RtspSource | None, str]:
         """The camera a request URL names, and the URL of its presentation (Content-Base)."""
+        source, base, _ = self._track_of(url, track=track)
+        return source, base
+
+    def _track_of(self, url: str, *, track: bool) -> tuple[RtspSource | None, str, str]:
+        """The camera a request URL names, the URL of its presentation (Content-Base), and
+        (``track``) which of its tracks: "video" (``trackID=0``, or none named), "audio"
+        (``trackID=1``)."""
         try:
             parts = urlsplit(url)
         except ValueError:
-            return None, ""
+            return None, "", ""
         if parts.scheme.lower() not in ("rtsp", ""):
-            return None, ""
+            return None, "", ""
         path = unquote(parts.path).strip("/")
+        kind = "video"
+        base = url.split("?", 1)[0]
         if track:
             head, _, tail = path.rpartition("/")
-            if tail == TRACK_CONTROL:
-                path = head
-            elif path == TRACK_CONTROL:
-                path = ""
+            for control, name in ((TRACK_CONTROL, "video"), (AUDIO_TRACK_CONTROL, "audio")):
+                if tail == control:
+                    path, kind = head, name
+                    if base.rstrip("/").endswith("/" + control):
+                        base = base.rstrip("/")[: -len(control)]
+                    break
         source = self.sources.get(path)
         if source is None and path in ("", "stream"):
             source = self.default
-        base = url.split("?", 1)[0]
-        if track and base.rstrip("/").endswith("/" + TRACK_CONTROL):
-            base = base.rstrip("/")[: -len(TRACK_CONTROL)]
-        return source, base.rstrip("/") + "/"
+        return source, base.rstrip("/") + "/", kind
 
     def _not_here(self, url: str) -> RtspResponse:
         """404 for a URL that names no source: why, where the path is a stream there is not."""
@@ -523,53 +558,88 @@ class RtspServer:
                                 reason="no keyframe from the camera yet")
         body = describe_sdp(camera=source.name, host=conn.local[0], session_id=self._sdp_id,
                             profile_level_id=info.profile_level_id, sps=sets[0], pps=sets[1],
-                            framerate=source.framerate)
+                            framerate=source.framerate,
+                            aac_config=source.audio.aac_config if source.audio else None)
         return RtspResponse(200, [("Content-Base", base), ("Content-Type", "application/sdp")],
                             body.encode())
 
     def _setup(self, conn: _Connection, request: RtspRequest) -> RtspResponse:
-        source, _ = self._source_of(request.url, track=True)
+        source, _, track = self._track_of(request.url, track=True)
         if source is None:
             return self._not_here(request.url)
-        if request.header("session"):
-            return RtspResponse(459, reason="one track per session: SETUP without Session")
-        if len(self.sessions) >= self.config.max_clients:
-            self.rejected_full += 1
-            return RtspResponse(503, [("Retry-After", "5")],
-                                reason=f"at most {self.config.max_clients} RTSP sessions")
-        if len(conn.sessions) >= MAX_SESSIONS_PER_CONNECTION:
-            return RtspResponse(455, reason="too many sessions on this connection")
+        if track == "audio" and source.audio is None:
+            return RtspResponse(404, reason=f"camera {source.name!r} has no sound")
+        session_id = request.header("session").split(";", 1)[0].strip()
+        session: RtspSession | None = None
+        if session_id:
+            # The second track of a session (aggregate control, RFC 2326 C.1.1).
+            try:
+                session = self._session_of(conn, session_id)
+            except _TooManySessions:
+                return RtspResponse(455, reason="too many sessions on this connection")
+            if session is None:
+                return RtspResponse(454, reason="no such session")
+            if session.camera != source.name:
+                return RtspResponse(459, reason="a session carries the tracks of one camera: "
+                                                "SETUP another camera without Session")
+            if ((track == "video" and session.video_set_up)
+                    or (track == "audio" and session.audio is not None)):
+                return RtspResponse(459, reason=f"the {track} track of this session is set "
+                                                "up already")
+            if session.state == "playing":
+                return RtspResponse(455, reason="a track cannot be added while playing")
+            session.last_activity = time.monotonic()
+        else:
+            if len(self.sessions) >= self.config.max_clients:
+                self.rejected_full += 1
+                return RtspResponse(503, [("Retry-After", "5")],
+                                    reason=f"at most {self.config.max_clients} RTSP sessions")
+            if len(conn.sessions) >= MAX_SESSIONS_PER_CONNECTION:
+                return RtspResponse(455, reason="too many sessions on this connection")
         specs = parse_transport(request.header("transport"))
         spec, refusal = self._choose_transport(conn, specs)
         if spec is None:
             return refusal
-        session = RtspSession(
-            secrets.token_hex(8), source.name, source.feed, source.fanout,
-            framerate=source.framerate, catch_up_max_frames=source.catch_up_max_frames,
-            keyframe_interval_frames=source.keyframe_interval_frames, peer=conn.peer,
-            peer_scope=conn.peer_scope,
-            buffer_limit=self.buffer_limit, catch_up_max_bytes=source.catch_up_max_bytes)
+        new = session is None
+        if session is None:
+            session = RtspSession(
+                secrets.token_hex(8), source.name, source.feed, source.fanout,
+                framerate=source.framerate, catch_up_max_frames=source.catch_up_max_frames,
+                keyframe_interval_frames=source.keyframe_interval_frames, peer=conn.peer,
+                peer_scope=conn.peer_scope,
+                buffer_limit=self.buffer_limit, catch_up_max_bytes=source.catch_up_max_bytes)
+        target: RtspSession | RtspAudioTrack = session
+        if track == "audio":
+            assert source.audio is not None
+            feed = self._audio_feeds.get(id(source.audio))
+            if feed is None:
+                feed = self._audio_feeds[id(source.audio)] = RtspAudioFeed(source.audio)
+            target = RtspAudioTrack(feed, peer=conn.peer, cname=session.cname,
+                                    peer_scope=conn.peer_scope, buffer_limit=self.buffer_limit)
         if spec.tcp:
             channels = spec.interleaved or self._free_channels(conn)
             assert channels is not None
-            session.use_tcp(conn.writer.transport, channels)
-            transport = (f"RTP/AVP/TCP;unicast;interleaved={channels[0]}-{channels[1]};"
-                         f"ssrc={session.ssrc:08X}")
+            target.use_tcp(conn.writer.transport, channels)
+            transport = f"RTP/AVP/TCP;unicast;interleaved={channels[0]}-{channels[1]}"
         else:
             assert spec.client_port is not None
             try:
-                server_ports = session.use_udp(conn.local[0], spec.client_port,
-                                               scope_id=conn.local_scope)
+                server_ports = target.use_udp(conn.local[0], spec.client_port,
+                                              scope_id=conn.local_scope)
             except OSError as exc:
                 logger.warning("rtsp: no UDP ports for %s: %s", conn.peer[0], exc)
                 return RtspResponse(503, [("Retry-After", "1")], reason="no free UDP ports")
             transport = (f"RTP/AVP;unicast;client_port={spec.client_port[0]}-"
                          f"{spec.client_port[1]};server_port={server_ports[0]}-"
-                         f"{server_ports[1]};ssrc={session.ssrc:08X}")
-        session.on_close = self._session_closed
-        self.sessions[session.id] = session
-        conn.sessions.append(session)
-        self.sessions_total += 1
+                         f"{server_ports[1]}")
+        transport += f";ssrc={target.ssrc:08X}"
+        if isinstance(target, RtspAudioTrack):
+            session.add_audio(target)
+        if new:
+            session.on_close = self._session_closed
+            self.sessions[session.id] = session
+            conn.sessions.append(session)
+            self.sessions_total += 1
         return RtspResponse(200, [("Transport", transport),
                                   ("Session", self._session_header(session))])
 
@@ -592,8 +662,7 @@ class RtspServer:
                 if not (0 <= channels[0] <= 255 and 0 <= channels[1] <= 255
                         and channels[0] != channels[1]):
                     continue
-                if any(s.transport_kind == "tcp" and set(s.channels) & set(channels)
-                       for s in conn.sessions):
+                if any(s.channels_in_use() & set(channels) for s in conn.sessions):
                     continue
                 return spec, refusal
             if spec.destination and _plain_ip(spec.destination) != conn.peer[0]:
@@ -610,7 +679,7 @@ class RtspServer:
 
     @staticmethod
     def _free_channels(conn: _Connection) -> tuple[int, int] | None:
-        used = {c for s in conn.sessions if s.transport_kind == "tcp" for c in s.channels}
+        used = {c for s in conn.sessions for c in s.channels_in_use()}
         for first in range(0, 254, 2):
             if first not in used and first + 1 not in used:
                 return first, first + 1
@@ -639,19 +708,38 @@ class RtspServer:
         if session.state == "playing":
             return RtspResponse(200, headers), None
         _, base = self._source_of(request.url, track=True)
-        seq, rtptime = session.prepare_play()
-        mode = session.cursor.join_mode if session.cursor is not None else ""
-        self.joins[mode] = self.joins.get(mode, 0) + 1
-        info = f"url={base}{TRACK_CONTROL};seq={seq}"
-        if rtptime is not None:
-            info += f";rtptime={rtptime}"
-        headers += [("Range", "npt=0.000-"), ("RTP-Info", info)]
+        infos = []
+        start_us: int | None = None
+        if session.video_set_up:
+            seq, rtptime = session.prepare_play()
+            mode = session.cursor.join_mode if session.cursor is not None else ""
+            self.joins[mode] = self.joins.get(mode, 0) + 1
+            if session.audio is not None:
+                # Both tracks' RTP times of one capture instant: the first picture's (a join
+                # waiting for a fresh IDR: the newest picture's, before the first it sends).
+                start_us = session.start_capture_us()
+                if rtptime is None and start_us is not None:
+                    rtptime = session.video_rtptime_at(start_us)
+            info = f"url={base}{TRACK_CONTROL};seq={seq}"
+            if rtptime is not None:
+                info += f";rtptime={rtptime}"
+            infos.append(info)
+        if session.audio is not None:
+            seq, rtptime = session.audio.prepare_play(start_us)
+            info = f"url={base}{AUDIO_TRACK_CONTROL};seq={seq}"
+            if rtptime is not None:
+                info += f";rtptime={rtptime}"
+            infos.append(info)
+        headers += [("Range", "npt=0.000-"), ("RTP-Info", ",".join(infos))]
         return RtspResponse(200, headers), session.play
 
     def _session_closed(self, session: RtspSession, why: str) -> None:
         self.sessions.pop(session.id, None)
         for key in self._ended:
             self._ended[key] += getattr(session, key)
+        if session.audio is not None:
+            for key, value in self._audio_totals([session]).items():
+                self._ended_audio[key] += value
         logger.info("rtsp: session of %s on %s ended (%s): %d frames, %d skipped",
                     session.peer[0], session.camera, why, session.frames_sent,
                     session.frames_skipped)
@@ -679,6 +767,13 @@ class RtspServer:
 
     # -- stats -----------------------------------------------------------------------------------
 
+    @staticmethod
+    def _audio_totals(sessions: Sequence[RtspSession]) -> dict[str, int]:
+        tracks = [s.audio for s in sessions if s.audio is not None]
+        return {"audio_frames_sent": sum(t.frames_sent for t in tracks),
+                "audio_bytes_sent": sum(t.bytes_sent for t in tracks),
+                "audio_frames_dropped": sum(t.frames_dropped for t in tracks)}
+
     def stats(self) -> dict[str, Any]:
         """Figures for ``/api/status`` (and, the numbers, ``/metrics``)."""
         live = [s for s in self.sessions.values()]
@@ -695,6 +790,9 @@ class RtspServer:
             "by_transport": {"tcp": sum(s.transport_kind == "tcp" for s in live),
                              "udp": sum(s.transport_kind == "udp" for s in live)},
             **totals,
+            "audio_sessions": sum(s.audio is not None for s in live),
+            **{key: value + self._ended_audio[key]
+               for key, value in self._audio_totals(live).items()},
             "connections_total": self.connections_total,
             "sessions_total": self.sessions_total,
             "sessions_reaped": self.sessions_reaped,

@@ -17,6 +17,11 @@ Delivery:
 - UDP (``RTP/AVP;unicast;client_port=a-b``): from a pair of sockets of its own, to the RTSP
   client's own address only (the connection's peer), never to an address the client names.
 
+A session may carry the camera's sound too (:attr:`RtspSession.audio`, rtsp/audio.py's
+:class:`RtspAudioTrack`, its own transport), or only the sound (:attr:`video_set_up` False):
+PLAY, PAUSE and close act on both tracks, and both tracks' sender reports map RTP time to the
+capture clock (:meth:`RtspSession._video_anchor`).
+
 RTCP: sender reports on channel 1 / the RTCP port; the client's PLI/FIR become the capture's
 coalesced keyframe request; receiver reports give loss figures. Only the client's own address
 is heard on UDP.
@@ -32,16 +37,20 @@ import socket
 import struct
 import time
 from collections.abc import Callable
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from ruseon_appliance.capture.h264 import StreamInfo
 from ruseon_appliance.capture.ring import FrameView
+from ruseon_appliance.rtsp.rtp import ntp_of_us, open_rtp_pair, rtp_at
 from ruseon_appliance.stream.cursor import VideoFeed, ViewerCursor
 from ruseon_appliance.stream.fanout import Fanout
 from ruseon_appliance.stream.gso import GSO_MAX_BYTES, GSO_MAX_SEGMENTS, GSO_REFUSED, UDP_SEGMENT
 from ruseon_appliance.stream.history import PacketizedFrame
 from ruseon_appliance.stream.pacing import JOIN_PACE_BYTES, JOIN_PACE_S
-from ruseon_appliance.stream.rtcp import rtcp_feedback, sender_report
+from ruseon_appliance.stream.rtcp import rtcp_feedback, sender_report, sender_report_at
+
+if TYPE_CHECKING:
+    from ruseon_appliance.rtsp.audio import RtspAudioTrack
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +63,8 @@ MAX_BACKLOG_S = 0.5
 TCP_BUFFER_LIMIT = 1 << 20
 # A TCP client that has taken nothing for this long is disconnected (it holds a slot).
 STUCK_CLOSE_S = 30.0
+# Pictures a sender report's map of RTP to capture time is taken from (about a second).
+ANCHOR_FRAMES = 30
 
 _INTERLEAVED_RTP = struct.Struct("!BBHBBHII")  # $, channel, length, then the 12-byte RTP header
 _RTP = struct.Struct("!BBHII")
@@ -98,6 +109,12 @@ class RecorderCursor(ViewerCursor[PacketizedFrame]):
         self._interval = max(1, int(settings.get("frame_interval", 3000)))
         # Whatever the join mode, nothing goes out at or before it (the cursor's own guard).
         self._last_pts = after_pts
+
+    @property
+    def timeline_offset(self) -> int:
+        """What the output timeline adds to a live frame's pts now (its pts + this is the RTP
+        time it goes out with): the sender reports' map of RTP to capture time."""
+        return self._offset
 
     def join(self) -> None:
         """As the viewers join; the burst (if any) stamped by :meth:`burst_stamps`."""
@@ -220,6 +237,9 @@ class RtspSession:
         # sends to viewers, until the kernel refuses it once (then datagram by datagram).
         self.gso = True
         self.gso_sends = 0
+        # The video track was SETUP (a session may carry only the sound), and the sound's.
+        self.video_set_up = False
+        self.audio: RtspAudioTrack | None = None
 
     # -- setup -----------------------------------------------------------------------------------
 
@@ -229,6 +249,7 @@ class RtspSession:
         self._tcp = transport
         self.channels = channels
         self.state = "ready"
+        self.video_set_up = True
 
     def use_udp(self, local_host: str, client_ports: tuple[int, int], *,
                 scope_id: int = 0) -> tuple[int, int]:
@@ -236,48 +257,47 @@ class RtspSession:
         one, as RFC 3550 likes; ``scope_id``: a link-local address's interface); returns the
         server ports. Raises ``OSError``."""
         self._loop = asyncio.get_running_loop()
-        family = socket.AF_INET6 if ":" in local_host else socket.AF_INET
-
-        def address(port: int) -> tuple[str, int] | tuple[str, int, int, int]:
-            if family == socket.AF_INET6:
-                return (local_host, port, 0, scope_id)
-            return (local_host, port)
-
-        for _ in range(20):
-            rtp = socket.socket(family, socket.SOCK_DGRAM)
-            try:
-                rtp.bind(address(0))
-                port = rtp.getsockname()[1]
-                if port % 2 or port >= 65535:
-                    rtp.close()
-                    continue
-                rtcp = socket.socket(family, socket.SOCK_DGRAM)
-                try:
-                    rtcp.bind(address(port + 1))
-                except OSError:
-                    rtcp.close()
-                    rtp.close()
-                    continue
-            except OSError:
-                rtp.close()
-                raise
-            break
-        else:
-            raise OSError("no free pair of UDP ports for RTP/RTCP")
+        rtp, rtcp, port = open_rtp_pair(local_host, scope_id)
         for sock in (rtp, rtcp):
-            sock.setblocking(False)
             self._loop.add_reader(sock.fileno(), self._on_udp, sock)
         self._rtp_sock, self._rtcp_sock = rtp, rtcp
         self.client_ports = client_ports
         self.transport_kind = "udp"
         self.state = "ready"
+        self.video_set_up = True
         return port, port + 1
+
+    def add_audio(self, track: RtspAudioTrack) -> None:
+        """The session carries ``track`` too (SETUP of the audio track, its transport chosen).
+        Without the video's, the session's transport is the sound's."""
+        self.audio = track
+        track.on_activity = self._touch
+        track.cname = self.cname  # one CNAME: what binds the two tracks for lip sync
+        if not self.video_set_up:
+            self.transport_kind = track.transport_kind
+            if track.transport_kind == "tcp":
+                self.channels = track.channels
+            self.state = "ready"
+
+    def _touch(self) -> None:
+        self.last_activity = time.monotonic()
+
+    def channels_in_use(self) -> set[int]:
+        """The interleaved channels this session's TCP tracks use."""
+        used: set[int] = set()
+        if self.video_set_up and self.transport_kind == "tcp":
+            used.update(self.channels)
+        if self.audio is not None and self.audio.transport_kind == "tcp":
+            used.update(self.audio.channels)
+        return used
 
     # -- play / pause / close --------------------------------------------------------------------
 
     def prepare_play(self) -> tuple[int, int | None]:
         """Join the ring (as a viewer does) before the PLAY response; returns the sequence
         number and, when a frame is already queued, the RTP timestamp of the first packet."""
+        if not self.video_set_up:
+            return self._seq, None
         catch_up, gop, gop_bytes = self._cursor_settings
         if self.cursor is None:
             self.cursor = RecorderCursor(self._feed, self._fanout.take,
@@ -294,15 +314,66 @@ class RtspSession:
             rtptime = (self._ts_origin + self.cursor.queue[0][1]) & 0xFFFFFFFF
         return self._seq, rtptime
 
+    def start_capture_us(self) -> int | None:
+        """The capture time the PLAY starts at (after :meth:`prepare_play`): the first queued
+        picture's, else (a join that waits for a fresh IDR) the newest picture's; None with
+        no picture at all."""
+        if self.cursor is not None and self.cursor.queue:
+            return self.cursor.queue[0][3]
+        anchor = self._video_anchor()
+        return anchor[1] if anchor is not None else None
+
+    def video_rtptime_at(self, capture_us: int) -> int | None:
+        """The video RTP time of capture time ``capture_us`` (the sender reports' map)."""
+        anchor = self._video_anchor()
+        if anchor is None:
+            return None
+        return rtp_at(*anchor, capture_us, 90_000)
+
+    def _video_anchor(self) -> tuple[int, int] | None:
+        """(RTP time unwrapped, capture time) of a recent picture on this session's output
+        timeline: the live frames' map of RTP to the capture clock (a join burst keeps its
+        frames' own pts on it, the stale keyframe of a late join goes out at the newest's).
+
+        Of the last :data:`ANCHOR_FRAMES` pictures, the one captured least late for its pts:
+        a picture's capture stamp can only be late against its pts (a busy encoder thread),
+        never early, so the least late one is the camera's own clock, and the map does not
+        wobble by a late frame's lateness from one report to the next (FFmpeg re-times
+        everything after a report by it). (For a second after a source restart whose pts went
+        back, the map may still be the old run's.)"""
+        ring = self._feed.ring
+        newest = ring.newest_seq
+        best: tuple[float, int, int] | None = None
+        for seq in range(newest, max(ring.oldest_seq, newest - ANCHOR_FRAMES + 1) - 1, -1):
+            view = ring.frame(seq)
+            if view is None:
+                continue
+            late = view.capture_time_us - view.pts * 1_000_000 / 90_000
+            if best is None or late < best[0]:
+                best = (late, view.pts, view.capture_time_us)
+        if best is None:
+            return None
+        cursor = self.cursor
+        offset = cursor.timeline_offset if isinstance(cursor, RecorderCursor) else 0
+        return self._ts_origin + best[1] + offset, best[2]
+
     def play(self) -> None:
-        """Start sending (after the PLAY response is written)."""
+        """Start sending (after the PLAY response is written). With the sound too, each track
+        sends a sender report before its first packet: a client places both on the capture
+        clock from the start (FFmpeg otherwise starts each track at 0 until a report)."""
         if self.state == "closed":
             return
         self._loop = asyncio.get_running_loop()
         self.state = "playing"
         self._next_sr = 0.0
-        self._fanout.add_consumer(self)
-        self.service(time.monotonic())
+        now = time.monotonic()
+        if self.video_set_up:
+            if self.audio is not None:
+                self.send_report(now)
+            self._fanout.add_consumer(self)
+            self.service(now)
+        if self.audio is not None:
+            self.audio.play(now)
 
     def pause(self) -> None:
         """Stop sending; a later PLAY joins the ring again at a keyframe."""
@@ -315,6 +386,8 @@ class RtspSession:
             self._skipped_before += self.cursor.frames_skipped
             self.cursor.close()
             self.cursor = None
+        if self.audio is not None:
+            self.audio.pause()
 
     def close(self, why: str = "teardown") -> None:
         """Leave the fan-out, close the UDP sockets (idempotent)."""
@@ -325,6 +398,8 @@ class RtspSession:
         self._cancel_pacing()
         if self.cursor is not None:
             self.cursor.close()
+        if self.audio is not None:
+            self.audio.close()
         for sock in (self._rtp_sock, self._rtcp_sock):
             if sock is not None:
                 if self._loop is not None:
@@ -506,10 +581,20 @@ class RtspSession:
         return (self.peer[0], port)
 
     def send_report(self, now: float) -> None:
-        """An RTCP sender report + SDES CNAME, on channel 1 or to the client's RTCP port."""
-        rtp_ts = self._last_ts + int((now - self._last_send_monotonic) * 90_000)
-        packet = sender_report(self.ssrc, rtp_ts, self.packets_sent, self.payload_bytes_sent,
-                               self.cname)
+        """An RTCP sender report + SDES CNAME, on channel 1 or to the client's RTCP port. Its
+        RTP time is the capture clock's (:meth:`_video_anchor`): NTP now is the RTP time a
+        picture captured now would have, the same map as the sound's, so clients sync the
+        two. (Before a picture is in the ring: the last sent, moved on by the time since.)"""
+        anchor = self._video_anchor()
+        if anchor is not None:
+            unix_us = time.time_ns() // 1000
+            rtp_ts = rtp_at(*anchor, unix_us, 90_000)
+            packet = sender_report_at(ntp_of_us(unix_us), self.ssrc, rtp_ts, self.packets_sent,
+                                      self.payload_bytes_sent, self.cname)
+        else:
+            rtp_ts = self._last_ts + int((now - self._last_send_monotonic) * 90_000)
+            packet = sender_report(self.ssrc, rtp_ts, self.packets_sent,
+                                   self.payload_bytes_sent, self.cname)
         if self.transport_kind == "tcp":
             if self._tcp is None or self._tcp.is_closing():
                 return
@@ -591,4 +676,6 @@ class RtspSession:
             "send_errors": self.send_errors,
             "paced_slices": self.paced_slices,
             "gso_sends": self.gso_sends,
+            "video": self.video_set_up,
+            **({"audio": self.audio.stats()} if self.audio is not None else {}),
         }

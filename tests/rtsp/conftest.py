@@ -35,11 +35,13 @@ class Rig:
     capture: CapturePipeline
     fanout: Fanout
     servers: list[RtspServer] = field(default_factory=list)
+    audio: Any = None  # an AudioPipeline (the tone) for start_rig(audio=True)
 
     async def server(self, *, token: str = "", max_clients: int = 20,
                      **kwargs: Any) -> RtspServer:
         source = RtspSource("cam", self.capture, self.fanout, framerate=FPS,
-                            catch_up_max_frames=15, keyframe_interval_frames=60)
+                            catch_up_max_frames=15, keyframe_interval_frames=60,
+                            audio=self.audio)
         server = RtspServer(RtspConfig(enable=True, listen=HostPort("127.0.0.1", 0),
                                        max_clients=max_clients),
                             [source], token=token, **kwargs)
@@ -48,18 +50,31 @@ class Rig:
         return server
 
 
-async def start_rig(**overrides: Any) -> Rig:
+async def start_rig(*, audio: bool = False, **overrides: Any) -> Rig:
+    """``audio``: the synthetic camera's sound too (the real tone through the real encoders,
+    as cameras/assembly.py gives a synthetic camera)."""
     capture = CapturePipeline(camera(**overrides))
     await capture.start()
     fanout = Fanout(capture, lambda family: None, framerate=FPS, min_bitrate=300_000)
     fanout.start()
     assert await capture.wait_first_frame(20)
-    return Rig(capture, fanout)
+    pipeline = None
+    if audio:
+        from ruseon_appliance.audio.pipeline import AudioPipeline
+        from ruseon_appliance.audio.sources.tone import ToneSource
+
+        pipeline = AudioPipeline(ToneSource())
+        await pipeline.start()
+        # Encoded only while read (the RTSP server's SETUP makes it a reader): the tone runs.
+        await wait_for(lambda: pipeline.running and pipeline.chunks_in >= 5, 20, "the tone")
+    return Rig(capture, fanout, audio=pipeline)
 
 
 async def stop_rig(rig: Rig) -> None:
     for server in rig.servers:
         await server.stop()
+    if rig.audio is not None:
+        await rig.audio.stop()
     await rig.fanout.stop()
     await rig.capture.stop()
 
@@ -105,6 +120,12 @@ class RawClient:
         self.first_timestamp: int | None = None
         self.frame_timestamps: list[int] = []  # of each frame's last packet (marker bit)
         self.played: Response | None = None
+        # The sound's track (play_tcp(audio=True)): its RTP channel, (seq, timestamp,
+        # payload) of each packet, and what came first on each channel ("rtp" or "rtcp").
+        self.audio_channel: int | None = None
+        self.audio_packets: list[tuple[int, int, bytes]] = []
+        self.rtcp_on: list[tuple[int, bytes]] = []
+        self.first_on: dict[int, str] = {}
         self._last_seq: int | None = None
         self._pending: list[Response] = []
         self._task: asyncio.Task[None] | None = None
@@ -151,8 +172,14 @@ class RawClient:
             await self._responses.put(None)
 
     def _interleaved(self, channel: int, data: bytes) -> None:
+        self.first_on.setdefault(channel, "rtcp" if channel % 2 else "rtp")
         if channel % 2:
             self.rtcp.append(data)
+            self.rtcp_on.append((channel, data))
+            return
+        if channel == self.audio_channel:
+            _, _, seq, timestamp = struct.unpack_from("!BBHI", data)
+            self.audio_packets.append((seq, timestamp, data[12:]))
             return
         _, second, seq, timestamp = struct.unpack_from("!BBHI", data)
         if self.first_seq is None:
@@ -193,14 +220,22 @@ class RawClient:
             raise ConnectionError("the server closed the connection")
         return response
 
-    async def play_tcp(self, headers: dict[str, str] | None = None) -> None:
-        """DESCRIBE, SETUP (interleaved 0-1), PLAY; asserts each is 200."""
+    async def play_tcp(self, headers: dict[str, str] | None = None, *,
+                       audio: bool = False) -> None:
+        """DESCRIBE, SETUP (interleaved 0-1; ``audio``: then the sound's track on 2-3 in the
+        same session), PLAY; asserts each is 200."""
         described = await self.request("DESCRIBE", headers=headers)
         assert described.status == 200, described
         setup = await self.request("SETUP", f"{self.url}/trackID=0", {
             "Transport": "RTP/AVP/TCP;unicast;interleaved=0-1", **(headers or {})})
         assert setup.status == 200, setup
         self.session = setup.header("session").split(";")[0]
+        if audio:
+            self.audio_channel = 2
+            setup = await self.request("SETUP", f"{self.url}/trackID=1", {
+                "Transport": "RTP/AVP/TCP;unicast;interleaved=2-3", "Session": self.session,
+                **(headers or {})})
+            assert setup.status == 200, setup
         played = await self.request("PLAY", headers=headers)
         assert played.status == 200, played
         self.played = played

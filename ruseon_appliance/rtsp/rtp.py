@@ -1,0 +1,59 @@
+"""What the RTSP server's two tracks (the picture's, rtsp/session.py; the sound's,
+rtsp/audio.py) share: their UDP socket pair and the clock of their sender reports."""
+
+from __future__ import annotations
+
+import socket
+
+NTP_EPOCH_OFFSET = 2_208_988_800  # seconds from 1900 (NTP) to 1970 (Unix)
+
+
+def ntp_of_us(unix_us: int) -> int:
+    """A wall-clock time (microseconds since 1970) as a 64-bit NTP timestamp."""
+    seconds, micros = divmod(unix_us, 1_000_000)
+    return ((seconds + NTP_EPOCH_OFFSET) << 32) | (micros * (1 << 32) // 1_000_000)
+
+
+def rtp_at(anchor_ts: int, anchor_capture_us: int, unix_us: int, clock_rate: int) -> int:
+    """The RTP time (32 bits) of wall-clock time ``unix_us`` on a track whose RTP time
+    ``anchor_ts`` was captured at ``anchor_capture_us``: the capture clock's map, which is what
+    both tracks' sender reports say."""
+    return (anchor_ts + (unix_us - anchor_capture_us) * clock_rate // 1_000_000) & 0xFFFFFFFF
+
+
+def open_rtp_pair(local_host: str, scope_id: int = 0
+                  ) -> tuple[socket.socket, socket.socket, int]:
+    """An RTP and an RTCP socket on ``local_host``, an even port and the next one (as RFC 3550
+    likes; ``scope_id``: a link-local address's interface), non-blocking; returns them and the
+    RTP port. Raises ``OSError``."""
+    family = socket.AF_INET6 if ":" in local_host else socket.AF_INET
+
+    def address(port: int) -> tuple[str, int] | tuple[str, int, int, int]:
+        if family == socket.AF_INET6:
+            return (local_host, port, 0, scope_id)
+        return (local_host, port)
+
+    for _ in range(20):
+        rtp = socket.socket(family, socket.SOCK_DGRAM)
+        try:
+            rtp.bind(address(0))
+            port = rtp.getsockname()[1]
+            if port % 2 or port >= 65535:
+                rtp.close()
+                continue
+            rtcp = socket.socket(family, socket.SOCK_DGRAM)
+            try:
+                rtcp.bind(address(port + 1))
+            except OSError:
+                rtcp.close()
+                rtp.close()
+                continue
+        except OSError:
+            rtp.close()
+            raise
+        break
+    else:
+        raise OSError("no free pair of UDP ports for RTP/RTCP")
+    for sock in (rtp, rtcp):
+        sock.setblocking(False)
+    return rtp, rtcp, port
