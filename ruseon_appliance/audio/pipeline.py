@@ -22,9 +22,18 @@ log = logging.getLogger(__name__)
 # Each ring holds about 10 s of packets (Opus: 50 a second, AAC: 47).
 RING_BYTES = 512 * 1024
 RING_SLOTS = 512
-# The sample clock may wander this far from the capture clock before it is pulled back
-# (silence inserted when the device is slow, samples dropped when it is fast). Below one video
-# frame at 25 fps, so lip sync stays within what a viewer can see.
+# A device whose clock runs fast or slow against the capture clock is resampled: past
+# RESAMPLE_FROM_US of smoothed drift each chunk is stretched or squeezed (linear
+# interpolation) to take back the drift over RESAMPLE_HORIZON_S, by at most
+# RESAMPLE_MAX_RATIO. The sound stays continuous (no gap, no jump): a crystal 100 ppm off is
+# corrected by a rate change of 0.01 %, inaudible.
+RESAMPLE_FROM_US = 2_000
+RESAMPLE_HORIZON_S = 0.5
+RESAMPLE_MAX_RATIO = 0.05
+# What resampling cannot hold (a device several percent off, a stall shorter than a hole) is
+# pulled back in one step past this (silence inserted when the device is slow, samples dropped
+# when it is fast). Below one video frame at 25 fps, so lip sync stays within what a viewer
+# can see.
 DRIFT_LIMIT_US = 30_000
 # The offset is averaged over about 20 chunks (400 ms): a read's jitter is not drift.
 DRIFT_SMOOTHING = 0.05
@@ -90,6 +99,9 @@ class AudioPipeline:
         self.silence_inserted = 0
         self.samples_dropped = 0
         self.drift_corrections = 0
+        # Chunks resampled to follow the capture clock, and the samples that added (net).
+        self.chunks_resampled = 0
+        self.samples_resampled = 0
         self.timeline_resets = 0
         self.source_failures = 0
         self.chunks_bad = 0
@@ -276,8 +288,9 @@ class AudioPipeline:
         self.last_packet_monotonic = time.monotonic()
 
     def _align(self, samples: Any, capture_us: int) -> Any:
-        """Keep the sample clock on the capture clock: a device that runs slow gets silence
-        inserted, one that runs fast loses samples, a hole restarts the timeline past it."""
+        """Keep the sample clock on the capture clock: a device that runs slow or fast is
+        resampled (:data:`RESAMPLE_FROM_US`); what that cannot hold is stepped back past
+        :data:`DRIFT_LIMIT_US`; a hole restarts the timeline past it."""
         expected = self._next_capture_us
         if expected is None:
             self._next_capture_us = capture_us
@@ -295,6 +308,8 @@ class AudioPipeline:
             return samples
         self._drift_avg_us += DRIFT_SMOOTHING * (offset - self._drift_avg_us)
         if abs(self._drift_avg_us) <= DRIFT_LIMIT_US:
+            if abs(self._drift_avg_us) > RESAMPLE_FROM_US and len(samples) > 1:
+                return self._resample(samples)
             return samples
         self.drift_corrections += 1
         correction = int(self._drift_avg_us * AUDIO_CLOCK_RATE // 1_000_000)
@@ -305,6 +320,25 @@ class AudioPipeline:
         drop = min(-correction, len(samples))
         self.samples_dropped += drop
         return samples[drop:]
+
+    def _resample(self, samples: Any) -> Any:
+        """``samples`` stretched (the device is slow: the sample clock lags) or squeezed (it
+        is fast) so the drift goes back over :data:`RESAMPLE_HORIZON_S`."""
+        n = len(samples)
+        chunk_s = n / AUDIO_CLOCK_RATE
+        wanted = self._drift_avg_us / 1e6 * AUDIO_CLOCK_RATE * chunk_s / RESAMPLE_HORIZON_S
+        limit = n * RESAMPLE_MAX_RATIO
+        change = int(round(max(-limit, min(limit, wanted))))
+        if not change:
+            return samples
+        out_n = n + change
+        positions = np.linspace(0.0, n - 1, out_n)
+        out = np.interp(positions, np.arange(n), samples.astype(np.float32))
+        self.chunks_resampled += 1
+        self.samples_resampled += change
+        # What this takes back, taken out of the average now (the next offsets show it).
+        self._drift_avg_us -= change * 1e6 / AUDIO_CLOCK_RATE
+        return np.round(out).astype(np.int16)
 
     def stats(self) -> dict[str, Any]:
         """For /api/status and /metrics."""
@@ -323,6 +357,8 @@ class AudioPipeline:
             "silence_inserted": self.silence_inserted,
             "samples_dropped": self.samples_dropped,
             "drift_corrections": self.drift_corrections,
+            "chunks_resampled": self.chunks_resampled,
+            "samples_resampled": self.samples_resampled,
             "timeline_resets": self.timeline_resets,
             "source_failures": self.source_failures,
             "opus": self._codec_stats("opus"),

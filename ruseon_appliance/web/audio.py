@@ -28,7 +28,9 @@ AUDIO_METRICS = (
     ("source_failures", "source_failures_total", "counter",
      "Times the source could not be opened or went away (retried)"),
     ("drift_corrections", "drift_corrections_total", "counter",
-     "Times the sample clock was pulled back onto the capture clock"),
+     "Times the sample clock was stepped back onto the capture clock"),
+    ("chunks_resampled", "chunks_resampled_total", "counter",
+     "Chunks resampled to keep a drifting device on the capture clock"),
 )
 
 

@@ -164,23 +164,48 @@ async def test_a_broken_chunk_is_skipped_not_fatal() -> None:
     pipeline, opus, _ = await run(ScriptedSource(chunks=60, bad_at=(10, 11, 30)))
     stats = pipeline.stats()
     assert stats["chunks_bad"] == 3
-    # 57 good chunks, and the 60 ms they left as a hole filled with silence by the clock
-    # alignment (at most that much) so what follows stays in sync.
-    assert stats["silence_inserted"] <= 3 * FRAME_SAMPLES
-    assert len(opus) == (57 * FRAME_SAMPLES + stats["silence_inserted"]) // FRAME_SAMPLES
+    # 57 good chunks, and the 60 ms they left as a hole made up by the clock alignment (at
+    # most that much: resampled, or silence put in) so what follows stays in sync.
+    made_up = stats["silence_inserted"] + stats["samples_resampled"]
+    assert 0 <= made_up <= 3 * FRAME_SAMPLES
+    assert len(opus) == (57 * FRAME_SAMPLES + made_up) // FRAME_SAMPLES
 
 
-async def test_a_device_whose_clock_runs_fast_is_pulled_back_onto_the_capture_clock() -> None:
-    # 2 % fast: 20 ms of capture time holds 979 samples. Left alone, the sound would run 60 ms
-    # behind the picture within 3 s; pulled back, it stays within the limit.
-    source = ScriptedSource(chunks=500, clock_ppm=20_000)
+@pytest.mark.parametrize("ppm", [20_000, -10_000, 100], ids=["2%-fast", "1%-slow", "100ppm"])
+async def test_a_device_whose_clock_drifts_is_resampled_onto_the_capture_clock(ppm: int) -> None:
+    # 2 % fast: 20 ms of capture time holds 979 samples. Left alone, the sound would run 200 ms
+    # behind the picture within 10 s; resampled, it stays on the capture clock, continuously
+    # (no silence put in, no samples cut, no step).
+    source = ScriptedSource(chunks=500, clock_ppm=ppm)
     pipeline, opus, _ = await run(source)
     stats = pipeline.stats()
-    assert stats["drift_corrections"] >= 3 and stats["samples_dropped"] > 0
+    assert stats["drift_corrections"] == 0, stats
+    assert stats["silence_inserted"] == 0 and stats["samples_dropped"] == 0
+    if abs(ppm) >= 10_000:
+        assert stats["chunks_resampled"] > 0
+        assert (stats["samples_resampled"] < 0) == (ppm > 0), stats
     # The newest packet's capture time (by the sample clock) against the source's own.
     last_capture = source.start_us + (source.chunks - 1) * FRAME_US
     _, _, mapped = opus[-1]
-    assert abs(mapped - last_capture) < 60_000
+    assert abs(mapped - last_capture) < 30_000, (mapped - last_capture)
+    # Heard continuously: after the codec's start, no 20 ms of the decoded sound is silent
+    # (the tone never stops), and every beep is one beep.
+    pcm = decode("opus", opus)
+    frames = pcm[FRAME_SAMPLES:len(pcm) // FRAME_SAMPLES * FRAME_SAMPLES].reshape(-1, FRAME_SAMPLES)
+    assert np.min(np.sqrt(np.mean(frames ** 2, axis=1))) > 0.005
+    starts = [source.start_us + i * 1_000_000 // AUDIO_CLOCK_RATE for i in beep_starts(pcm)]
+    assert len(starts) == len(beep_onsets_us(source.start_us, last_capture))
+
+
+async def test_a_device_far_off_is_still_stepped_back() -> None:
+    # 10 % fast: more than resampling takes on (5 %): the rest is stepped back past the limit.
+    source = ScriptedSource(chunks=300, clock_ppm=100_000)
+    pipeline, opus, _ = await run(source)
+    stats = pipeline.stats()
+    assert stats["chunks_resampled"] > 0 and stats["drift_corrections"] >= 1
+    assert stats["samples_dropped"] > 0
+    last_capture = source.start_us + (source.chunks - 1) * FRAME_US
+    assert abs(opus[-1][2] - last_capture) < 60_000
 
 
 async def test_the_real_tone_source_is_paced_in_real_time() -> None:
