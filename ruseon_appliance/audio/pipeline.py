@@ -328,7 +328,7 @@ class AudioPipeline:
         chunk_s = n / AUDIO_CLOCK_RATE
         wanted = self._drift_avg_us / 1e6 * AUDIO_CLOCK_RATE * chunk_s / RESAMPLE_HORIZON_S
         limit = n * RESAMPLE_MAX_RATIO
-        change = int(round(max(-limit, min(limit, wanted))))
+        change = round(max(-limit, min(limit, wanted)))
         if not change:
             return samples
         out_n = n + change
