@@ -26,6 +26,15 @@ WALL_FUNCTIONS = {"time", "time_ns"}  # time.time, time.time_ns
 
 # (module path relative to the package, enclosing function) -> why wall time is meant there.
 WALL_TIME_USES: dict[tuple[str, str], str] = {
+    ("capture/sources/rtsp.py", "RtspSource._read_stream"):
+        "an IP camera's audio packet is stamped with its arrival on the wall clock, as its "
+        "pictures are (capture times are wall timestamps)",
+    ("rtsp/audio.py", "RtspAudioTrack.send_report"):
+        "a sender report's NTP time is the wall clock (RFC 3550), its RTP time the capture "
+        "clock's (wall timestamps)",
+    ("rtsp/session.py", "RtspSession.send_report"):
+        "a sender report's NTP time is the wall clock (RFC 3550), its RTP time the capture "
+        "clock's (wall timestamps)",
     ("stream/reports.py", "SenderReports.report"):
         "a sender report's NTP time is the wall clock by definition (RFC 3550), and its RTP "
         "time is placed by the capture time (a wall timestamp) of what was last sent",
@@ -86,6 +95,9 @@ WALL_TIME_USES: dict[tuple[str, str], str] = {
 
 # Subtractions of wall readings that are not durations: (module, function) -> why.
 NOT_DURATIONS: dict[tuple[str, str], str] = {
+    ("audio/sources/tone.py", "ToneSource.open"):
+        "the next whole 20 ms of the wall clock less now is how far the first chunk's stamp "
+        "is moved to sit on that grid (once, at open), not a measured duration",
     ("stream/reports.py", "SenderReports.report"):
         "now minus the last packet's capture time places the report's RTP time on the capture "
         "clock (lip sync across streams); a step of the clock past CAPTURE_MAPPING_MAX_S "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections import deque
 
 from ruseon_appliance.stream.rtcp import ntp_of, sender_report_at
 
@@ -16,17 +17,22 @@ SR_REMEMBERED = 8
 # A capture time further than this from the wall clock now (a clock step between capture and
 # report) is not used to place the report's RTP timestamp: the send time is, as without one.
 CAPTURE_MAPPING_MAX_S = 5.0
+# The RTP-to-capture mapping is the least late of this many recent sends: a capture stamp is
+# only ever late (a thread descheduled before it stamped, a packet that arrived late), never
+# early, so one late stamp must not move the whole timeline.
+MAPPING_WINDOW = 30
 
 
 class SenderReports:
     """Counts what one SSRC sent and writes its sender reports (+ SDES CNAME).
 
     The sender tells it what went out once per service call (:meth:`sent`), not per packet.
-    The SR's RTP timestamp is the last one sent, advanced at ``clock_rate`` by the time since
-    that packet's *capture* (its ``capture_us``, on the wall clock the SR's NTP time is read
-    from): every stream of a session (video, audio) then maps its RTP time to the capture
-    instant, which is what a receiver lines them up by (lip sync). Without a capture time (or
-    across a wall-clock step) the time since the packet was sent is used instead.
+    The SR maps RTP time to *capture* time (``capture_us``, on the wall clock the SR's NTP time
+    is read from): every stream of a session (video, audio) then says when what it carries was
+    captured, which is what a receiver lines them up by (lip sync). The mapping is the least
+    late of the last :data:`MAPPING_WINDOW` sends (RTP time against capture time). Without a
+    capture time for the last send (a join burst's frames), or across a wall-clock step, the
+    SR's RTP time is the last one sent advanced by the time since it was sent.
     """
 
     def __init__(self, ssrc: int = 0, cname: str = "", *, clock_rate: int = 90_000) -> None:
@@ -34,6 +40,9 @@ class SenderReports:
         self.cname = cname
         self.clock_rate = clock_rate
         self._last_capture_s: float | None = None
+        # The last RTP timestamp unwrapped (64-bit), and capture time minus it (µs) per send.
+        self._unwrapped: int | None = None
+        self._anchors: deque[float] = deque(maxlen=MAPPING_WINDOW)
         self.packets_sent = 0
         self.octets_sent = 0  # payload octets, as RTCP SR counts them
         self._last_ts = 0
@@ -48,9 +57,15 @@ class SenderReports:
         (captured at ``capture_us``, wall clock, when known)."""
         self.packets_sent += packets
         self.octets_sent += octets
+        if self._unwrapped is None:
+            self._unwrapped = timestamp
+        else:
+            self._unwrapped += ((timestamp - self._last_ts + (1 << 31)) & 0xFFFFFFFF) - (1 << 31)
         self._last_ts = timestamp
         self._last_send_monotonic = now
         self._last_capture_s = None if capture_us is None else capture_us / 1e6
+        if capture_us is not None:
+            self._anchors.append(capture_us - self._unwrapped * 1e6 / self.clock_rate)
 
     def first_due(self, at: float) -> None:
         """The first report is due at ``at`` (an early one: RTT and sync from the start)."""
@@ -70,7 +85,11 @@ class SenderReports:
         elapsed = now - self._last_send_monotonic
         captured = self._last_capture_s
         if captured is not None and abs(wall - captured) <= CAPTURE_MAPPING_MAX_S:
-            elapsed = wall - captured
+            # When the last packet sent would have been captured, were it as early as the
+            # least late of the recent ones.
+            assert self._unwrapped is not None and self._anchors
+            ideal_us = self._unwrapped * 1e6 / self.clock_rate + min(self._anchors)
+            elapsed = wall - ideal_us / 1e6
         rtp_ts = (self._last_ts + round(elapsed * self.clock_rate)) & 0xFFFFFFFF
         return sender_report_at(ntp, self.ssrc, rtp_ts, self.packets_sent, self.octets_sent,
                                 self.cname), ntp

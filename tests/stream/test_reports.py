@@ -49,6 +49,44 @@ def test_a_report_says_what_was_sent_and_where_the_rtp_clock_is_now() -> None:
     assert sdes.chunks[0].ssrc == SSRC and sdes.chunks[0].items == [(1, b"ruseon-cam")]
 
 
+def rtp_at(packet: bytes, clock_rate: int) -> tuple[float, int]:
+    """(wall time in s, RTP timestamp) a sender report maps to each other."""
+    sr = RtcpPacket.parse(packet)[0]
+    assert isinstance(sr, RtcpSrPacket)
+    ntp = sr.sender_info.ntp_timestamp
+    return (ntp >> 32) - 2_208_988_800 + (ntp & 0xFFFFFFFF) / (1 << 32), \
+        sr.sender_info.rtp_timestamp
+
+
+@pytest.mark.parametrize("clock_rate", [90_000, 48_000])
+def test_a_report_maps_rtp_time_to_the_least_late_capture_time(clock_rate: int) -> None:
+    reports = SenderReports(SSRC, "cam", clock_rate=clock_rate)
+    step = clock_rate // 50  # 20 ms a packet
+    start_us = time.time_ns() // 1000 - 2_000_000
+    origin = 0xFFFF_0000  # the RTP clock wraps in the middle
+    for i in range(60):
+        # Every fifth capture stamp is late (a descheduled thread): 70 ms.
+        late = 70_000 if i % 5 == 4 else 0
+        reports.sent(1, 100, (origin + i * step) & 0xFFFFFFFF, time.monotonic(),
+                     start_us + i * 20_000 + late)
+    # The last one sent was late too: the mapping does not follow it.
+    reports.sent(1, 100, (origin + 60 * step) & 0xFFFFFFFF, time.monotonic(),
+                 start_us + 60 * 20_000 + 70_000)
+    wall, rtp = rtp_at(reports.report(time.monotonic())[0], clock_rate)
+    # The instant the report names, by the on-time packets: packet 0 at start_us.
+    elapsed = ((rtp - origin) & 0xFFFFFFFF) / clock_rate
+    assert abs(start_us / 1e6 + elapsed - wall) < 0.001
+
+
+def test_without_a_capture_time_the_report_follows_the_send_time() -> None:
+    reports = SenderReports(SSRC, "cam")
+    now = time.monotonic()
+    reports.sent(1, 100, 90_000, now - 0.5, time.time_ns() // 1000 - 400_000)
+    reports.sent(1, 100, 180_000, now - 0.25)  # a join burst's frame: no capture time
+    _, rtp = rtp_at(reports.report(now)[0], 90_000)
+    assert abs(rtp - (180_000 + 0.25 * 90_000)) < 0.01 * 90_000
+
+
 def test_round_trip_time_from_a_receiver_report_answering_our_report() -> None:
     reports = SenderReports(SSRC)
     reports.sent(1, 100, 0, time.monotonic())
