@@ -199,16 +199,25 @@ class Janus:
 
     def create_mountpoint(self, mountpoint_id: int, *, port: int, rtcp_port: int,
                           profile_level_id: str, srtp_key: str = "",
-                          bufferkf: bool = False) -> None:
+                          bufferkf: bool = False, audio_port: int = 0,
+                          audio_rtcp_port: int = 0) -> None:
         """An RTP mountpoint for H.264 (as DESIGN.md's verified request), optionally SRTP;
-        ``bufferkf``: Janus keeps the latest keyframe and sends it to each viewer as it starts."""
+        ``bufferkf``: Janus keeps the latest keyframe and sends it to each viewer as it starts;
+        ``audio_port``: Opus too (payload type 111, its RTCP on ``audio_rtcp_port``)."""
         session, handle = self.attach()
+        media: list[dict[str, Any]] = [
+            {"type": "video", "mid": "v", "port": port, "pt": 96, "codec": "h264",
+             "fmtp": f"profile-level-id={profile_level_id};packetization-mode=1",
+             "rtcpport": rtcp_port, "bufferkf": bufferkf}]
+        if audio_port:
+            audio: dict[str, Any] = {"type": "audio", "mid": "a", "port": audio_port,
+                                     "pt": 111, "codec": "opus"}
+            if audio_rtcp_port:
+                audio["rtcpport"] = audio_rtcp_port
+            media.append(audio)
         body: dict[str, Any] = {
             "request": "create", "type": "rtp", "id": mountpoint_id,
-            "name": f"relay-{mountpoint_id}",
-            "media": [{"type": "video", "mid": "v", "port": port, "pt": 96, "codec": "h264",
-                       "fmtp": f"profile-level-id={profile_level_id};packetization-mode=1",
-                       "rtcpport": rtcp_port, "bufferkf": bufferkf}],
+            "name": f"relay-{mountpoint_id}", "media": media,
         }
         if srtp_key:
             body.update(srtpsuite=80, srtpcrypto=srtp_key)
@@ -248,11 +257,14 @@ class JanusViewer:
     decode: bool = True
     packets: int = 0
     session: int = 0
-    _task: asyncio.Task[None] | None = None
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _keepalive: asyncio.Task[None] | None = None
     ended: bool = False
     # time.monotonic() of the first decoded picture (decode=True).
     first_frame_at: float | None = None
+    # Decoded sound (a mountpoint with audio): one mono int16 array per frame.
+    sound: list[Any] = field(default_factory=list)
+    kinds: list[str] = field(default_factory=list)  # of the tracks received
 
     async def watch(self) -> None:
         """Join the mountpoint; frames are decoded in the background from then on."""
@@ -274,8 +286,15 @@ class JanusViewer:
             "janus": "message", "body": {"request": "start"},
             "jsep": {"type": "answer", "sdp": self.pc.localDescription.sdp}})
         track = await asyncio.wait_for(tracks.get(), 10)
+        received = [track]
+        while not tracks.empty():  # every track of the offer came with setRemoteDescription
+            received.append(tracks.get_nowait())
+        self.kinds = [t.kind for t in received]
         if self.decode:
-            self._task = asyncio.create_task(self._decode(track))
+            for track in received:
+                task = asyncio.create_task(self._decode(track) if track.kind == "video"
+                                           else self._listen(track))
+                self._tasks.append(task)
         self._keepalive = asyncio.create_task(self._keep_alive())
 
     async def _wait_for_jsep(self) -> dict[str, Any]:
@@ -309,8 +328,20 @@ class JanusViewer:
         except MediaStreamError:
             self.ended = True
 
+    async def _listen(self, track: MediaStreamTrack) -> None:
+        try:
+            while True:
+                frame = await track.recv()
+                samples = frame.to_ndarray().reshape(-1, len(frame.layout.channels))[:, 0]
+                self.sound.append(samples.copy())
+        except MediaStreamError:
+            pass
+        except Exception as exc:
+            self.kinds.append(repr(exc))
+            raise
+
     async def close(self) -> None:
-        for task in (self._task, self._keepalive):
+        for task in (*self._tasks, self._keepalive):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -33,7 +33,7 @@ from ruseon_appliance.config import (
 )
 from ruseon_appliance.relay import RtpRelay
 from tests.e2e.browser_netns import inside_browser_netns, prepare_namespace
-from tests.relay.conftest import wait_for
+from tests.relay.conftest import assert_the_tone, wait_for
 from tests.relay.janus import Janus, JanusViewer, rerun_in_janus_netns, running_janus
 from tests.tooling import free_port
 
@@ -266,3 +266,52 @@ async def test_late_joiners_get_janus_cached_keyframe_without_a_new_one(
             assert appliance.capture.stats()["keyframes_forced"] == forced
             assert relay.keyframe_requests_received == 0
             await close_all([first, *late])
+
+
+async def inbound(viewer: JanusViewer) -> list[tuple[str, int]]:
+    """(kind, packets received) of each stream a viewer receives (aiortc's stats)."""
+    report = await viewer.pc.getStats()
+    return [(s.kind, s.packetsReceived) for s in report.values() if s.type == "inbound-rtp"]
+
+
+async def test_viewers_hear_the_camera_through_janus_beside_the_picture(
+        request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """A mountpoint with audio and video: the relay sends the synthetic camera's tone (Opus,
+    encoded once) beside the picture, and viewers through Janus decode both (the tone at its
+    level, the beeps, live pictures); the camera's Opus ring has one reader, the relay's."""
+    if not in_janus_netns(request):
+        return
+    rtp, rtcp, audio_rtp, audio_rtcp = (free_port(kind=socket.SOCK_DGRAM) for _ in range(4))
+    relay_config = RelayConfig(name="janus", url=f"rtp://127.0.0.1:{rtp}", rtcp_port=rtcp,
+                               audio_port=audio_rtp, audio_rtcp_port=audio_rtcp,
+                               bind=HostPort("127.0.0.1", 0))
+    with running_janus(tmp_path / "janus") as janus:
+        async with running_appliance(appliance_config(tmp_path, (relay_config,))) as appliance:
+            (relay,) = appliance.relays
+            sound = appliance.cameras.default.audio
+            assert relay.audio is not None and sound is not None
+            info = appliance.capture.stream_info
+            assert info is not None
+            await asyncio.to_thread(janus.create_mountpoint, 1, port=rtp, rtcp_port=rtcp,
+                                    profile_level_id=info.profile_level_id,
+                                    audio_port=audio_rtp, audio_rtcp_port=audio_rtcp)
+            start = frames_in(appliance)
+            viewers = await watch(janus, 1, 3)
+            try:
+                await wait_for(lambda: all(len(v.stamps) >= 15 and len(v.sound) >= 150
+                                           for v in viewers), timeout=90,
+                               what="3 viewers hearing and seeing through Janus")
+            except AssertionError as exc:
+                exc.add_note(f"(pictures, sound frames) per viewer: "
+                             f"{[(len(v.stamps), len(v.sound), v.kinds) for v in viewers]}; "
+                             f"relay {relay.stats()}; inbound "
+                             f"{[await inbound(v) for v in viewers]}")
+                raise
+            for viewer in viewers:
+                assert_live(viewer, start)
+                assert_the_tone(viewer.sound)
+            stats = relay.stats()
+            assert stats["state"] == stats["audio"]["state"] == "sending"
+            assert stats["audio"]["packets_sent"] >= 150
+            assert sound.opus_ring.reader_count == 1
+            await close_all(viewers)
