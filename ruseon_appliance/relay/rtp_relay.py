@@ -21,6 +21,13 @@ it once, stops sending media, probes once every :data:`RETRY_S` and resumes at a
 probe goes unanswered by an ICMP error. The error queue says which destination refused: only the
 RTP port's refusals pause the media; a closed RTCP port (a mountpoint without ``rtcpport``) is
 logged once and counted, and errors about any other destination are ignored.
+
+Sound (``audio_port``): the camera's Opus packets, read from its ring once and sent as they are,
+beside the video from the same socket (:class:`_RelayAudio`): its own SSRC, the same SRTP key
+and CNAME, its own RTCP port. Both streams' sender reports map RTP time to the capture clock
+(``stream.reports.SenderReports``), so the server (and whoever reads the SDP) can line them up.
+The audio pauses and resumes on its own: a server without an audio port costs the picture
+nothing.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ import os
 import re
 import socket
 import time
+import tomllib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -177,28 +178,43 @@ async def test_viewers_watch_through_janus_keyframes_on_join_and_janus_restart(
             assert len(warnings) == stats["outages"], warnings
 
 
-def docs_mountpoint() -> tuple[str, dict[str, Any]]:
-    """The SRTP mountpoint config from docs/janus.md, exactly as written there, and its values."""
+def docs_mountpoint() -> tuple[str, dict[str, Any], dict[str, dict[str, str]]]:
+    """The SRTP mountpoint config from docs/janus.md, exactly as written there, its values and
+    those of each of its media (by type); checks the board's ``[[relay]]`` there agrees."""
     text = (REPO / "docs" / "janus.md").read_text()
     block = re.search(r"```[a-z]*\n(ruseon-srtp: \{.*?\n\})\n```", text, re.S)
     assert block, "docs/janus.md lost its ruseon-srtp mountpoint block"
     config = block.group(1)
-    values = {k: v for k, v in re.findall(r'(\w+) = "?([^"\n]+)"?', config)}
-    return config, values
+
+    def values_of(part: str) -> dict[str, str]:
+        return {k: v for k, v in re.findall(r'(\w+) = "?([^"\n]+)"?', part)}
+
+    media = {m["type"]: m for m in map(values_of, re.findall(r"\{([^{}]*)\}", config))}
+    values = values_of(re.sub(r"media = \(.*?\n\t\)", "", config, flags=re.S))
+    board = re.search(r"```toml\n(\[\[relay\]\].*?)```", text, re.S)
+    assert board, "docs/janus.md lost the board's [[relay]] table"
+    (relay,) = tomllib.loads(board.group(1))["relay"]
+    assert relay["url"].endswith(f":{media['video']['port']}")
+    assert relay["rtcp_port"] == int(media["video"]["rtcpport"])
+    assert relay["srtp_key"] == values["srtpcrypto"]
+    assert relay["audio_port"] == int(media["audio"]["port"])
+    assert relay["audio_port"] + 1 == int(media["audio"]["rtcpport"])  # audio_rtcp_port left out
+    return config, values, media
 
 
 async def test_srtp_mountpoint_from_the_docs_decodes_and_a_wrong_key_does_not(
         request: pytest.FixtureRequest, tmp_path: Path) -> None:
     if not in_janus_netns(request):
         return
-    config, values = docs_mountpoint()
+    config, values, media = docs_mountpoint()
     key = values["srtpcrypto"]
-    port, rtcp = int(values["port"]), int(values["rtcpport"])
+    port, rtcp = int(media["video"]["port"]), int(media["video"]["rtcpport"])
+    audio_port = int(media["audio"]["port"])
     wrong_port, wrong_rtcp = free_port(kind=socket.SOCK_DGRAM), free_port(kind=socket.SOCK_DGRAM)
     wrong_key = base64.b64encode(os.urandom(30)).decode()
     relays = (
         RelayConfig(name="right", url=f"rtp://127.0.0.1:{port}", rtcp_port=rtcp,
-                    srtp_key=key, bind=HostPort("127.0.0.1", 0)),
+                    srtp_key=key, audio_port=audio_port, bind=HostPort("127.0.0.1", 0)),
         RelayConfig(name="wrong", url=f"rtp://127.0.0.1:{wrong_port}", rtcp_port=wrong_rtcp,
                     srtp_key=wrong_key, bind=HostPort("127.0.0.1", 0)),
     )
@@ -215,14 +231,16 @@ async def test_srtp_mountpoint_from_the_docs_decodes_and_a_wrong_key_does_not(
             right, wrong = await watch(janus, mountpoint_id, 1) + await watch(janus, 2, 1)
             right_relay: RtpRelay
             right_relay, wrong_relay = appliance.relays
-            await wait_for(lambda: len(right.stamps) >= 30, timeout=60, what="SRTP decoding")
+            await wait_for(lambda: len(right.stamps) >= 30 and len(right.sound) >= 100,
+                           timeout=60, what="SRTP decoding, the picture and the sound")
             assert_live(right, start)
+            assert_the_tone(right.sound)  # the audio of the mountpoint, the same key
             # The wrong key's relay started before its mountpoint existed: give it as many
             # packets again as the right one needed, then its viewer still has nothing.
             sent = wrong_relay.packets_sent
             await wait_for(lambda: wrong_relay.packets_sent > sent + 300, timeout=60,
                            what="the wrong-key relay to send")
-            assert wrong.decoded == 0
+            assert wrong.decoded == 0 and not wrong.sound
             assert right_relay.stats()["state"] == wrong_relay.stats()["state"] == "sending"
             # Janus is still up and answering.
             await asyncio.to_thread(janus.attach)

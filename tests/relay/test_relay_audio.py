@@ -336,9 +336,14 @@ async def test_a_refused_audio_port_pauses_the_audio_alone_and_it_comes_back(
                        what="the audio after the outage")
         assert relay.audio.state == "sending" and sound.opus_ring.reader_count == 1
         assert relay.audio.outages == 1
-        sound_packets = [p for p in audio.packets if p[4]]
-        assert sound_packets[0][3], "the marker after the pause"
-        for a, b in itertools.pairwise(sound_packets):
+        # What resumed it: a probe, an Opus DTX packet (a TOC byte, no frame: a decoder conceals
+        # it; never an empty payload, which ends FFmpeg's decoder behind Janus), then the sound
+        # from the next packet on, starting a talkspurt.
+        probe, first = audio.packets[0], audio.packets[1]
+        assert probe[4] == bytes([31 << 3]) and not probe[3]
+        assert first[3] and len(first[4]) > 1, "the marker after the pause"
+        assert 0 < (first[1] - probe[1]) & 0xFFFFFFFF < 1 << 31
+        for a, b in itertools.pairwise(audio.packets):
             assert (b[0] - a[0]) & 0xFFFF == 1
         video.assert_continuous()
     finally:
