@@ -698,8 +698,12 @@ class _RelayAudio:
             self._reader.close()
             self._reader = None
         task, self._task = self._task, None
-        if task is not None and task is not asyncio.current_task():
-            task.cancel()
+        try:
+            current = asyncio.current_task()
+        except RuntimeError:  # no running loop (a stop outside it)
+            current = None
+        if task is not None and task is not current:
+            task.cancel()  # (from within, the loop sees the state and ends)
 
     def _start_sending(self) -> None:
         self.state = "sending"
