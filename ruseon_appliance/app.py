@@ -232,7 +232,8 @@ class Appliance:
             fanout = self._consumer_fanout(cam)
             relay = RtpRelay(relay_config, feed, fanout, framerate=camera.framerate,
                              catch_up_max_frames=camera.catch_up_frames,
-                             keyframe_interval_frames=camera.keyframe_interval)
+                             keyframe_interval_frames=camera.keyframe_interval,
+                             audio=cam.audio, camera=cam.name)
             await relay.start()
             self.relays.append(relay)
 

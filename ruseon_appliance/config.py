@@ -703,6 +703,14 @@ class RelayConfig:
     bind: HostPort = setting(HostPort("0.0.0.0", 0), "the relay's UDP socket; port 0: any")
     payload_type: int = setting(96, lo=96, hi=127, allowed="a dynamic payload type, 96 to 127")
     camera: str = setting("", "which camera's stream; empty: the default camera")
+    # The camera's sound (Opus), beside the video: the same host, its own port and SSRC.
+    audio_port: int = setting(0, "the server's RTP port for the camera's Opus (the mountpoint's "
+                              "audioport); 0: video only", lo=0, hi=65535,
+                              allowed="0 (no audio) or a port from 1 to 65535")
+    audio_rtcp_port: int = setting(RTCP_NEXT_PORT, "the server's RTCP port for the audio "
+                                   "(sender reports); left out: audio_port + 1; 0: none")
+    audio_payload_type: int = setting(111, lo=96, hi=127,
+                                      allowed="a dynamic payload type, 96 to 127")
 
     @property
     def target(self) -> HostPort:
@@ -716,6 +724,16 @@ class RelayConfig:
         if self.rtcp_port == RTCP_NEXT_PORT:
             return self.target.port + 1
         return self.rtcp_port
+
+    @property
+    def audio_rtcp_target_port(self) -> int:
+        """The audio's RTCP port in use: :attr:`audio_rtcp_port`, ``audio_port + 1`` for its
+        default; 0 = none (and always 0 without audio)."""
+        if not self.audio_port:
+            return 0
+        if self.audio_rtcp_port == RTCP_NEXT_PORT:
+            return self.audio_port + 1
+        return self.audio_rtcp_port
 
     def srtp_master(self) -> bytes | None:
         """The decoded SRTP master key + salt, or None for plain RTP."""
@@ -740,6 +758,24 @@ def _relay_rules(relay: RelayConfig, key: str) -> None:
     _check(relay.rtcp_port != RTCP_NEXT_PORT or target.port < 65535, f"{key}: url",
            relay.url, "RTCP goes to the RTP port + 1 unless rtcp_port says otherwise: set "
            "rtcp_port (or 0 for none) with RTP port 65535")
+    video_ports = {target.port, relay.rtcp_target_port} - {0}
+    if not relay.audio_port:
+        _check(relay.audio_rtcp_port in (0, RTCP_NEXT_PORT), f"{key}: audio_rtcp_port",
+               relay.audio_rtcp_port, "only with audio_port (set audio_port, or leave this out)")
+        return
+    _check(relay.audio_port not in video_ports, f"{key}: audio_port", relay.audio_port,
+           "a port of its own, not the video's RTP or RTCP port")
+    _check(relay.audio_rtcp_port in (0, RTCP_NEXT_PORT) or (
+        1 <= relay.audio_rtcp_port <= 65535 and relay.audio_rtcp_port != relay.audio_port),
+        f"{key}: audio_rtcp_port", relay.audio_rtcp_port,
+        "0 (none) or a port from 1 to 65535 other than audio_port (left out: audio_port + 1)")
+    _check(relay.audio_rtcp_port != RTCP_NEXT_PORT or relay.audio_port < 65535,
+           f"{key}: audio_port", relay.audio_port, "the audio's RTCP goes to audio_port + 1 "
+           "unless audio_rtcp_port says otherwise: set audio_rtcp_port (or 0 for none) with "
+           "audio_port 65535")
+    _check(relay.audio_rtcp_target_port not in video_ports, f"{key}: audio_rtcp_port",
+           relay.audio_rtcp_target_port, "a port of its own, not the video's RTP or RTCP port "
+           "(left out it is audio_port + 1)")
 
 
 def _is_topic(value: str) -> bool:

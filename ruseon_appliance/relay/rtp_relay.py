@@ -21,6 +21,13 @@ it once, stops sending media, probes once every :data:`RETRY_S` and resumes at a
 probe goes unanswered by an ICMP error. The error queue says which destination refused: only the
 RTP port's refusals pause the media; a closed RTCP port (a mountpoint without ``rtcpport``) is
 logged once and counted, and errors about any other destination are ignored.
+
+Sound (``audio_port``): the camera's Opus packets, read from its ring once and sent as they are,
+beside the video from the same socket (:class:`_RelayAudio`): its own SSRC, the same SRTP key
+and CNAME, its own RTCP port. Both streams' sender reports map RTP time to the capture clock
+(``stream.reports.SenderReports``), so the server (and whoever reads the SDP) can line them up.
+The audio pauses and resumes on its own: a server without an audio port costs the picture
+nothing.
 """
 
 from __future__ import annotations
@@ -35,16 +42,19 @@ import secrets
 import socket
 import struct
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import pylibsrtp
 
+from ruseon_appliance.capture.ring import RingBuffer, RingReader
 from ruseon_appliance.config import RelayConfig
+from ruseon_appliance.logs import RateLimit
 from ruseon_appliance.stream import srtp
 from ruseon_appliance.stream.cursor import VideoFeed, ViewerCursor
 from ruseon_appliance.stream.fanout import Fanout
 from ruseon_appliance.stream.history import PacketizedFrame
-from ruseon_appliance.stream.rtcp import rtcp_feedback, sender_report
+from ruseon_appliance.stream.reports import SenderReports
+from ruseon_appliance.stream.rtcp import rtcp_feedback
 
 logger = logging.getLogger(__name__)
 
@@ -71,8 +81,24 @@ IPV6_RECVERR = getattr(socket, "IPV6_RECVERR", 25)
 _REFUSED = frozenset({errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH,
                       errno.EHOSTDOWN})
 
+# The camera's sound: Opus, one 20 ms packet per RTP packet, RTP time at 48 kHz.
+OPUS_CLOCK_RATE = 48_000
+OPUS_PACKET_TICKS = 960
+# An Opus packet with no frame data (RFC 6716 3.2.1: TOC config 31 = CELT fullband 20 ms, one
+# frame of length 0): DTX, concealed by the decoder. The audio's probe while refused.
+OPUS_DTX = bytes([31 << 3])
+# A hole in the packets' pts longer than this starts a new talkspurt (the RTP marker bit).
+TALKSPURT_GAP_TICKS = OPUS_CLOCK_RATE // 10
+
 _HEADER = struct.Struct("!BBHII")  # V/P/X/CC, M/PT, sequence number, timestamp, SSRC
 _PADDING = b"\x00\x00\x00\x04"
+
+
+class AudioFeed(Protocol):
+    """What the relay needs of a camera's sound (``audio.AudioPipeline`` satisfies it): its
+    ring of 20 ms Opus packets (pts in 1/48000 s, capture time on the video's wall clock)."""
+
+    opus_ring: RingBuffer
 
 
 class RtpRelay:
@@ -88,6 +114,8 @@ class RtpRelay:
         framerate: int,
         catch_up_max_frames: int,
         keyframe_interval_frames: int,
+        audio: AudioFeed | None = None,
+        camera: str = "",
     ) -> None:
         self.config = config
         self.name = config.name
@@ -116,9 +144,16 @@ class RtpRelay:
                                       srtp_profile=pylibsrtp.Policy.SRTP_PROFILE_AES128_CM_SHA1_80)
             self._srtp = pylibsrtp.Session(policy)
             self._srtp_handle = srtp.srtp_handle(self._srtp)
+        # Sender reports map RTP time to the capture clock (lip sync with the audio's).
+        self._reports = SenderReports(self.ssrc, self.cname)
+        self._burst_left = 0  # join-burst frames still to send (stamped for their send time)
         self._last_ts = 0
-        self._last_send_monotonic = 0.0
         self._next_sr = 0.0
+        # The camera's sound (see :class:`_RelayAudio`): None when the relay sends video only.
+        self.camera = camera
+        self.audio: _RelayAudio | None = None
+        if config.audio_port and audio is not None:
+            self.audio = _RelayAudio(self, audio)
         # "starting", "unresolved" (name not resolving yet), "sending", "unreachable" (ICMP
         # errors: media paused, probing), "stopped".
         self.state = "starting"
@@ -159,6 +194,7 @@ class RtpRelay:
         A local address that cannot be bound is a configuration error and raises ``OSError``.
         """
         self._loop = asyncio.get_running_loop()
+        self._warn_no_sound()
         try:
             # Bounded: a DNS server that does not answer would otherwise hold the whole start-up
             # (and systemd's READY) for the resolver's timeouts, relay after relay.
@@ -172,6 +208,11 @@ class RtpRelay:
             self._resolver = self._loop.create_task(self._resolve_later())
             return
         self._open(family, address)
+
+    def _warn_no_sound(self) -> None:
+        if self.config.audio_port and self.audio is None:
+            logger.warning("relay %s: camera %s has no sound: relay %s sends video only",
+                           self.name, self.camera or "(default)", self.name)
 
     async def _resolve(self) -> tuple[int, tuple[str, int]]:
         assert self._loop is not None
@@ -239,6 +280,8 @@ class RtpRelay:
         self._fanout.add_consumer(self)
         logger.info("relay %s: sending RTP to %s:%d from port %d%s", self.name, *self.target,
                     self.local_port, " (SRTP)" if self._srtp else "")
+        if self.audio is not None:
+            self.audio.open(self.target[0])
 
     def stop(self) -> None:
         """Leave the fan-out and close the socket (idempotent)."""
@@ -251,6 +294,8 @@ class RtpRelay:
         self._fanout.remove_consumer(self)
         if self.cursor is not None:
             self.cursor.close()
+        if self.audio is not None:
+            self.audio.close()
         sock, self._sock = self._sock, None
         if sock is not None:
             if self._loop is not None:
@@ -269,7 +314,11 @@ class RtpRelay:
         cursor, sock = self.cursor, self._sock
         if cursor is None or sock is None:
             return
+        joining = cursor.reader is None
         cursor.pull()
+        if joining:
+            # The join burst (keyframe + catch-up) is stamped for when it leaves.
+            self._burst_left = len(cursor.queue)
         if self.state == "unreachable":
             self._while_unreachable(cursor, sock, now)
             return
@@ -284,13 +333,20 @@ class RtpRelay:
             self.keyframe_skips += 1
             cursor.pull()
         while cursor.queue and self.state == "sending":
-            frame, out_pts, keyframe, _capture = cursor.queue.popleft()
+            frame, out_pts, keyframe, capture_us = cursor.queue.popleft()
             timestamp = (self._ts_origin + out_pts) & 0xFFFFFFFF
+            packets, octets = self.packets_sent, self.payload_bytes_sent
             self._send_frame(sock, frame, timestamp)
+            # A join burst's frames are squeezed into the ticks before the newest frame's, whose
+            # own pts its last one keeps (unless the join re-stamped a stale keyframe "now").
+            live = self._burst_left <= 0 or (self._burst_left == 1
+                                             and cursor.join_mode != "keyframe-then-live")
+            self._burst_left -= 1
+            self._reports.sent(self.packets_sent - packets, self.payload_bytes_sent - octets,
+                               timestamp, now, capture_us if live else None)
             self.frames_sent += 1
             self.keyframes_sent += keyframe
             self._last_ts = timestamp
-            self._last_send_monotonic = now
         if self.rtcp_target is not None and now >= self._next_sr and self.packets_sent:
             self._next_sr = now + SR_INTERVAL_S * (0.5 + random.random())
             self.send_report(now)
@@ -356,13 +412,14 @@ class RtpRelay:
         return packet
 
     def send_report(self, now: float) -> None:
-        """An RTCP sender report + SDES CNAME to the server's RTCP port (SRTCP with SRTP)."""
+        """An RTCP sender report + SDES CNAME to the server's RTCP port (SRTCP with SRTP). Its
+        RTP time is placed by the capture time of the last live frame sent (the audio's are
+        too), so a receiver lines the two streams up by the capture clock."""
         sock, target = self._sock, self.rtcp_target
         if sock is None or target is None:
             return
-        rtp_ts = self._last_ts + int((now - self._last_send_monotonic) * 90_000)
-        packet = sender_report(self.ssrc, rtp_ts, self.packets_sent, self.payload_bytes_sent,
-                               self.cname)
+        packet, ntp = self._reports.report(now)
+        self._reports.sent_report(ntp, now)
         if self._srtp is not None:
             packet = self._srtp.protect_rtcp(packet)
         try:
@@ -478,12 +535,17 @@ class RtpRelay:
                         and len(data) >= 4):
                     code = struct.unpack_from("=I", data)[0]  # sock_extended_err.ee_errno
             where = (str(address[0]), int(address[1])) if address else None
+            audio = self.audio
             if code not in _REFUSED:
                 self.errors["icmp_other"] += 1
             elif where == self.target:
                 self._rtp_refused(os.strerror(code) if code else "port unreachable")
             elif self.rtcp_target is not None and where == self.rtcp_target:
                 self._rtcp_refused()
+            elif audio is not None and where == audio.target:
+                audio.refused(os.strerror(code) if code else "port unreachable")
+            elif audio is not None and where == audio.rtcp_target:
+                audio.rtcp_refused()
             else:
                 self.errors["icmp_other"] += 1  # about no destination of ours (forged?)
 
@@ -499,6 +561,10 @@ class RtpRelay:
         if feedback.remb_bps is not None:
             self.remb_bps = feedback.remb_bps
         self.receiver_reports += feedback.reports
+        if self.audio is not None:
+            about_audio = rtcp_feedback(data, self.audio.ssrc)
+            if about_audio is not None:
+                self.audio.receiver_reports += about_audio.reports
         if feedback.fraction_lost is not None:
             self.fraction_lost = feedback.fraction_lost
 
@@ -543,5 +609,295 @@ class RtpRelay:
             "fraction_lost": round(self.fraction_lost, 4),
             "outages": self.outages,
             "errors": dict(self.errors),
+            "audio": (self.audio.stats() if self.audio is not None else
+                      {"state": "no sound" if self.config.audio_port else "off",
+                       **_NO_AUDIO_COUNTS}),
         }
 
+
+
+_NO_AUDIO_COUNTS: dict[str, Any] = {"packets_sent": 0, "bytes_sent": 0, "payload_bytes_sent": 0,
+                                    "sender_reports": 0, "outages": 0}
+AUDIO_ERROR_LOG_INTERVAL_S = 10.0
+
+
+class _RelayAudio:
+    """The camera's Opus beside the relay's video (``audio_port``).
+
+    Sent from the relay's own socket (one firewall rule, one error queue) to
+    ``HOST:audio_port``: its own SSRC and sequence numbers, RTP time from the packets' pts
+    (48 kHz, 960 a packet; a timeline that goes back is rebased so the stream stays
+    continuous), the marker on a talkspurt's first packet, the relay's SRTP session (the same
+    key: Janus's ``srtpcrypto`` covers the whole mountpoint), the relay's CNAME. Sender reports
+    go to the audio RTCP port with RTP time placed by the capture clock, as the video's.
+
+    The ring is read (``reader("next")``) only while sending: without a reader the camera
+    encodes no Opus. An ICMP refusal of the audio port pauses the audio alone (reader let go,
+    one padding probe per :data:`RETRY_S`, back at the next packet once a probe goes
+    unrefused); the video never notices.
+    """
+
+    def __init__(self, relay: RtpRelay, feed: AudioFeed) -> None:
+        self._relay = relay
+        self._ring = feed.opus_ring
+        config = relay.config
+        self.payload_type = config.audio_payload_type
+        self.ssrc = relay.ssrc
+        while self.ssrc == relay.ssrc:
+            self.ssrc = random.randrange(1, 1 << 32)
+        self.target: tuple[str, int] | None = None
+        self.rtcp_target: tuple[str, int] | None = None
+        self._seq = random.randrange(0, 32768)
+        self._ts_origin = random.randrange(0, 1 << 32)
+        self._offset = 0
+        self._last_pts: int | None = None
+        self._last_ts = 0
+        self.reports = SenderReports(self.ssrc, relay.cname, clock_rate=OPUS_CLOCK_RATE)
+        self._next_sr = 0.0
+        # "starting", "sending", "unreachable" (ICMP errors: paused, probing), "stopped".
+        self.state = "starting"
+        self._reader: RingReader | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._refused_at = 0.0
+        self._refusal_logged = False
+        self._rtcp_refusal_logged = False
+        self._rtcp_refusals = 0
+        self._error_log = RateLimit(AUDIO_ERROR_LOG_INTERVAL_S)
+        self.packets_sent = 0
+        self.bytes_sent = 0
+        self.payload_bytes_sent = 0
+        self.packets_read = 0
+        self.sender_reports = 0
+        self.receiver_reports = 0
+        self.outages = 0
+        self.errors: dict[str, int] = {"unreachable": 0, "rtcp_unreachable": 0, "send": 0,
+                                       "dropped_full": 0, "srtp": 0, "service": 0}
+
+    @property
+    def reading(self) -> bool:
+        """Whether the relay holds a reader on the camera's Opus ring now."""
+        return self._reader is not None
+
+    def open(self, host: str) -> None:
+        """The relay's target resolved to ``host`` and its socket is open: start sending."""
+        config = self._relay.config
+        self.target = (host, config.audio_port)
+        rtcp = config.audio_rtcp_target_port
+        self.rtcp_target = (host, rtcp) if rtcp else None
+        self._start_sending()
+        logger.info("relay %s: sending the camera's Opus to %s:%d", self._relay.name,
+                    *self.target)
+
+    def close(self) -> None:
+        """Stop sending and let the ring go (idempotent)."""
+        self.state = "stopped"
+        self._release()
+
+    def _release(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+        task, self._task = self._task, None
+        try:
+            current = asyncio.current_task()
+        except RuntimeError:  # no running loop (a stop outside it)
+            current = None
+        if task is not None and task is not current:
+            task.cancel()  # (from within, the loop sees the state and ends)
+
+    def _start_sending(self) -> None:
+        self.state = "sending"
+        self._next_sr = 0.0
+        self._reader = self._ring.reader("next")
+        self._task = asyncio.get_running_loop().create_task(self._pump_loop())
+
+    async def _pump_loop(self) -> None:
+        ring = self._ring
+        while self.state == "sending":
+            await ring.wait()
+            try:
+                self.pump(time.monotonic())
+            except Exception:  # the sound must never stop on one bad packet
+                self.errors["service"] += 1
+                if self._error_log.ready():
+                    logger.exception("relay %s: sending audio failed (%d so far)",
+                                     self._relay.name, self.errors["service"])
+
+    # -- sending -------------------------------------------------------------------------------
+
+    def pump(self, now: float) -> None:
+        """Send every packet written since the last call (on each ring write)."""
+        sock, reader = self._relay._sock, self._reader
+        if sock is None or reader is None:
+            return
+        while self.state == "sending":
+            view = reader.poll()
+            if view is None:
+                break
+            self.packets_read += 1
+            self._send(sock, bytes(view.data), view.pts, view.capture_time_us, now)
+        if (self.rtcp_target is not None and self.state == "sending" and now >= self._next_sr
+                and self.packets_sent):
+            self._next_sr = now + SR_INTERVAL_S * (0.5 + random.random())
+            self.send_report(now)
+
+    def _send(self, sock: socket.socket, payload: bytes, pts: int, capture_us: int,
+              now: float) -> None:
+        pts += self._offset
+        last = self._last_pts
+        if last is not None and pts <= last:
+            # The audio timeline went back (a new pipeline): keep the RTP time moving on.
+            step = last + OPUS_PACKET_TICKS - pts
+            self._offset += step
+            pts += step
+        marker = last is None or pts - last > TALKSPURT_GAP_TICKS
+        self._last_pts = pts
+        timestamp = self._last_ts = (self._ts_origin + pts) & 0xFFFFFFFF
+        packet = _HEADER.pack(0x80, (0x80 | self.payload_type) if marker else self.payload_type,
+                              self._seq, timestamp, self.ssrc) + payload
+        self._seq = (self._seq + 1) & 0xFFFF
+        sent = self._sendto(sock, packet)
+        if sent:
+            self.packets_sent += 1
+            self.bytes_sent += sent
+            self.payload_bytes_sent += len(payload)
+        # Sent or not, the timestamp is used (a packet lost is lost like on the wire).
+        self.reports.sent(1 if sent else 0, len(payload) if sent else 0, timestamp, now,
+                          capture_us)
+
+    def _sendto(self, sock: socket.socket, packet: bytes) -> int:
+        """Protect and send one RTP packet to the audio port; its wire size, or 0."""
+        srtp_session = self._relay._srtp
+        if srtp_session is not None:
+            try:
+                packet = srtp_session.protect(packet)
+            except pylibsrtp.Error:
+                self.errors["srtp"] += 1
+                return 0
+        assert self.target is not None
+        for attempt in range(2):
+            try:
+                sock.sendto(packet, self.target)
+                return len(packet)
+            except BlockingIOError:
+                self.errors["dropped_full"] += 1
+                return 0
+            except OSError as exc:
+                if exc.errno not in _REFUSED or attempt:
+                    self.errors["send"] += 1
+                    return 0
+                # An earlier ICMP error reported now (whose? the error queue says: the video's
+                # must not cost the audio a packet); this packet was not sent.
+                before = self.state
+                self._relay._drain_errors(sock)
+                if self.state != before:  # it was the audio port's: paused now
+                    return 0
+        return 0
+
+    def send_report(self, now: float) -> None:
+        """A sender report + SDES CNAME to the audio RTCP port (SRTCP with SRTP)."""
+        sock, target = self._relay._sock, self.rtcp_target
+        if sock is None or target is None:
+            return
+        packet, ntp = self.reports.report(now)
+        srtp_session = self._relay._srtp
+        if srtp_session is not None:
+            packet = srtp_session.protect_rtcp(packet)
+        try:
+            sock.sendto(packet, target)
+        except BlockingIOError:
+            self.errors["dropped_full"] += 1
+            return
+        except OSError as exc:
+            if exc.errno in _REFUSED:
+                self._relay._drain_errors(sock)
+            else:
+                self.errors["send"] += 1
+            return
+        self.reports.sent_report(ntp, now)
+        self.sender_reports += 1
+
+    # -- the audio port refuses ----------------------------------------------------------------
+
+    def refused(self, why: str) -> None:
+        """An ICMP error about the audio port: pause the audio (the ring let go), probe."""
+        self.errors["unreachable"] += 1
+        self._rtcp_refusals = 0
+        self._refused_at = time.monotonic()
+        if self.state != "sending":
+            return
+        self.state = "unreachable"
+        self.outages += 1
+        self._release()
+        self._task = asyncio.get_running_loop().create_task(self._probe_loop())
+        assert self.target is not None
+        # Once at WARNING (a mountpoint without audio, a wrong audio_port; or the server is
+        # down, which the video's warning says too), later outages at INFO.
+        level = logging.INFO if self._refusal_logged else logging.WARNING
+        self._refusal_logged = True
+        logger.log(level, "relay %s: audio port %s:%d is not accepting (%s); audio paused, "
+                   "video goes on, retrying every %.0f s (is it the mountpoint's audioport?)",
+                   self._relay.name, *self.target, why, RETRY_S)
+
+    def rtcp_refused(self) -> None:
+        """The audio RTCP port refused a sender report: the sound goes on; said once."""
+        self.errors["rtcp_unreachable"] += 1
+        self._rtcp_refusals += 1
+        if (not self._rtcp_refusal_logged and self.state == "sending"
+                and self._rtcp_refusals >= RTCP_REFUSALS_TO_WARN):
+            self._rtcp_refusal_logged = True
+            assert self.rtcp_target is not None
+            logger.warning("relay %s: audio RTCP port %s:%d is not accepting sender reports "
+                           "(audio continues; is it the mountpoint's audiortcpport?)",
+                           self._relay.name, *self.rtcp_target)
+
+    def _probe_packet(self) -> bytes:
+        """An Opus packet of 20 ms of nothing (DTX: a TOC byte, no frame data; a decoder
+        conceals it), 20 ms of RTP time after the last. Not a padding-only packet, as the
+        video's: Janus forwards a probe to its viewers, and an empty payload fed to FFmpeg's
+        Opus decoder (aiortc's) ends its stream."""
+        pts = (self._last_pts if self._last_pts is not None else 0) + OPUS_PACKET_TICKS
+        self._last_pts = pts
+        timestamp = self._last_ts = (self._ts_origin + pts) & 0xFFFFFFFF
+        header = _HEADER.pack(0x80, self.payload_type, self._seq, timestamp, self.ssrc)
+        self._seq = (self._seq + 1) & 0xFFFF
+        return header + OPUS_DTX
+
+    async def _probe_loop(self) -> None:
+        """While refused: a probe (:meth:`_probe_packet`) once per :data:`RETRY_S`; the audio
+        resumes when one has had :data:`RESUME_AFTER_S` without an ICMP error."""
+        while self.state == "unreachable":
+            await asyncio.sleep(RETRY_S)
+            sock = self._relay._sock
+            if sock is None or self.state != "unreachable":
+                return
+            probe_at = time.monotonic()
+            if not self._sendto(sock, self._probe_packet()):
+                continue
+            await asyncio.sleep(RESUME_AFTER_S)
+            if self.state == "unreachable" and self._refused_at < probe_at:
+                assert self.target is not None
+                logger.info("relay %s: audio port %s:%d accepts again; audio resumes",
+                            self._relay.name, *self.target)
+                self._start_sending()
+                return
+
+    def stats(self) -> dict[str, Any]:
+        """The audio's figures (counted apart from the video's)."""
+        return {
+            "state": self.state,
+            "codec": "opus",
+            "port": self.target[1] if self.target else self._relay.config.audio_port,
+            "rtcp_port": self._relay.config.audio_rtcp_target_port,
+            "ssrc": self.ssrc,
+            "payload_type": self.payload_type,
+            "reading": self.reading,
+            "packets_read": self.packets_read,
+            "packets_sent": self.packets_sent,
+            "bytes_sent": self.bytes_sent,
+            "payload_bytes_sent": self.payload_bytes_sent,
+            "sender_reports": self.sender_reports,
+            "receiver_reports": self.receiver_reports,
+            "outages": self.outages,
+            "errors": dict(self.errors),
+        }

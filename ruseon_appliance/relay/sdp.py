@@ -42,22 +42,30 @@ def relay_sdp(
     sps: bytes,
     pps: bytes,
     srtp_key: str = "",
+    audio_port: int = 0,
+    audio_rtcp_port: int = 0,
+    audio_payload_type: int = 111,
+    audio_ssrc: int = 0,
 ) -> str:
     """A session description of the relay's stream as its receiver at ``host:port`` sees it.
 
     ``profile-level-id`` is the real SPS's, ``sprop-parameter-sets`` lets a receiver start
     decoding before the next in-band SPS; with SRTP the key is given as SDES ``a=crypto``
-    (RFC 4568), so the SDP is a secret exactly when the key is.
+    (RFC 4568), so the SDP is a secret exactly when the key is. With ``audio_port`` an
+    ``m=audio`` (Opus, 48 kHz, RFC 7587) follows the video, keyed the same, its SSRC under the
+    same CNAME (what a receiver lines the two up by).
     """
     version = 6 if ipaddress.ip_address(host).version == 6 else 4
     sprop = ",".join(base64.b64encode(nal).decode() for nal in (sps, pps))
+    profile = f"RTP/{'SAVP' if srtp_key else 'AVP'}"
+    crypto = f"a=crypto:1 AES_CM_128_HMAC_SHA1_80 inline:{srtp_key}"
     lines = [
         "v=0",
         f"o=- {ssrc} 1 IN IP{version} {host}",
         f"s=RUSEON relay {name}",
         f"c=IN IP{version} {host}",
         "t=0 0",
-        f"m=video {port} RTP/{'SAVP' if srtp_key else 'AVP'} {payload_type}",
+        f"m=video {port} {profile} {payload_type}",
     ]
     if rtcp_port:
         lines.append(f"a=rtcp:{rtcp_port}")
@@ -67,6 +75,16 @@ def relay_sdp(
         f"sprop-parameter-sets={sprop}",
     ]
     if srtp_key:
-        lines.append(f"a=crypto:1 AES_CM_128_HMAC_SHA1_80 inline:{srtp_key}")
+        lines.append(crypto)
     lines += [f"a=ssrc:{ssrc} cname:{cname}", "a=recvonly"]
+    if audio_port:
+        lines.append(f"m=audio {audio_port} {profile} {audio_payload_type}")
+        if audio_rtcp_port:
+            lines.append(f"a=rtcp:{audio_rtcp_port}")
+        lines += [f"a=rtpmap:{audio_payload_type} opus/48000/2",
+                  f"a=fmtp:{audio_payload_type} minptime=20;useinbandfec=0",
+                  "a=ptime:20"]
+        if srtp_key:
+            lines.append(crypto)
+        lines += [f"a=ssrc:{audio_ssrc} cname:{cname}", "a=recvonly"]
     return "\r\n".join(lines) + "\r\n"

@@ -27,6 +27,23 @@ _COUNTERS = (
     ("sender_reports", "sender_reports_total", "RTCP sender reports sent."),
     ("outages", "outages_total", "Times the target refused (ICMP unreachable) and media paused."),
 )
+# The audio's (stats["audio"]), counted apart from the video's.
+_AUDIO_COUNTERS = (
+    ("packets_sent", "audio_packets_sent_total", "Opus RTP packets sent to the relay target."),
+    ("bytes_sent", "audio_bytes_sent_total", "Opus RTP/SRTP bytes sent to the relay target."),
+    ("outages", "audio_outages_total",
+     "Times the target's audio port refused (ICMP unreachable) and the audio paused."),
+)
+
+
+def audio_sdp(relay: RtpRelay) -> dict[str, int]:
+    """The SDP's audio arguments: none for a relay without sound."""
+    audio = relay.audio
+    if audio is None:
+        return {}
+    return {"audio_port": relay.config.audio_port,
+            "audio_rtcp_port": relay.config.audio_rtcp_target_port,
+            "audio_payload_type": audio.payload_type, "audio_ssrc": audio.ssrc}
 
 
 class RelayResource:
@@ -65,7 +82,7 @@ class RelayResource:
             name=relay.name, host=host, port=port, rtcp_port=relay.config.rtcp_target_port,
             payload_type=relay.payload_type, ssrc=relay.ssrc, cname=relay.cname,
             profile_level_id=info.profile_level_id, sps=sets[0], pps=sets[1],
-            srtp_key=relay.config.srtp_key)
+            srtp_key=relay.config.srtp_key, **audio_sdp(relay))
         return web.Response(body=body.encode(), content_type="application/sdp",
                             headers={"Cache-Control": "no-store"})
 
@@ -78,6 +95,11 @@ class RelayResource:
         out = Families()
         counters = [(out.counter(metric_name("ruseon_relay", suffix), help_text, ["relay"]), key)
                     for key, suffix, help_text in _COUNTERS]
+        audio_counters = [
+            (out.counter(metric_name("ruseon_relay", suffix), help_text, ["relay"]), key)
+            for key, suffix, help_text in _AUDIO_COUNTERS]
+        audio_up = out.gauge("ruseon_relay_audio_up",
+                             "1 while the relay sends the camera's sound.", ["relay"])
         errors = out.counter("ruseon_relay_errors_total", "Relay errors, by kind.",
                              ["relay", "kind"])
         up = out.gauge("ruseon_relay_up", "1 while the relay target accepts packets.", ["relay"])
@@ -87,4 +109,8 @@ class RelayResource:
             for kind, n in sorted(stats["errors"].items()):
                 errors.add_metric([stats["name"], kind], n)
             up.add_metric([stats["name"]], int(stats["state"] == "sending"))
+            audio = stats["audio"]
+            for family, key in audio_counters:
+                family.add_metric([stats["name"]], audio[key])
+            audio_up.add_metric([stats["name"]], int(audio["state"] == "sending"))
         return out.collect()

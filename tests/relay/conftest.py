@@ -4,16 +4,24 @@ depacketizes H.264 (aiortc's own depayloader) and decodes it with PyAV."""
 from __future__ import annotations
 
 import asyncio
+import math
 import socket
 import struct
 from dataclasses import dataclass, field
 from typing import Any
 
 import av
+import numpy as np
 import pylibsrtp
 from aiortc.codecs.h264 import H264PayloadDescriptor
 
+from ruseon_appliance.audio.sources.tone import BASE_AMPLITUDE
 from ruseon_appliance.capture.stamp import read_stamp
+
+# The test tone's level between beeps: a sine of BASE_AMPLITUDE peak, as RMS dBFS (about -33.5).
+TONE_RMS_DBFS = 20 * math.log10(BASE_AMPLITUDE / math.sqrt(2))
+# The beep (-6 dBFS peak) against the tone (-30 dBFS peak).
+BEEP_THRESHOLD = 0.2 * 32768
 
 
 @dataclass
@@ -27,6 +35,8 @@ class RtpReceiver:
     rtcp: list[bytes] = field(default_factory=list)
     rtcp_from: tuple[str, int] | None = None
     stamps: list[tuple[int, int]] = field(default_factory=list)
+    # (RTP timestamp, capture time µs) of each stamped picture decoded.
+    stamped_at: list[tuple[int, int]] = field(default_factory=list)
     decoded: int = 0
     unprotect_failures: int = 0
     _srtp: Any = None
@@ -34,6 +44,7 @@ class RtpReceiver:
     _au: bytearray = field(default_factory=bytearray)
     _task: asyncio.Task[None] | None = None
     rtcp_sock: socket.socket | None = None
+    _reports: list[tuple[int, int, int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -79,6 +90,21 @@ class RtpReceiver:
                 return
             self.rtcp.append(data)
             self.rtcp_from = address
+            self._sender_report(data)
+
+    def rtcp_reports(self) -> list[tuple[int, int, int]]:
+        """The sender reports received so far (SRTCP undone): ``(ssrc, ntp, rtp)``."""
+        return list(self._reports)
+
+    def _sender_report(self, data: bytes) -> None:
+        if self._srtp is not None:
+            try:
+                data = self._srtp.unprotect_rtcp(data)
+            except pylibsrtp.Error:
+                return
+        if len(data) >= 20 and data[1] == 200:
+            ssrc, ntp_hi, ntp_lo, rtp = struct.unpack_from("!IIII", data, 4)
+            self._reports.append((ssrc, (ntp_hi << 32) | ntp_lo, rtp))
 
     def _on_rtp(self) -> None:
         while True:
@@ -119,6 +145,7 @@ class RtpReceiver:
                 stamp = read_stamp(frame)
                 if stamp is not None:
                     self.stamps.append(stamp)
+                    self.stamped_at.append((ts, stamp[0]))
 
     def assert_continuous(self) -> None:
         """One SSRC, sequence numbers without a gap, timestamps never going back."""
@@ -138,3 +165,18 @@ async def wait_for(condition: Any, timeout: float = 20.0, what: str = "condition
         if loop.time() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.05)
+
+
+def rms_dbfs(samples: Any) -> float:
+    rms = math.sqrt(float(np.mean(np.square(samples.astype(np.float64)))))
+    return 20 * math.log10(max(rms, 1e-9) / 32768)
+
+
+def assert_the_tone(frames: list[Any]) -> None:
+    """Decoded 20 ms frames: most at the tone's level, and beeps in between."""
+    quiet = [rms_dbfs(f) for f in frames if np.max(np.abs(f.astype(np.int32))) < BEEP_THRESHOLD]
+    loud = [f for f in frames if np.max(np.abs(f.astype(np.int32))) >= BEEP_THRESHOLD]
+    assert len(quiet) >= 20, (len(quiet), len(frames))
+    level = float(np.median(quiet))
+    assert abs(level - TONE_RMS_DBFS) < 1.5, (level, TONE_RMS_DBFS)
+    assert loud, "no beep heard"

@@ -30,9 +30,11 @@ from typing import Any
 import pytest
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+from aiortc.rtp import RtcpPacket, RtcpSrPacket
 
 from ruseon_appliance.capture.stamp import read_stamp
 from ruseon_appliance.engine import aiortc_internals
+from ruseon_appliance.stream.rtcp import NTP_EPOCH_OFFSET
 from tests.e2e.browser_netns import NETNS_ENV, VETH
 from tests.tooling import free_port, require_root, require_tool
 
@@ -199,16 +201,25 @@ class Janus:
 
     def create_mountpoint(self, mountpoint_id: int, *, port: int, rtcp_port: int,
                           profile_level_id: str, srtp_key: str = "",
-                          bufferkf: bool = False) -> None:
+                          bufferkf: bool = False, audio_port: int = 0,
+                          audio_rtcp_port: int = 0) -> None:
         """An RTP mountpoint for H.264 (as DESIGN.md's verified request), optionally SRTP;
-        ``bufferkf``: Janus keeps the latest keyframe and sends it to each viewer as it starts."""
+        ``bufferkf``: Janus keeps the latest keyframe and sends it to each viewer as it starts;
+        ``audio_port``: Opus too (payload type 111, its RTCP on ``audio_rtcp_port``)."""
         session, handle = self.attach()
+        media: list[dict[str, Any]] = [
+            {"type": "video", "mid": "v", "port": port, "pt": 96, "codec": "h264",
+             "fmtp": f"profile-level-id={profile_level_id};packetization-mode=1",
+             "rtcpport": rtcp_port, "bufferkf": bufferkf}]
+        if audio_port:
+            audio: dict[str, Any] = {"type": "audio", "mid": "a", "port": audio_port,
+                                     "pt": 111, "codec": "opus"}
+            if audio_rtcp_port:
+                audio["rtcpport"] = audio_rtcp_port
+            media.append(audio)
         body: dict[str, Any] = {
             "request": "create", "type": "rtp", "id": mountpoint_id,
-            "name": f"relay-{mountpoint_id}",
-            "media": [{"type": "video", "mid": "v", "port": port, "pt": 96, "codec": "h264",
-                       "fmtp": f"profile-level-id={profile_level_id};packetization-mode=1",
-                       "rtcpport": rtcp_port, "bufferkf": bufferkf}],
+            "name": f"relay-{mountpoint_id}", "media": media,
         }
         if srtp_key:
             body.update(srtpsuite=80, srtpcrypto=srtp_key)
@@ -248,11 +259,22 @@ class JanusViewer:
     decode: bool = True
     packets: int = 0
     session: int = 0
-    _task: asyncio.Task[None] | None = None
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _keepalive: asyncio.Task[None] | None = None
     ended: bool = False
     # time.monotonic() of the first decoded picture (decode=True).
     first_frame_at: float | None = None
+    # Decoded sound (a mountpoint with audio): one mono int16 array per frame.
+    sound: list[Any] = field(default_factory=list)
+    sound_pts: list[int] = field(default_factory=list)  # of each frame in ``sound``
+    pictures: list[tuple[int, int]] = field(default_factory=list)  # (capture µs, pts)
+    # With ``sync``: each SSRC's sender reports from Janus (ntp, rtp) and first RTP timestamp
+    # (aiortc's decoded pts count from it), and the SSRC of each kind (Janus's offer).
+    sync: bool = False
+    reports: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    origins: dict[int, int] = field(default_factory=dict)
+    ssrcs: dict[str, int] = field(default_factory=dict)
+    kinds: list[str] = field(default_factory=list)  # of the tracks received
 
     async def watch(self) -> None:
         """Join the mountpoint; frames are decoded in the background from then on."""
@@ -268,14 +290,23 @@ class JanusViewer:
                                                                  type="offer"))
         answer = await self.pc.createAnswer()
         await self.pc.setLocalDescription(answer)
+        if self.sync:
+            self._tap_sync(offer["sdp"])
         if not self.decode:
             aiortc_internals.discard_received_rtp(self.pc, self._count)
         await asyncio.to_thread(janus.post, f"/{self.session}/{handle}", {
             "janus": "message", "body": {"request": "start"},
             "jsep": {"type": "answer", "sdp": self.pc.localDescription.sdp}})
         track = await asyncio.wait_for(tracks.get(), 10)
+        received = [track]
+        while not tracks.empty():  # every track of the offer came with setRemoteDescription
+            received.append(tracks.get_nowait())
+        self.kinds = [t.kind for t in received]
         if self.decode:
-            self._task = asyncio.create_task(self._decode(track))
+            for track in received:
+                task = asyncio.create_task(self._decode(track) if track.kind == "video"
+                                           else self._listen(track))
+                self._tasks.append(task)
         self._keepalive = asyncio.create_task(self._keep_alive())
 
     async def _wait_for_jsep(self) -> dict[str, Any]:
@@ -285,6 +316,39 @@ class JanusViewer:
                     jsep: dict[str, Any] = event["jsep"]
                     return jsep
         raise AssertionError("janus sent no offer")
+
+    def _tap_sync(self, offer: str) -> None:
+        kind = ""
+        for line in offer.splitlines():
+            if line.startswith("m="):
+                kind = line[2:].split()[0]
+            elif line.startswith("a=ssrc:") and kind:
+                self.ssrcs.setdefault(kind, int(line[7:].split()[0]))
+        transport = self.pc.getTransceivers()[0].receiver.transport
+        original = transport._handle_rtcp_data
+
+        async def handle(data: bytes) -> None:
+            with contextlib.suppress(Exception):
+                for packet in RtcpPacket.parse(data):
+                    if isinstance(packet, RtcpSrPacket):
+                        info = packet.sender_info
+                        self.reports.setdefault(packet.ssrc, []).append(
+                            (info.ntp_timestamp, info.rtp_timestamp))
+            await original(data)
+
+        transport._handle_rtcp_data = handle
+        aiortc_internals.tap_received_rtp(
+            self.pc, lambda packet: self.origins.setdefault(packet.ssrc, packet.timestamp))
+
+    def to_wall_us(self, kind: str, pts: int, clock_rate: int) -> int:
+        """A decoded frame's ``pts`` of ``kind`` as wall-clock µs by the stream's newest sender
+        report from Janus (what a browser behind Janus lines the two streams up by)."""
+        ssrc = self.ssrcs[kind]
+        rtp_ts = (self.origins[ssrc] + pts) & 0xFFFFFFFF
+        ntp, sr_rtp = self.reports[ssrc][-1]
+        wall_s = (ntp >> 32) - NTP_EPOCH_OFFSET + (ntp & 0xFFFFFFFF) / (1 << 32)
+        delta = ((rtp_ts - sr_rtp + (1 << 31)) % (1 << 32)) - (1 << 31)
+        return round((wall_s + delta / clock_rate) * 1e6)
 
     def _count(self, size: int) -> None:
         self.packets += 1
@@ -306,11 +370,25 @@ class JanusViewer:
                 stamp = read_stamp(frame)
                 if stamp is not None:
                     self.stamps.append(stamp)
+                    self.pictures.append((stamp[0], frame.pts))
         except MediaStreamError:
             self.ended = True
 
+    async def _listen(self, track: MediaStreamTrack) -> None:
+        try:
+            while True:
+                frame = await track.recv()
+                samples = frame.to_ndarray().reshape(-1, len(frame.layout.channels))[:, 0]
+                self.sound.append(samples.copy())
+                self.sound_pts.append(frame.pts)
+        except MediaStreamError:
+            pass
+        except Exception as exc:
+            self.kinds.append(repr(exc))
+            raise
+
     async def close(self) -> None:
-        for task in (self._task, self._keepalive):
+        for task in (*self._tasks, self._keepalive):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -15,8 +15,10 @@ import os
 import re
 import socket
 import time
+import tomllib
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -33,7 +35,8 @@ from ruseon_appliance.config import (
 )
 from ruseon_appliance.relay import RtpRelay
 from tests.e2e.browser_netns import inside_browser_netns, prepare_namespace
-from tests.relay.conftest import wait_for
+from tests.engine.test_audio import LIP_SYNC_LIMIT_US, lip_sync_errors_us
+from tests.relay.conftest import assert_the_tone, wait_for
 from tests.relay.janus import Janus, JanusViewer, rerun_in_janus_netns, running_janus
 from tests.tooling import free_port
 
@@ -177,28 +180,43 @@ async def test_viewers_watch_through_janus_keyframes_on_join_and_janus_restart(
             assert len(warnings) == stats["outages"], warnings
 
 
-def docs_mountpoint() -> tuple[str, dict[str, Any]]:
-    """The SRTP mountpoint config from docs/janus.md, exactly as written there, and its values."""
+def docs_mountpoint() -> tuple[str, dict[str, Any], dict[str, dict[str, str]]]:
+    """The SRTP mountpoint config from docs/janus.md, exactly as written there, its values and
+    those of each of its media (by type); checks the board's ``[[relay]]`` there agrees."""
     text = (REPO / "docs" / "janus.md").read_text()
     block = re.search(r"```[a-z]*\n(ruseon-srtp: \{.*?\n\})\n```", text, re.S)
     assert block, "docs/janus.md lost its ruseon-srtp mountpoint block"
     config = block.group(1)
-    values = {k: v for k, v in re.findall(r'(\w+) = "?([^"\n]+)"?', config)}
-    return config, values
+
+    def values_of(part: str) -> dict[str, str]:
+        return {k: v for k, v in re.findall(r'(\w+) = "?([^"\n]+)"?', part)}
+
+    media = {m["type"]: m for m in map(values_of, re.findall(r"\{([^{}]*)\}", config))}
+    values = values_of(re.sub(r"media = \(.*?\n\t\)", "", config, flags=re.S))
+    board = re.search(r"```toml\n(\[\[relay\]\].*?)```", text, re.S)
+    assert board, "docs/janus.md lost the board's [[relay]] table"
+    (relay,) = tomllib.loads(board.group(1))["relay"]
+    assert relay["url"].endswith(f":{media['video']['port']}")
+    assert relay["rtcp_port"] == int(media["video"]["rtcpport"])
+    assert relay["srtp_key"] == values["srtpcrypto"]
+    assert relay["audio_port"] == int(media["audio"]["port"])
+    assert relay["audio_port"] + 1 == int(media["audio"]["rtcpport"])  # audio_rtcp_port left out
+    return config, values, media
 
 
 async def test_srtp_mountpoint_from_the_docs_decodes_and_a_wrong_key_does_not(
         request: pytest.FixtureRequest, tmp_path: Path) -> None:
     if not in_janus_netns(request):
         return
-    config, values = docs_mountpoint()
+    config, values, media = docs_mountpoint()
     key = values["srtpcrypto"]
-    port, rtcp = int(values["port"]), int(values["rtcpport"])
+    port, rtcp = int(media["video"]["port"]), int(media["video"]["rtcpport"])
+    audio_port = int(media["audio"]["port"])
     wrong_port, wrong_rtcp = free_port(kind=socket.SOCK_DGRAM), free_port(kind=socket.SOCK_DGRAM)
     wrong_key = base64.b64encode(os.urandom(30)).decode()
     relays = (
         RelayConfig(name="right", url=f"rtp://127.0.0.1:{port}", rtcp_port=rtcp,
-                    srtp_key=key, bind=HostPort("127.0.0.1", 0)),
+                    srtp_key=key, audio_port=audio_port, bind=HostPort("127.0.0.1", 0)),
         RelayConfig(name="wrong", url=f"rtp://127.0.0.1:{wrong_port}", rtcp_port=wrong_rtcp,
                     srtp_key=wrong_key, bind=HostPort("127.0.0.1", 0)),
     )
@@ -215,14 +233,16 @@ async def test_srtp_mountpoint_from_the_docs_decodes_and_a_wrong_key_does_not(
             right, wrong = await watch(janus, mountpoint_id, 1) + await watch(janus, 2, 1)
             right_relay: RtpRelay
             right_relay, wrong_relay = appliance.relays
-            await wait_for(lambda: len(right.stamps) >= 30, timeout=60, what="SRTP decoding")
+            await wait_for(lambda: len(right.stamps) >= 30 and len(right.sound) >= 100,
+                           timeout=60, what="SRTP decoding, the picture and the sound")
             assert_live(right, start)
+            assert_the_tone(right.sound)  # the audio of the mountpoint, the same key
             # The wrong key's relay started before its mountpoint existed: give it as many
             # packets again as the right one needed, then its viewer still has nothing.
             sent = wrong_relay.packets_sent
             await wait_for(lambda: wrong_relay.packets_sent > sent + 300, timeout=60,
                            what="the wrong-key relay to send")
-            assert wrong.decoded == 0
+            assert wrong.decoded == 0 and not wrong.sound
             assert right_relay.stats()["state"] == wrong_relay.stats()["state"] == "sending"
             # Janus is still up and answering.
             await asyncio.to_thread(janus.attach)
@@ -266,3 +286,77 @@ async def test_late_joiners_get_janus_cached_keyframe_without_a_new_one(
             assert appliance.capture.stats()["keyframes_forced"] == forced
             assert relay.keyframe_requests_received == 0
             await close_all([first, *late])
+
+
+def lip_sync(viewer: JanusViewer, since_us: int) -> list[int]:
+    """:func:`tests.engine.test_audio.lip_sync_errors_us` for a viewer through Janus (empty
+    until Janus has sent a sender report of each stream)."""
+    if not all(viewer.reports.get(viewer.ssrcs.get(k, -1)) for k in ("audio", "video")):
+        return []
+    timed = SimpleNamespace(pictures=list(viewer.pictures), to_wall_us=viewer.to_wall_us,
+                            sound=list(zip(viewer.sound_pts, viewer.sound, strict=True)))
+    try:
+        return lip_sync_errors_us(timed, since_us)  # type: ignore[arg-type]
+    except AssertionError:  # no picture in the window yet
+        return []
+
+
+async def inbound(viewer: JanusViewer) -> list[tuple[str, int]]:
+    """(kind, packets received) of each stream a viewer receives (aiortc's stats)."""
+    report = await viewer.pc.getStats()
+    return [(s.kind, s.packetsReceived) for s in report.values() if s.type == "inbound-rtp"]
+
+
+async def test_viewers_hear_the_camera_through_janus_beside_the_picture(
+        request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """A mountpoint with audio and video: the relay sends the synthetic camera's tone (Opus,
+    encoded once) beside the picture, and viewers through Janus decode both (the tone at its
+    level, the beeps, live pictures); the camera's Opus ring has one reader, the relay's."""
+    if not in_janus_netns(request):
+        return
+    rtp, rtcp, audio_rtp, audio_rtcp = (free_port(kind=socket.SOCK_DGRAM) for _ in range(4))
+    relay_config = RelayConfig(name="janus", url=f"rtp://127.0.0.1:{rtp}", rtcp_port=rtcp,
+                               audio_port=audio_rtp, audio_rtcp_port=audio_rtcp,
+                               bind=HostPort("127.0.0.1", 0))
+    with running_janus(tmp_path / "janus") as janus:
+        async with running_appliance(appliance_config(tmp_path, (relay_config,))) as appliance:
+            (relay,) = appliance.relays
+            sound = appliance.cameras.default.audio
+            assert relay.audio is not None and sound is not None
+            info = appliance.capture.stream_info
+            assert info is not None
+            await asyncio.to_thread(janus.create_mountpoint, 1, port=rtp, rtcp_port=rtcp,
+                                    profile_level_id=info.profile_level_id,
+                                    audio_port=audio_rtp, audio_rtcp_port=audio_rtcp)
+            start = frames_in(appliance)
+            synced = JanusViewer(janus, 1, sync=True)
+            await synced.watch()
+            viewers = [synced, *await watch(janus, 1, 2)]
+            try:
+                await wait_for(lambda: all(len(v.stamps) >= 15 and len(v.sound) >= 150
+                                           for v in viewers), timeout=90,
+                               what="3 viewers hearing and seeing through Janus")
+            except AssertionError as exc:
+                exc.add_note(f"(pictures, sound frames) per viewer: "
+                             f"{[(len(v.stamps), len(v.sound), v.kinds) for v in viewers]}; "
+                             f"relay {relay.stats()}; inbound "
+                             f"{[await inbound(v) for v in viewers]}")
+                raise
+            for viewer in viewers:
+                assert_live(viewer, start)
+                assert_the_tone(viewer.sound)
+            stats = relay.stats()
+            assert stats["state"] == stats["audio"]["state"] == "sending"
+            assert stats["audio"]["packets_sent"] >= 150
+            assert sound.opus_ring.reader_count == 1
+            # Lip sync as a browser behind Janus sees it: each beep (captured at a whole second)
+            # and the picture of the same capture instant, each placed on the wall clock by its
+            # own stream's sender reports from Janus.
+            since_us = time.time_ns() // 1000
+            await wait_for(lambda: len(lip_sync(synced, since_us)) >= 4, timeout=60,
+                           what="4 beeps heard with Janus's sender reports of both streams")
+            errors = lip_sync(synced, since_us)
+            # Measured 0.5-2.5 ms (Janus 1.1.2 writes its own reports to its viewers, from when
+            # it forwards; the same with the relay's reports placed by send time).
+            assert all(abs(e) < LIP_SYNC_LIMIT_US for e in errors), errors
+            await close_all(viewers)

@@ -38,6 +38,19 @@ bind = "0.0.0.0:40000"
     off = tmp_path / "off.toml"
     off.write_text('[[relay]]\nurl = "rtp://192.0.2.10:5004"\nrtcp_port = 0\n')
     assert load_config(off, env={}).relay[0].rtcp_target_port == 0
+    # Sound: off unless audio_port; its RTCP follows the video's convention.
+    assert (a.audio_port, a.audio_rtcp_target_port, a.audio_payload_type) == (0, 0, 111)
+    sound = tmp_path / "sound.toml"
+    sound.write_text('[[relay]]\nurl = "rtp://192.0.2.10:5004"\naudio_port = 5006\n'
+                     '[[relay]]\nname = "b"\nurl = "rtp://192.0.2.10:6004"\naudio_port = 6006\n'
+                     'audio_rtcp_port = 0\naudio_payload_type = 100\n'
+                     '[[relay]]\nname = "c"\nurl = "rtp://192.0.2.10:7004"\naudio_port = 7006\n'
+                     'audio_rtcp_port = 7010\n')
+    one, two, three = load_config(sound, env={}).relay
+    assert (one.audio_port, one.audio_rtcp_target_port, one.audio_payload_type) == (
+        5006, 5007, 111)
+    assert (two.audio_rtcp_target_port, two.audio_payload_type) == (0, 100)
+    assert three.audio_rtcp_target_port == 7010
     # --relay adds one named default next to the file's.
     config = load_config(path, env={}, overrides={"relay": {"url": "rtp://127.0.0.1:5004"}})
     assert [r.name for r in config.relay] == ["janus-a", "janus-b", "default"]
@@ -54,6 +67,18 @@ bind = "0.0.0.0:40000"
     ('url = "rtp://192.0.2.1:5004"\nname = "a/b"', "letters, digits"),
     ('url = "rtp://192.0.2.1:5004"\npayload_type = 8', "dynamic payload type"),
     ('url = "rtp://192.0.2.1:5004"\ncolour = 1', "not a known key"),
+    ('url = "rtp://192.0.2.1:5004"\naudio_port = 5004', "not the video's RTP or RTCP port"),
+    ('url = "rtp://192.0.2.1:5004"\naudio_port = 5005', "not the video's RTP or RTCP port"),
+    ('url = "rtp://192.0.2.1:5004"\naudio_port = 5003', "(left out it is audio_port + 1)"),
+    ('url = "rtp://192.0.2.1:5004"\naudio_port = 70000', "0 (no audio) or a port"),
+    ('url = "rtp://192.0.2.1:5004"\naudio_port = -1', "0 (no audio) or a port"),
+    ('url = "rtp://192.0.2.1:5004"\naudio_port = 5006\naudio_rtcp_port = 5006',
+     "other than audio_port"),
+    ('url = "rtp://192.0.2.1:5004"\naudio_port = 65535', "set audio_rtcp_port (or 0"),
+    ('url = "rtp://192.0.2.1:5004"\naudio_rtcp_port = 5007', "only with audio_port"),
+    ('url = "rtp://192.0.2.1:5004"\naudio_port = 5006\naudio_payload_type = 0',
+     "dynamic payload type"),
+    ('url = "rtp://192.0.2.1:5004"\naudio_port = "5006"', "audio_port"),
 ])
 def test_bad_relay_tables_are_one_line_errors(tmp_path: Path, table: str, message: str) -> None:
     path = tmp_path / "ruseon.toml"
