@@ -4,6 +4,8 @@ rtsp/audio.py) share: their UDP socket pair and the clock of their sender report
 from __future__ import annotations
 
 import socket
+import struct
+from typing import Any
 
 NTP_EPOCH_OFFSET = 2_208_988_800  # seconds from 1900 (NTP) to 1970 (Unix)
 
@@ -57,3 +59,23 @@ def open_rtp_pair(local_host: str, scope_id: int = 0
     for sock in (rtp, rtcp):
         sock.setblocking(False)
     return rtp, rtcp, port
+
+
+def send_rtcp(packet: bytes, *, tcp: Any, channel: int, sock: socket.socket | None,
+              address: Any) -> bool | None:
+    """Send an RTCP packet the way the track's transport goes: interleaved on the RTSP
+    connection ``tcp`` (its RTCP ``channel``) when there is one, else on the RTCP socket to
+    ``address``. True when sent, False on a socket error (the caller counts it), None when
+    there is nowhere to send it (a closed connection, no socket)."""
+    if tcp is not None:
+        if tcp.is_closing():
+            return None
+        tcp.write(struct.pack("!BBH", 0x24, channel, len(packet)) + packet)
+        return True
+    if sock is None:
+        return None
+    try:
+        sock.sendto(packet, address)
+    except OSError:
+        return False
+    return True

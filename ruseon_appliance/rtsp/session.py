@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from ruseon_appliance.capture.h264 import StreamInfo
 from ruseon_appliance.capture.ring import FrameView
-from ruseon_appliance.rtsp.rtp import ntp_of_us, open_rtp_pair, rtp_at
+from ruseon_appliance.rtsp.rtp import ntp_of_us, open_rtp_pair, rtp_at, send_rtcp
 from ruseon_appliance.stream.cursor import VideoFeed, ViewerCursor
 from ruseon_appliance.stream.fanout import Fanout
 from ruseon_appliance.stream.gso import GSO_MAX_BYTES, GSO_MAX_SEGMENTS, GSO_REFUSED, UDP_SEGMENT
@@ -595,17 +595,16 @@ class RtspSession:
             rtp_ts = self._last_ts + int((now - self._last_send_monotonic) * 90_000)
             packet = sender_report(self.ssrc, rtp_ts, self.packets_sent,
                                    self.payload_bytes_sent, self.cname)
-        if self.transport_kind == "tcp":
-            if self._tcp is None or self._tcp.is_closing():
-                return
-            self._tcp.write(struct.pack("!BBH", 0x24, self.channels[1], len(packet)) + packet)
-        elif self._rtcp_sock is not None:
-            try:
-                self._rtcp_sock.sendto(packet, self._client_address(self.client_ports[1]))
-            except OSError:
-                self.send_errors += 1
-                return
-        self.sender_reports += 1
+        tcp = self.transport_kind == "tcp"
+        if tcp and self._tcp is None:
+            return
+        sent = send_rtcp(packet, tcp=self._tcp if tcp else None, channel=self.channels[1],
+                         sock=self._rtcp_sock, address=None if tcp or self._rtcp_sock is None
+                         else self._client_address(self.client_ports[1]))
+        if sent is False:
+            self.send_errors += 1
+        elif sent:
+            self.sender_reports += 1
 
     # -- receiving -------------------------------------------------------------------------------
 
