@@ -122,7 +122,7 @@ def machine_on_base(arch: str) -> bool:
 
 
 # Bump to rebuild the machine rootfs built on a base (below) when that recipe changes.
-MACHINE_ON_BASE_RECIPE = "1"
+MACHINE_ON_BASE_RECIPE = "2"
 
 
 def base_rootfs_path(arch: str = "amd64", *, machine: bool = False) -> Path:
@@ -158,7 +158,8 @@ def base_rootfs(arch: str = "amd64", *, build: bool = True, machine: bool = Fals
                 for stale in CACHE.glob(f"rootfs-machine-{arch}-*"):
                     remove_tree(stale)
             if base is not None:
-                _build_machine_on_base(base, path, _package_list(MACHINE_PACKAGES_FILE, arch))
+                _build_machine_on_base(arch, base, path,
+                                       _package_list(MACHINE_PACKAGES_FILE, arch))
             else:
                 _build_base_rootfs(arch, path, debian_packages(arch, machine=machine))
     return path
@@ -185,29 +186,41 @@ def _build_base_rootfs(arch: str, path: Path, packages: list[str]) -> None:
 
 # Installs the machine packages into a copy of the base, in a mount namespace of its own (its
 # mounts end with it, also when it is killed). As mmdebstrap installs its --include packages:
-# no Recommends (mmdebstrap installs none), no daemon started (policy-rc.d), no debconf
-# preconfiguration (as MMDEBSTRAP_HOOKS), the host's resolver for the mirror; afterwards apt's
-# lists and downloaded .debs, its logs, /run and /tmp are removed, as mmdebstrap's cleanup
-# does, and nothing of this step is left in the tree. The same packages at the same versions as
-# mmdebstrap's single run of both lists (checked for amd64: the file lists differ in nothing
-# else; only the numbers of the system users and groups the packages add, in the order they
-# were added). image/build debian --disk reads nothing else of mmdebstrap's own run: it needs
-# the kernel and initramfs in /boot, systemd-boot's EFI binary and the packages' files.
+# apt on the host working on the tree, dpkg in the chroot; no Recommends (mmdebstrap installs
+# none), no daemon started (policy-rc.d), no debconf preconfiguration (as MMDEBSTRAP_HOOKS).
+# Afterwards apt's lists and .debs, its logs, /run and /tmp are removed, as mmdebstrap's cleanup
+# does, and nothing of this step is left in the tree. Checked against mmdebstrap's single run of
+# both lists, amd64 and arm64: the same packages at the same versions, the same file list, the
+# same initramfs content; only the numbers of the system users and groups the packages add
+# differ (the order they were added in). image/build debian --disk reads nothing else of
+# mmdebstrap's own run: the kernel and initramfs in /boot, systemd-boot's EFI binary, the files.
 _MACHINE_ON_BASE_SCRIPT = r"""
 set -eu
 root=$1; shift
 mount -t proc proc "$root/proc"
 mount -t sysfs sysfs "$root/sys"
 mount --bind /dev "$root/dev"
-resolv=$root/etc/resolv.conf
-if [ -f "$resolv" ] && [ ! -L "$resolv" ]; then mount --bind /etc/resolv.conf "$resolv"; fi
 printf '#!/bin/sh\nexit 101\n' > "$root/usr/sbin/policy-rc.d"
 chmod 0755 "$root/usr/sbin/policy-rc.d"
 echo '#clear DPkg::Pre-Install-Pkgs;' > "$root/$NO_PRECONFIGURE"
+# apt itself runs natively, on the tree (its configuration, lists, cache and dpkg status there),
+# as mmdebstrap runs it: under qemu-user, reading the package lists took minutes. dpkg and the
+# maintainer scripts run in the chroot (DPkg::Chroot-Directory).
+conf=$root/tmp/ruseon-build-apt.conf
+cat > "$conf" <<EOF
+Apt::Architecture "$ARCH";
+Apt::Architectures "$ARCH";
+Dir "$root";
+Dir::State::Status "$root/var/lib/dpkg/status";
+Dir::Etc::Trusted "$root/etc/apt/trusted.gpg";
+Dir::Etc::TrustedParts "$root/etc/apt/trusted.gpg.d";
+EOF
 apt_in_root() {
-    chroot "$root" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C.UTF-8 \
-        DEBIAN_FRONTEND=noninteractive DEBCONF_NONINTERACTIVE_SEEN=true apt-get -q \
-        -o Dpkg::Use-Pty=0 -o APT::Install-Recommends=false "$@"
+    env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C.UTF-8 APT_CONFIG="$conf" \
+        TMPDIR="$root/tmp" DEBIAN_FRONTEND=noninteractive DEBCONF_NONINTERACTIVE_SEEN=true \
+        apt-get -q -o Dpkg::Use-Pty=0 -o APT::Install-Recommends=false \
+        -o Dir::Bin::dpkg=env -o DPkg::Options::=--unset=TMPDIR -o DPkg::Options::=dpkg \
+        -o "DPkg::Chroot-Directory=$root" "$@"
 }
 # One initramfs, made once everything is installed: in a single apt run the kernel's postinst
 # hook makes one and initramfs-tools' trigger makes it again (under qemu-user each is minutes of
@@ -238,7 +251,7 @@ find tmp -mindepth 1 -maxdepth 1 -exec rm -rf {} +
 """
 
 
-def _build_machine_on_base(base: Path, path: Path, packages: list[str]) -> None:
+def _build_machine_on_base(arch: str, base: Path, path: Path, packages: list[str]) -> None:
     """The machine rootfs: a copy of the finished ``base`` with the machine ``packages``
     installed by apt (see :func:`machine_on_base`)."""
     partial = path.with_name(path.name + ".partial")
@@ -251,7 +264,7 @@ def _build_machine_on_base(base: Path, path: Path, packages: list[str]) -> None:
         ["unshare", "--mount", "--propagation", "private", "--",
          "sh", "-c", _MACHINE_ON_BASE_SCRIPT, "sh", str(partial), *packages],
         check=True, env={**os.environ, "NO_PRECONFIGURE": NO_PRECONFIGURE,
-                         "UPDATE_INITRAMFS": "/usr/sbin/update-initramfs"},
+                         "UPDATE_INITRAMFS": "/usr/sbin/update-initramfs", "ARCH": arch},
     )
     for what in ("vmlinuz", "initrd.img"):
         if not list((partial / "boot").glob(f"{what}-*")):
