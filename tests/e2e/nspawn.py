@@ -111,16 +111,36 @@ def _digest(*parts: str) -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:12]
 
 
+def machine_on_base(arch: str) -> bool:
+    """Whether the machine rootfs of ``arch`` is the base rootfs plus the machine packages
+    (:func:`_build_machine_on_base`) rather than a second mmdebstrap of both lists: for an
+    emulated ``arch``, where every package's unpacking and maintainer scripts run under qemu-user
+    and the base's share of them would all run a second time. The host's own architecture (the
+    amd64 boot test, flashed as the product is) keeps mmdebstrap's single run of both lists, the
+    way ``image/build debian --disk`` without ``--base`` builds it."""
+    return arch != HOST_ARCH
+
+
+# Bump to rebuild the machine rootfs built on a base (below) when that recipe changes.
+MACHINE_ON_BASE_RECIPE = "2"
+
+
 def base_rootfs_path(arch: str = "amd64", *, machine: bool = False) -> Path:
     """Where the cached base rootfs for ``arch`` lives (it may not exist yet); ``machine``: the
-    one ``image/build debian --disk`` starts from (with a kernel, NetworkManager, ...)."""
+    one ``image/build debian --disk`` starts from (with a kernel, NetworkManager, ...), keyed on
+    the base's key and the machine package list when it is built on the base."""
+    if machine and machine_on_base(arch):
+        key = _digest(MACHINE_ON_BASE_RECIPE, base_rootfs_path(arch).name,
+                      *_package_list(MACHINE_PACKAGES_FILE, arch))
+        return CACHE / f"rootfs-machine-{arch}-{key}"
     packages = debian_packages(arch, machine=machine)
     key = _digest(RECIPE, SUITE, MIRROR, arch, *packages)
     return CACHE / (f"rootfs-machine-{arch}-{key}" if machine else f"rootfs-{arch}-{key}")
 
 
 def base_rootfs(arch: str = "amd64", *, build: bool = True, machine: bool = False) -> Path:
-    """The cached base rootfs, built with mmdebstrap when missing and ``build`` is true."""
+    """The cached base rootfs, built with mmdebstrap when missing and ``build`` is true (the
+    machine rootfs of an emulated arch: from the base rootfs, :func:`machine_on_base`)."""
     path = base_rootfs_path(arch, machine=machine)
     if (path / ".complete").exists():
         return path
@@ -129,12 +149,19 @@ def base_rootfs(arch: str = "amd64", *, build: bool = True, machine: bool = Fals
             f"no cached rootfs at {path}: run `.venv/bin/python -m tests.e2e.nspawn prepare` "
             "outside the test network namespace (make test does it)"
         )
+    # The base first (outside this lock: it takes its own; the arm64 image's preparation may be
+    # building it right now).
+    base = base_rootfs(arch) if machine and machine_on_base(arch) else None
     with cache_lock(path.name):
         if not (path / ".complete").exists():
             if machine:
                 for stale in CACHE.glob(f"rootfs-machine-{arch}-*"):
                     remove_tree(stale)
-            _build_base_rootfs(arch, path, debian_packages(arch, machine=machine))
+            if base is not None:
+                _build_machine_on_base(arch, base, path,
+                                       _package_list(MACHINE_PACKAGES_FILE, arch))
+            else:
+                _build_base_rootfs(arch, path, debian_packages(arch, machine=machine))
     return path
 
 
@@ -155,6 +182,96 @@ def _build_base_rootfs(arch: str, path: Path, packages: list[str]) -> None:
                            "image_python in image/build together")
     (partial / ".complete").write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     partial.rename(path)
+
+
+# Installs the machine packages into a copy of the base, in a mount namespace of its own (its
+# mounts end with it, also when it is killed). As mmdebstrap installs its --include packages:
+# apt on the host working on the tree, dpkg in the chroot; no Recommends (mmdebstrap installs
+# none), no daemon started (policy-rc.d), no debconf preconfiguration (as MMDEBSTRAP_HOOKS).
+# Afterwards apt's lists and .debs, its logs, /run and /tmp are removed, as mmdebstrap's cleanup
+# does, and nothing of this step is left in the tree. Checked against mmdebstrap's single run of
+# both lists, amd64 and arm64: the same packages at the same versions, the same file list, the
+# same initramfs content; only the numbers of the system users and groups the packages add
+# differ (the order they were added in). image/build debian --disk reads nothing else of
+# mmdebstrap's own run: the kernel and initramfs in /boot, systemd-boot's EFI binary, the files.
+_MACHINE_ON_BASE_SCRIPT = r"""
+set -eu
+root=$1; shift
+mount -t proc proc "$root/proc"
+mount -t sysfs sysfs "$root/sys"
+mount --bind /dev "$root/dev"
+printf '#!/bin/sh\nexit 101\n' > "$root/usr/sbin/policy-rc.d"
+chmod 0755 "$root/usr/sbin/policy-rc.d"
+echo '#clear DPkg::Pre-Install-Pkgs;' > "$root/$NO_PRECONFIGURE"
+# apt itself runs natively, on the tree (its configuration, lists, cache and dpkg status there),
+# as mmdebstrap runs it: under qemu-user, reading the package lists took minutes. dpkg and the
+# maintainer scripts run in the chroot (DPkg::Chroot-Directory).
+conf=$root/tmp/ruseon-build-apt.conf
+cat > "$conf" <<EOF
+Apt::Architecture "$ARCH";
+Apt::Architectures "$ARCH";
+Dir "$root";
+Dir::State::Status "$root/var/lib/dpkg/status";
+Dir::Etc::Trusted "$root/etc/apt/trusted.gpg";
+Dir::Etc::TrustedParts "$root/etc/apt/trusted.gpg.d";
+EOF
+apt_in_root() {
+    env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C.UTF-8 APT_CONFIG="$conf" \
+        TMPDIR="$root/tmp" DEBIAN_FRONTEND=noninteractive DEBCONF_NONINTERACTIVE_SEEN=true \
+        apt-get -q -o Dpkg::Use-Pty=0 -o APT::Install-Recommends=false \
+        -o Dir::Bin::dpkg=env -o DPkg::Options::=--unset=TMPDIR -o DPkg::Options::=dpkg \
+        -o "DPkg::Chroot-Directory=$root" "$@"
+}
+# One initramfs, made once everything is installed: in a single apt run the kernel's postinst
+# hook makes one and initramfs-tools' trigger makes it again (under qemu-user each is minutes of
+# emulated compression); the way live-build does it, update-initramfs diverted meanwhile.
+chroot "$root" dpkg-divert --quiet --local --rename --add "$UPDATE_INITRAMFS"
+printf '#!/bin/sh\nexit 0\n' > "$root$UPDATE_INITRAMFS"
+chmod 0755 "$root$UPDATE_INITRAMFS"
+apt_in_root update
+apt_in_root install -y -o DPkg::Options::=--force-unsafe-io "$@"
+apt_in_root clean
+rm -f "$root$UPDATE_INITRAMFS"
+chroot "$root" dpkg-divert --quiet --local --rename --remove "$UPDATE_INITRAMFS"
+for kernel in "$root"/boot/vmlinuz-*; do
+    [ -e "$kernel" ] || continue
+    chroot "$root" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C.UTF-8 \
+        update-initramfs -c -k "${kernel##*/vmlinuz-}"
+done
+lists=$root/var/lib/apt/lists
+find "$lists" -mindepth 1 -maxdepth 1 ! -name lock ! -name partial -exec rm -rf {} +
+rm -f "$root/usr/sbin/policy-rc.d" "$root/$NO_PRECONFIGURE" "$root/var/cache/apt/"*.bin
+# mmdebstrap's cleanup/reproducible, cleanup/run and cleanup/tmp, as for the base.
+cd "$root"
+rm -f var/log/dpkg.log var/log/apt/history.log var/log/apt/term.log var/log/alternatives.log \
+    var/cache/ldconfig/aux-cache var/log/apt/eipp.log.xz var/lib/dbus/machine-id
+if [ -e etc/machine-id ]; then : > etc/machine-id; fi
+find run -mindepth 1 -maxdepth 1 ! -name lock -exec rm -rf {} +
+find tmp -mindepth 1 -maxdepth 1 -exec rm -rf {} +
+"""
+
+
+def _build_machine_on_base(arch: str, base: Path, path: Path, packages: list[str]) -> None:
+    """The machine rootfs: a copy of the finished ``base`` with the machine ``packages``
+    installed by apt (see :func:`machine_on_base`)."""
+    partial = path.with_name(path.name + ".partial")
+    remove_tree(partial)
+    _log(f"building {path.name}: {base.name} and apt-get install of {len(packages)} packages")
+    began = time.monotonic()
+    subprocess.run(["cp", "-a", "--reflink=auto", str(base), str(partial)], check=True)
+    (partial / ".complete").unlink()
+    subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "--",
+         "sh", "-c", _MACHINE_ON_BASE_SCRIPT, "sh", str(partial), *packages],
+        check=True, env={**os.environ, "NO_PRECONFIGURE": NO_PRECONFIGURE,
+                         "UPDATE_INITRAMFS": "/usr/sbin/update-initramfs", "ARCH": arch},
+    )
+    for what in ("vmlinuz", "initrd.img"):
+        if not list((partial / "boot").glob(f"{what}-*")):
+            raise PrepareError(f"{partial}: apt-get installed no /boot/{what}-*")
+    (partial / ".complete").write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    partial.rename(path)
+    _log(f"{path.name} built in {time.monotonic() - began:.0f} s")
 
 
 # Built into the wheel cache so the project itself can be built offline (build isolation).
@@ -328,18 +445,28 @@ def _build_appliance_image(arch: str, path: Path) -> None:
 DISK_NAME = "ruseon-disk"
 
 
+def raw_disk(arch: str) -> bool:
+    """Whether the cached disk of ``arch`` is ``image/build --disk --raw`` (``ruseon-disk.img``,
+    not compressed): the emulated arm64 machine's, which only tests/e2e/vm_boot.py boots. The
+    amd64 one stays the ``.img.xz`` a user downloads and flashes, and test_boot_vm.py flashes it
+    that way (the product's path)."""
+    return arch == "arm64"
+
+
 def disk_image_path(arch: str) -> Path:
     """Where ``image/build debian --disk`` for ``arch`` is cached: keyed on everything in it
     (the machine rootfs, the wheels, image/, systemd/ and the project's code: a disk image
     cannot have the project reinstalled the way the container tests do)."""
     key = _digest(RECIPE, base_rootfs_path(arch, machine=True).name, wheels_dir_name(arch),
                   _tree_digest(REPO / "image", REPO / "systemd", REPO / "ruseon_appliance"),
-                  (REPO / "pyproject.toml").read_text(encoding="utf-8"))
+                  (REPO / "pyproject.toml").read_text(encoding="utf-8"),
+                  "raw" if raw_disk(arch) else "xz")
     return CACHE / f"disk-{arch}-{key}"
 
 
 def disk_image(arch: str = HOST_ARCH, *, build: bool = True) -> Path:
-    """The directory with ``ruseon-disk.img.xz``, ``.img.xz.sha256`` and ``.img.bmap`` (cached)."""
+    """The directory with ``ruseon-disk.img.xz`` and ``.img.xz.sha256`` (or, :func:`raw_disk`,
+    ``ruseon-disk.img`` and ``.img.sha256``) and ``.img.bmap`` (cached)."""
     path = disk_image_path(arch)
     if (path / ".complete").exists():
         return path
@@ -369,7 +496,8 @@ def _build_disk_image(arch: str, path: Path, base: Path, wheels: Path) -> None:
     wheel = project_wheel(partial / "dist", wheels=wheels_dir(HOST_ARCH))
     command = [str(REPO / "image/build"), "debian", "--disk", "--arch", arch, "--base", str(base),
                "--wheel", str(wheel), "--wheels", str(wheels), "--out", str(partial),
-               "--name", DISK_NAME, "--xz-level", "0"]
+               "--name", DISK_NAME]
+    command += ["--raw"] if raw_disk(arch) else ["--xz-level", "0"]
     if arch != HOST_ARCH:
         command += ["--compile-with", str(base_rootfs(HOST_ARCH))]
     _log(f"building {path.name}: {' '.join(command[1:4])}")

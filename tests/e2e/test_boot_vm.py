@@ -149,13 +149,28 @@ def require_vm_bench() -> Path:
         pytest.skip(str(exc))
 
 
+def disk_image_file(image_dir: Path) -> Path:
+    """The disk image in ``image_dir``: ``ruseon-disk.img.xz`` (what is published and flashed,
+    the amd64 test's) or ``ruseon-disk.img`` (``image/build --disk --raw``: the emulated arm64
+    machine's, never compressed); exactly one of them."""
+    found = [image_dir / f"{nspawn.DISK_NAME}{suffix}" for suffix in (".img.xz", ".img")]
+    found = [path for path in found if path.is_file()]
+    if len(found) != 1:
+        raise FileNotFoundError(
+            f"{image_dir}: expected one of {nspawn.DISK_NAME}.img.xz or .img, found "
+            f"{[p.name for p in found] or 'neither'}")
+    return found[0]
+
+
 def flash(image_dir: Path, disk: Path) -> None:
-    """What a user does: check the download, write it with bmaptool (which verifies the data)."""
-    name = nspawn.DISK_NAME
-    subprocess.run(["sha256sum", "--quiet", "-c", f"{name}.img.xz.sha256"], cwd=image_dir,
+    """What a user does: check the download, write it with bmaptool (which verifies the data),
+    from the ``.img.xz`` or, for a ``--raw`` build, the ``.img``."""
+    image = disk_image_file(image_dir)
+    subprocess.run(["sha256sum", "--quiet", "-c", f"{image.name}.sha256"], cwd=image_dir,
                    check=True)
-    subprocess.run(["bmaptool", "-q", "copy", "--bmap", str(image_dir / f"{name}.img.bmap"),
-                    str(image_dir / f"{name}.img.xz"), str(disk)], check=True)
+    subprocess.run(["bmaptool", "-q", "copy", "--bmap",
+                    str(image_dir / f"{nspawn.DISK_NAME}.img.bmap"), str(image), str(disk)],
+                   check=True)
 
 
 def http_get(url: str, timeout: float = 10, headers: dict[str, str] | None = None
@@ -277,6 +292,17 @@ def booted() -> Iterator[Booted]:
 def loopback_candidates(monkeypatch: pytest.MonkeyPatch) -> None:
     """The viewer gathers exactly one host candidate, 127.0.0.1 (where the port is forwarded)."""
     monkeypatch.setattr(aioice.ice, "get_host_addresses", lambda use_ipv4, use_ipv6: ["127.0.0.1"])
+
+
+def test_the_flashed_image_is_the_compressed_one_a_user_downloads(booted: Booted) -> None:
+    """amd64 keeps the product's output (``.img.xz`` + ``.sha256`` + ``.bmap``): that is what
+    this test flashed; only the emulated arm64 machine's disk is a ``--raw`` build."""
+    assert not nspawn.raw_disk(ARCH)
+    image = disk_image_file(nspawn.disk_image(ARCH, build=False))
+    assert image.name == f"{nspawn.DISK_NAME}.img.xz", image
+    with image.open("rb") as fh:
+        assert fh.read(6) == b"\xfd7zXZ\x00", image  # xz's magic
+    assert not image.with_suffix("").exists(), "an uncompressed .img beside the .img.xz"
 
 
 def test_systemd_reaches_multi_user_with_no_failed_unit(booted: Booted) -> None:
@@ -598,15 +624,33 @@ def assert_fat_clean(disk: Path, work: Path) -> None:
 
 
 def test_disk_target_checks_its_base_and_options_before_building(tmp_path: Path) -> None:
-    """A --base without a kernel (the container rootfs) and a bad --xz-level are refused, with
-    the fix, before anything is built."""
+    """A --base without a kernel (the container rootfs), a bad --xz-level and --raw without
+    --disk (an uncompressed disk image of no disk) are refused, with the fix, before anything is
+    built; --disk --raw with a machine rootfs passes the checks."""
     require_root("image/build requires root")
     (tmp_path / "rootfs/etc").mkdir(parents=True)
-    result = subprocess.run(
-        [str(nspawn.REPO / "image/build"), "check", "debian", "--disk", "--base",
-         str(tmp_path / "rootfs"), "--xz-level", "12"],
-        capture_output=True, text=True, timeout=60, check=False, cwd=tmp_path)
+
+    def check(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(nspawn.REPO / "image/build"), "check", "debian", *args],
+            capture_output=True, text=True, timeout=60, check=False, cwd=tmp_path)
+
+    result = check("--disk", "--base", str(tmp_path / "rootfs"), "--xz-level", "12")
     assert result.returncode == 1
     assert "has no kernel (/boot/vmlinuz-*)" in result.stderr, result.stderr
     assert "image/debian/packages-machine" in result.stderr
     assert "--xz-level 12: 0 to 9" in result.stderr
+    assert "--raw" not in result.stderr
+
+    result = check("--raw", "--base", str(tmp_path / "rootfs"))
+    assert result.returncode == 1
+    assert "--raw keeps the disk image uncompressed: it needs --disk" in result.stderr, \
+        result.stderr
+    assert not list(tmp_path.rglob("*.img*"))
+
+    # With a kernel the same base is a machine rootfs: --disk --raw has nothing to refuse.
+    (tmp_path / "rootfs/boot").mkdir()
+    (tmp_path / "rootfs/boot/vmlinuz-6.12.0-test").write_bytes(b"")
+    result = check("--disk", "--raw", "--base", str(tmp_path / "rootfs"))
+    assert result.returncode == 0, result.stderr
+    assert "prerequisites for 'debian' are present" in result.stdout

@@ -57,6 +57,14 @@ def record() -> dict[str, Any]:
     return data
 
 
+def test_the_booted_disk_is_the_uncompressed_raw_build(record: dict[str, Any]) -> None:
+    """The emulated machine boots ``image/build --disk --raw``'s ``.img`` (flashed with its bmap
+    and checked against its sha256 by vm_boot), the build the cache holds for arm64."""
+    assert nspawn.raw_disk(ARCH)
+    assert record["image_file"] == f"{nspawn.DISK_NAME}.img", record["image_file"]
+    assert record["image"] == nspawn.disk_image_path(ARCH).name
+
+
 def test_systemd_reaches_multi_user_with_no_failed_unit(record: dict[str, Any]) -> None:
     report = record["report"]
     assert report["state"] == "running", report

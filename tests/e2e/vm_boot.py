@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.e2e import nspawn, qemu_vm
-from tests.e2e.test_boot_vm import boot_timings, flash, http_get
+from tests.e2e.test_boot_vm import boot_timings, disk_image_file, flash, http_get
 from tests.tooling import free_port
 
 RECORD = "boot.json"
@@ -126,7 +126,8 @@ def boot(arch: str, image_dir: Path) -> dict[str, Any]:
         admin = json.loads(admin_body) if admin_status == 200 else {}
         powered_off = machine.power_off(timeout=300)
         return {
-            "arch": arch, "image": image_dir.name, "accel": accel, "cpus": machine.cpus,
+            "arch": arch, "image": image_dir.name, "image_file": disk_image_file(image_dir).name,
+            "accel": accel, "cpus": machine.cpus,
             "memory_mib": machine.memory_mib, "restrict": machine.restrict,
             "command": machine.command(machine.accel),
             "booted_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
