@@ -445,6 +445,15 @@ function wake() {
     else wake();
   }, IDLE_MS);
 }
+// The panels and the toast sit above the bottom bar, whose height grows when its buttons wrap
+// (a narrow window, a logged-in admin's extra buttons): they read it from --bar-bottom-h.
+const bottomBar = document.querySelector(".bar-bottom");
+if (bottomBar && typeof ResizeObserver !== "undefined") {
+  new ResizeObserver(() => {
+    stage.style.setProperty("--bar-bottom-h", `${bottomBar.offsetHeight}px`);
+  }).observe(bottomBar);
+}
+
 for (const type of ["pointermove", "pointerdown", "keydown", "focusin"]) {
   stage.addEventListener(type, wake, { passive: true });
 }
