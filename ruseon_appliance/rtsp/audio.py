@@ -37,7 +37,7 @@ from typing import Any, Literal, Protocol
 
 from ruseon_appliance.audio.format import AAC_FRAME_SAMPLES, AUDIO_CLOCK_RATE
 from ruseon_appliance.capture.ring import FrameView, RingBuffer, RingReader
-from ruseon_appliance.rtsp.rtp import ntp_of_us, open_rtp_pair, rtp_at, send_rtcp
+from ruseon_appliance.rtsp.rtp import RtcpSending, ntp_of_us, open_rtp_pair, rtp_at
 from ruseon_appliance.stream.rtcp import rtcp_feedback, sender_report_at
 from ruseon_appliance.tasks import cancel_and_wait
 
@@ -152,7 +152,7 @@ class RtspAudioFeed:
         return payload
 
 
-class RtspAudioTrack:
+class RtspAudioTrack(RtcpSending):
     """The audio track of one RTSP session (see the module docstring)."""
 
     def __init__(self, feed: RtspAudioFeed, *, peer: tuple[str, int], cname: str,
@@ -355,16 +355,7 @@ class RtspAudioTrack:
         packet = sender_report_at(ntp_of_us(unix_us), self.ssrc,
                                   rtp_at(*self._anchor, unix_us, AUDIO_CLOCK_RATE),
                                   self.packets_sent, self.payload_bytes_sent, self.cname)
-        tcp = self.transport_kind == "tcp"
-        if tcp and self._tcp is None:
-            return
-        sent = send_rtcp(packet, tcp=self._tcp if tcp else None, channel=self.channels[1],
-                         sock=self._rtcp_sock, address=None if tcp or self._rtcp_sock is None
-                         else self._client_address(self.client_ports[1]))
-        if sent is False:
-            self.send_errors += 1
-        elif sent:
-            self.sender_reports += 1
+        self._send_report_packet(packet)
 
     # -- receiving -------------------------------------------------------------------------------
 

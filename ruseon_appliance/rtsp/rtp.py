@@ -61,6 +61,37 @@ def open_rtp_pair(local_host: str, scope_id: int = 0
     return rtp, rtcp, port
 
 
+class RtcpSending:
+    """What the picture's and the sound's tracks share to send their RTCP: interleaved on the
+    RTSP connection or on the track's RTCP socket, counting reports and errors. The track
+    provides the attributes below."""
+
+    transport_kind: str
+    _tcp: Any
+    channels: tuple[int, int]
+    _rtcp_sock: socket.socket | None
+    client_ports: tuple[int, int]
+    send_errors: int
+    sender_reports: int
+
+    def _client_address(self, port: int) -> Any:
+        raise NotImplementedError
+
+    def _send_report_packet(self, packet: bytes) -> None:
+        """Send a sender report the track's way; count it, or the error."""
+        tcp = self.transport_kind == "tcp"
+        if tcp and self._tcp is None:
+            return
+        address = None if tcp or self._rtcp_sock is None else self._client_address(
+            self.client_ports[1])
+        sent = send_rtcp(packet, tcp=self._tcp if tcp else None, channel=self.channels[1],
+                         sock=self._rtcp_sock, address=address)
+        if sent is False:
+            self.send_errors += 1
+        elif sent:
+            self.sender_reports += 1
+
+
 def send_rtcp(packet: bytes, *, tcp: Any, channel: int, sock: socket.socket | None,
               address: Any) -> bool | None:
     """Send an RTCP packet the way the track's transport goes: interleaved on the RTSP

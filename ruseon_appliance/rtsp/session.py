@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from ruseon_appliance.capture.h264 import StreamInfo
 from ruseon_appliance.capture.ring import FrameView
-from ruseon_appliance.rtsp.rtp import ntp_of_us, open_rtp_pair, rtp_at, send_rtcp
+from ruseon_appliance.rtsp.rtp import RtcpSending, ntp_of_us, open_rtp_pair, rtp_at
 from ruseon_appliance.stream.cursor import VideoFeed, ViewerCursor
 from ruseon_appliance.stream.fanout import Fanout
 from ruseon_appliance.stream.gso import GSO_MAX_BYTES, GSO_MAX_SEGMENTS, GSO_REFUSED, UDP_SEGMENT
@@ -156,7 +156,7 @@ class RtspFeed(VideoFeed, Protocol):
     def stream_info(self) -> StreamInfo | None: ...
 
 
-class RtspSession:
+class RtspSession(RtcpSending):
     """One client's session on one camera (see the module docstring)."""
 
     def __init__(
@@ -595,16 +595,7 @@ class RtspSession:
             rtp_ts = self._last_ts + int((now - self._last_send_monotonic) * 90_000)
             packet = sender_report(self.ssrc, rtp_ts, self.packets_sent,
                                    self.payload_bytes_sent, self.cname)
-        tcp = self.transport_kind == "tcp"
-        if tcp and self._tcp is None:
-            return
-        sent = send_rtcp(packet, tcp=self._tcp if tcp else None, channel=self.channels[1],
-                         sock=self._rtcp_sock, address=None if tcp or self._rtcp_sock is None
-                         else self._client_address(self.client_ports[1]))
-        if sent is False:
-            self.send_errors += 1
-        elif sent:
-            self.sender_reports += 1
+        self._send_report_packet(packet)
 
     # -- receiving -------------------------------------------------------------------------------
 
