@@ -20,22 +20,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import socket
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from aiortc import RTCRtpSender
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from aiortc.rtcrtpparameters import RTCRtpSendParameters
 from aiortc.rtp import RtcpRrPacket, RtcpSrPacket
 
-from ruseon_appliance.capture.ring import RingBuffer, RingReader
+from ruseon_appliance.capture.ring import RingReader
 from ruseon_appliance.engine import aiortc_internals
 from ruseon_appliance.engine.fanout import take_over_stream
 from ruseon_appliance.logs import RateLimit
 from ruseon_appliance.stream.gso import DropCounters, GsoSender
+from ruseon_appliance.stream.opus import OPUS_CLOCK_RATE, AudioFeed, OpusTimeline
 from ruseon_appliance.stream.reports import ReceiverStats, SenderReports
 from ruseon_appliance.stream.rtp_writer import SrtpPacketWriter
 from ruseon_appliance.stream.srtp import SrtpPacketBuffer
@@ -46,17 +46,7 @@ __all__ = ["OPUS_CLOCK_RATE", "AudioFanout", "AudioFeed", "AudioViewer", "Fanout
 
 logger = logging.getLogger(__name__)
 
-OPUS_CLOCK_RATE = 48_000
-# A hole in the packets' pts longer than this starts a new talkspurt (the RTP marker bit).
-TALKSPURT_GAP_TICKS = OPUS_CLOCK_RATE // 10
 ERROR_LOG_INTERVAL_S = 10.0
-
-
-class AudioFeed(Protocol):
-    """What the engine needs of a feed's audio: its Opus packets (``AccessUnit`` s with pts in
-    1/48000 s and the capture time on the wall clock)."""
-
-    opus_ring: RingBuffer
 
 
 def offers_opus(media: Any) -> bool:
@@ -186,8 +176,7 @@ class AudioViewer:
         self.reports = SenderReports(clock_rate=OPUS_CLOCK_RATE)
         self.receiver = ReceiverStats(OPUS_CLOCK_RATE)
         self._writer: SrtpPacketWriter | None = None
-        self._ts_origin = random.randrange(0, 1 << 32)
-        self._last_pts: int | None = None
+        self._timeline = OpusTimeline()
 
     @property
     def packets_sent(self) -> int:
@@ -244,10 +233,7 @@ class AudioViewer:
         sent = octets = 0
         timestamp = capture = 0
         for payload, pts, capture_us in packets:
-            last = self._last_pts
-            marker = last is None or pts - last > TALKSPURT_GAP_TICKS
-            self._last_pts = pts
-            timestamp = (self._ts_origin + pts) & 0xFFFFFFFF
+            timestamp, marker = self._timeline.stamp(pts)
             capture = capture_us
             if writer.send_payload(payload, timestamp, marker, sock, addr):
                 sent += 1

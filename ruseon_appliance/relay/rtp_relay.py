@@ -42,17 +42,18 @@ import secrets
 import socket
 import struct
 import time
-from typing import Any, Protocol
+from typing import Any
 
 import pylibsrtp
 
-from ruseon_appliance.capture.ring import RingBuffer, RingReader
+from ruseon_appliance.capture.ring import RingReader
 from ruseon_appliance.config import RelayConfig
 from ruseon_appliance.logs import RateLimit
 from ruseon_appliance.stream import srtp
 from ruseon_appliance.stream.cursor import VideoFeed, ViewerCursor
 from ruseon_appliance.stream.fanout import Fanout
 from ruseon_appliance.stream.history import PacketizedFrame
+from ruseon_appliance.stream.opus import OPUS_CLOCK_RATE, AudioFeed, OpusTimeline
 from ruseon_appliance.stream.reports import SenderReports
 from ruseon_appliance.stream.rtcp import rtcp_feedback
 
@@ -81,24 +82,12 @@ IPV6_RECVERR = getattr(socket, "IPV6_RECVERR", 25)
 _REFUSED = frozenset({errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH,
                       errno.EHOSTDOWN})
 
-# The camera's sound: Opus, one 20 ms packet per RTP packet, RTP time at 48 kHz.
-OPUS_CLOCK_RATE = 48_000
-OPUS_PACKET_TICKS = 960
 # An Opus packet with no frame data (RFC 6716 3.2.1: TOC config 31 = CELT fullband 20 ms, one
 # frame of length 0): DTX, concealed by the decoder. The audio's probe while refused.
 OPUS_DTX = bytes([31 << 3])
-# A hole in the packets' pts longer than this starts a new talkspurt (the RTP marker bit).
-TALKSPURT_GAP_TICKS = OPUS_CLOCK_RATE // 10
 
 _HEADER = struct.Struct("!BBHII")  # V/P/X/CC, M/PT, sequence number, timestamp, SSRC
 _PADDING = b"\x00\x00\x00\x04"
-
-
-class AudioFeed(Protocol):
-    """What the relay needs of a camera's sound (``audio.AudioPipeline`` satisfies it): its
-    ring of 20 ms Opus packets (pts in 1/48000 s, capture time on the video's wall clock)."""
-
-    opus_ring: RingBuffer
 
 
 class RtpRelay:
@@ -648,10 +637,7 @@ class _RelayAudio:
         self.target: tuple[str, int] | None = None
         self.rtcp_target: tuple[str, int] | None = None
         self._seq = random.randrange(0, 32768)
-        self._ts_origin = random.randrange(0, 1 << 32)
-        self._offset = 0
-        self._last_pts: int | None = None
-        self._last_ts = 0
+        self._timeline = OpusTimeline()
         self.reports = SenderReports(self.ssrc, relay.cname, clock_rate=OPUS_CLOCK_RATE)
         self._next_sr = 0.0
         # "starting", "sending", "unreachable" (ICMP errors: paused, probing), "stopped".
@@ -743,16 +729,7 @@ class _RelayAudio:
 
     def _send(self, sock: socket.socket, payload: bytes, pts: int, capture_us: int,
               now: float) -> None:
-        pts += self._offset
-        last = self._last_pts
-        if last is not None and pts <= last:
-            # The audio timeline went back (a new pipeline): keep the RTP time moving on.
-            step = last + OPUS_PACKET_TICKS - pts
-            self._offset += step
-            pts += step
-        marker = last is None or pts - last > TALKSPURT_GAP_TICKS
-        self._last_pts = pts
-        timestamp = self._last_ts = (self._ts_origin + pts) & 0xFFFFFFFF
+        timestamp, marker = self._timeline.stamp(pts)
         packet = _HEADER.pack(0x80, (0x80 | self.payload_type) if marker else self.payload_type,
                               self._seq, timestamp, self.ssrc) + payload
         self._seq = (self._seq + 1) & 0xFFFF
@@ -856,9 +833,7 @@ class _RelayAudio:
         conceals it), 20 ms of RTP time after the last. Not a padding-only packet, as the
         video's: Janus forwards a probe to its viewers, and an empty payload fed to FFmpeg's
         Opus decoder (aiortc's) ends its stream."""
-        pts = (self._last_pts if self._last_pts is not None else 0) + OPUS_PACKET_TICKS
-        self._last_pts = pts
-        timestamp = self._last_ts = (self._ts_origin + pts) & 0xFFFFFFFF
+        timestamp = self._timeline.next_empty()
         header = _HEADER.pack(0x80, self.payload_type, self._seq, timestamp, self.ssrc)
         self._seq = (self._seq + 1) & 0xFFFF
         return header + OPUS_DTX

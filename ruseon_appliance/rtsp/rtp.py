@@ -7,7 +7,7 @@ import socket
 import struct
 from typing import Any
 
-NTP_EPOCH_OFFSET = 2_208_988_800  # seconds from 1900 (NTP) to 1970 (Unix)
+from ruseon_appliance.stream.rtcp import NTP_EPOCH_OFFSET
 
 
 def ntp_of_us(unix_us: int) -> int:
