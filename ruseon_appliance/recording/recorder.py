@@ -227,6 +227,12 @@ class Recorder:
         """Recording was asked for (it may still wait for a keyframe or for the disk)."""
         return self._active
 
+    @property
+    def closing(self) -> bool:
+        """A stop is still closing the recording: its last segment is not in the archive yet
+        (``active`` is already False by then)."""
+        return self._ending
+
     def begin(self, preroll_s: float | None = None) -> bool:
         """Start recording with up to ``preroll_s`` seconds from the ring; False if already on,
         or if a stop is still closing the previous recording (ask again in a moment)."""

@@ -67,8 +67,11 @@ async def test_motion_recordings_cover_preroll_to_postroll(tmp_path: Path) -> No
                     await asyncio.sleep(0.2)
             event = events[0]
             assert recorder.active  # in its post-roll
+            # Until the stop has closed the segment into the archive: `active` goes False
+            # before that, and an open segment whose writes are still queued has no size yet.
             async with asyncio.timeout(20):
-                while recorder.active or recorder.current_segment() is not None:
+                while (recorder.active or recorder.closing
+                       or recorder.current_segment() is not None):
                     await asyncio.sleep(0.1)
         segments = list(recorder.archive.segments)
         assert len(segments) == 1, segments
