@@ -16,10 +16,27 @@ AAC_FRAME_SAMPLES = 1024
 
 
 @dataclass(frozen=True, slots=True)
+class CodedFrame:
+    """One packet as the source's own encoder made it (an IP camera's AAC or Opus), carried
+    beside its decoded PCM so an output in the same codec can pass it through unchanged.
+
+    ``config`` is the AAC AudioSpecificConfig (b"" for Opus); ``offset`` is where the packet's
+    first sample lies in its chunk and ``duration`` its length, both in 1/48000 s."""
+
+    codec: str  # "aac" or "opus"
+    data: bytes
+    config: bytes
+    offset: int
+    duration: int
+
+
+@dataclass(frozen=True, slots=True)
 class PcmChunk:
     """Some PCM from a source: ``samples`` is a 1-D int16 ndarray (48 kHz mono);
     ``capture_time_us`` is the wall-clock time (``time.time_ns() // 1000``, the video's clock)
-    of its first sample."""
+    of its first sample. ``coded``: the source's own packets these samples were decoded from,
+    when it has any (see :class:`CodedFrame`)."""
 
     samples: Any  # numpy.ndarray[int16]
     capture_time_us: int
+    coded: tuple[CodedFrame, ...] = ()

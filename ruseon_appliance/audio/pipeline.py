@@ -13,8 +13,9 @@ import numpy as np
 
 from ..capture.access_unit import AccessUnit
 from ..capture.ring import RingBuffer
+from ..stream.aac import parse_aac_config
 from .encoders import AAC_BITRATE, OPUS_BITRATE, AudioEncoder, aac_encoder, opus_encoder
-from .format import AUDIO_CLOCK_RATE, PcmChunk
+from .format import AUDIO_CLOCK_RATE, CodedFrame, PcmChunk
 from .sources.base import AudioSource, AudioSourceUnavailable
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,12 @@ DRIFT_LIMIT_US = 30_000
 DRIFT_SMOOTHING = 0.05
 # A hole longer than this (an unplug, a stalled machine) restarts the timeline instead.
 GAP_RESET_US = 1_000_000
+# A passed-through packet whose place by the sample clock is within this of where the last one
+# ended continues it exactly (pts + duration): the chunks' lengths after resampling wobble by a
+# few samples, the camera's frames do not. Further off (a hole, a step), it is placed anew.
+PASSTHROUGH_SLACK = 480
+# AudioSpecificConfigs kept for aac_config_for (a change is one camera (re)connection).
+CONFIG_HISTORY = 8
 # Waits between attempts to open a missing device.
 RETRY_S = (1.0, 2.0, 5.0, 10.0)
 SILENCE_DBFS = -90.0
@@ -60,6 +67,17 @@ class AudioPipeline:
     grows (a re-opened device continues it, skipping the gap), ``capture_time_us`` on the
     video's wall clock, ``keyframe`` always True (any packet can start a stream). Written on
     the loop thread; the source and encoders run on one worker thread.
+
+    **Passthrough.** A source that carries its own packets (an IP camera's AAC or Opus track,
+    :class:`~.format.CodedFrame`) has them written to the ring of the same codec unchanged, and
+    only the other codec is encoded; while muted or with a gain, both are encoded (from the
+    decoded PCM, as for any source). The camera's AAC may be any rate and 1-2 channels: the AAC
+    ring then holds frames of the camera's AudioSpecificConfig (the encode that stands in for
+    them while muted matches its rate and channels), and :attr:`aac_config` changes to it when
+    the camera first sends. A consumer that wrote the old one into an init segment or an SDP
+    finds which configuration a frame has by :meth:`aac_config_for` its ring seq (HLS and
+    recordings start a new init segment at the next IDR; an RTSP session drops frames of
+    another configuration than its SDP's).
     """
 
     def __init__(self, source: AudioSource, *, gain_db: float = 0.0, muted: bool = False,
@@ -74,7 +92,18 @@ class AudioPipeline:
         # init segments before the first packet.
         self._aac: AudioEncoder = aac_encoder(aac_bitrate)
         self._opus: AudioEncoder = opus_encoder(opus_bitrate)
-        self._aac_config = self._aac.extradata
+        # (first AAC ring seq, AudioSpecificConfig) of each configuration, oldest first.
+        self._default_aac_config = self._aac.extradata
+        self._aac_configs: list[tuple[int, bytes]] = [(0, self._default_aac_config)]
+        # The rate and channels the AAC encode is made for (the camera's, when it has AAC).
+        self._aac_format = (AUDIO_CLOCK_RATE, 1)
+        self._camera_aac: bytes | None = None  # the camera's own AudioSpecificConfig
+        self._camera_aac_usable = False
+        self._config_change: bytes | None = None  # for the next write on the loop
+        # Where the next passed-through packet of each codec starts (pts), when it continues.
+        self._coded_next: dict[str, int | None] = {"opus": None, "aac": None}
+        self._passthrough = {"opus": [0, 0], "aac": [0, 0]}  # packets, bytes
+        self._passing = {"opus": False, "aac": False}
         # A codec nobody reads (no reader on its ring: no WebRTC viewer or RTSP client for
         # Opus, no HLS or recording for AAC) is not encoded; the first reader gets a fresh
         # encoder from the next chunk on. Counts of the encoders retired so far:
@@ -135,8 +164,16 @@ class AudioPipeline:
 
     @property
     def aac_config(self) -> bytes:
-        """AAC's AudioSpecificConfig (for an ``esds`` box or an SDP ``config=``)."""
-        return self._aac_config
+        """AAC's AudioSpecificConfig (for an ``esds`` box or an SDP ``config=``): of the frames
+        written from now on."""
+        return self._aac_configs[-1][1]
+
+    def aac_config_for(self, seq: int) -> bytes:
+        """The AudioSpecificConfig of AAC ring frame ``seq``."""
+        for first, config in reversed(self._aac_configs):
+            if seq >= first:
+                return config
+        return self._aac_configs[0][1]
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -235,37 +272,103 @@ class AudioPipeline:
         assert capture0 is not None
         self._next_pts += len(samples)
         self._next_capture_us = capture0 + len(samples) * 1_000_000 // AUDIO_CLOCK_RATE
-        opus = self._encode("opus", samples, pts)
-        aac = self._encode("aac", samples, pts)
+        plain = not self._muted and not self._gain_db
+        coded = {"opus": [c for c in chunk.coded if c.codec == "opus"],
+                 "aac": [c for c in chunk.coded if c.codec == "aac"]}
+        if coded["aac"]:
+            self._camera_config(coded["aac"][0].config)
+        pairs: dict[str, list[tuple[bytes, int]]] = {}
+        for codec in ("opus", "aac"):
+            passing = plain and bool(coded[codec]) and (
+                codec == "opus" or self._camera_aac_usable)
+            if passing:
+                pairs[codec] = self._pass(codec, coded[codec], pts)
+            else:
+                if self._passing[codec]:
+                    self._passing[codec] = False
+                    self._coded_next[codec] = None
+                pairs[codec] = self._encode(codec, samples, pts)
+        opus, aac = pairs["opus"], pairs["aac"]
         if not opus and not aac:
             return
         units = [(self.opus_ring, self._unit(data, p, pts, capture0)) for data, p in opus]
         units += [(self.aac_ring, self._unit(data, p, pts, capture0)) for data, p in aac]
+        change, self._config_change = self._config_change, None
         loop = self._loop
         if loop is None:
             return
         try:
-            loop.call_soon_threadsafe(self._write, units)
+            loop.call_soon_threadsafe(self._write, units, change)
         except RuntimeError:  # the loop is closed
             self._stopping.set()
+
+    def _camera_config(self, config: bytes) -> None:
+        """The camera's AAC is ``config``: its frames go to the AAC ring as they are when it can
+        be muxed (AAC-LC, 1-2 channels), and the encode that stands in for them (muted, a gain)
+        is made for its rate and channels, so the ring keeps one configuration."""
+        if config == self._camera_aac:
+            return
+        self._camera_aac = config
+        try:
+            info = parse_aac_config(config)
+            usable = info.object_type == 2 and info.channels in (1, 2)
+        except ValueError:
+            usable = False
+        self._camera_aac_usable = usable
+        if not usable:
+            log.warning("the camera's AAC (AudioSpecificConfig %s) is not passed through (AAC-LC "
+                        "of 1-2 channels only): encoded from its sound instead", config.hex())
+            wanted, fmt = self._default_aac_config, (AUDIO_CLOCK_RATE, 1)
+        else:
+            log.info("the camera's AAC (%d Hz, %d channel(s)) is passed through to HLS, "
+                     "recordings and RTSP", info.sample_rate, info.channels)
+            wanted, fmt = config, (info.sample_rate, info.channels)
+        if fmt != self._aac_format:
+            self._aac_format = fmt
+            self._retire("aac")  # the next encode is made for the new format
+        if wanted != self.aac_config and wanted != self._config_change:
+            self._config_change = wanted
+
+    def _pass(self, codec: str, frames: list[CodedFrame], pts: int) -> list[tuple[bytes, int]]:
+        """The camera's own ``frames`` of ``codec``, placed at ``pts`` (their chunk's)."""
+        if not self._passing[codec]:
+            self._passing[codec] = True
+            self._retire(codec)  # encoding again later starts a fresh encoder
+        out = []
+        counts = self._passthrough[codec]
+        for frame in frames:
+            at = pts + frame.offset
+            expected = self._coded_next[codec]
+            if expected is not None and abs(at - expected) <= PASSTHROUGH_SLACK:
+                at = expected
+            self._coded_next[codec] = at + frame.duration
+            out.append((frame.data, at))
+            counts[0] += 1
+            counts[1] += len(frame.data)
+        return out
+
+    def _retire(self, codec: str) -> None:
+        """Stop ``codec``'s encoder (its counts are kept); the next encode makes a fresh one."""
+        if self._encoding[codec]:
+            self._encoding[codec] = False
+            encoder = self._opus if codec == "opus" else self._aac
+            retired = self._retired[codec]
+            retired[0] += encoder.packets
+            retired[1] += encoder.bytes
 
     def _encode(self, codec: str, samples: Any, pts: int) -> list[tuple[bytes, int]]:
         """``samples`` (at ``pts``) through ``codec``'s encoder while its ring has readers."""
         ring = self.opus_ring if codec == "opus" else self.aac_ring
         encoder = self._opus if codec == "opus" else self._aac
         if not ring.reader_count:
-            if self._encoding[codec]:  # the last reader left: retire this encoder
-                self._encoding[codec] = False
-                retired = self._retired[codec]
-                retired[0] += encoder.packets
-                retired[1] += encoder.bytes
+            self._retire(codec)  # the last reader left
             return []
         if not self._encoding[codec]:  # a reader again: a fresh encoder from this chunk
             self._encoding[codec] = True
             if codec == "opus":
                 encoder = self._opus = opus_encoder(self._opus_bitrate)
             else:
-                encoder = self._aac = aac_encoder(self._aac_bitrate)
+                encoder = self._aac = aac_encoder(self._aac_bitrate, *self._aac_format)
         return encoder.encode(samples, pts)
 
     def _codec_stats(self, codec: str) -> dict[str, Any]:
@@ -273,16 +376,23 @@ class AudioPipeline:
         packets, size = self._retired[codec]
         if self._encoding[codec]:
             packets, size = packets + encoder.packets, size + encoder.bytes
+        passed = self._passthrough[codec]
         return {"codec": encoder.codec,
                 "bitrate": self._opus_bitrate if codec == "opus" else self._aac_bitrate,
-                "encoding": self._encoding[codec], "packets": packets, "bytes": size}
+                "encoding": self._encoding[codec], "packets": packets, "bytes": size,
+                "passthrough": self._passing[codec], "passthrough_packets": passed[0],
+                "passthrough_bytes": passed[1]}
 
     @staticmethod
     def _unit(data: bytes, pts: int, chunk_pts: int, chunk_capture_us: int) -> AccessUnit:
         capture = chunk_capture_us + (pts - chunk_pts) * 1_000_000 // AUDIO_CLOCK_RATE
         return AccessUnit(data, pts, True, capture)
 
-    def _write(self, units: list[tuple[RingBuffer, AccessUnit]]) -> None:
+    def _write(self, units: list[tuple[RingBuffer, AccessUnit]],
+               config: bytes | None = None) -> None:
+        if config is not None:  # the AAC frames from here on have this configuration
+            self._aac_configs.append((self.aac_ring.newest_seq + 1, config))
+            del self._aac_configs[:-CONFIG_HISTORY]
         for ring, unit in units:
             ring.write(unit)
         self.last_packet_monotonic = time.monotonic()

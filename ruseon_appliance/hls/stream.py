@@ -125,10 +125,12 @@ class HlsStream:
                 if self.audio is not None:
                     # Synchronously after the video's reader: the sound of the pictures from
                     # the ring's past is still in the AAC ring.
-                    audio_reader, early = open_audio(self.segmenter, self.audio.aac_ring)
+                    audio_reader, early = open_audio(self.segmenter, self.audio.aac_ring,
+                                                        self.audio)
                     if early:
                         self._sink(early)
-                await run_segmenter(reader, self.segmenter, self._sink, audio=audio_reader)
+                await run_segmenter(reader, self.segmenter, self._sink, audio=audio_reader,
+                                    feed=self.audio)
                 return  # the ring is closed
             except _Relayout:
                 pass

@@ -251,7 +251,8 @@ class Recorder:
         audio_reader = None
         if self.audio is not None:
             # The sound the AAC ring still holds goes in first, so the pre-roll has it too.
-            audio_reader, fragments = open_audio(self._segmenter, self.audio.aac_ring)
+            audio_reader, fragments = open_audio(self._segmenter, self.audio.aac_ring,
+                                                     self.audio)
         self._audio_reader = audio_reader
         # The pre-roll is pushed now, synchronously: nothing can be written to the ring between
         # choosing the frames and the reader's start, so there is no gap and no overlap.
@@ -265,7 +266,8 @@ class Recorder:
         if fragments:
             self._on_fragments(fragments)
         self._task = asyncio.create_task(run_segmenter(reader, self._segmenter,
-                                                       self._on_fragments, audio=audio_reader))
+                                                       self._on_fragments, audio=audio_reader,
+                                                       feed=self.audio))
         self._task.add_done_callback(self._segmenter_ended)
         log.info("recording started (pre-roll %.1f s)", seconds,
                  extra={"EVENT": "recording_started"})

@@ -64,6 +64,8 @@ class RtspAudio(Protocol):
     @property
     def aac_config(self) -> bytes: ...
 
+    def aac_config_for(self, seq: int) -> bytes: ...
+
 
 def aac_hbr_payload(frame: bytes | memoryview) -> bytes:
     """One AAC frame as an RFC 3640 AAC-hbr RTP payload: AU-headers-length (16 bits: one
@@ -164,6 +166,11 @@ class RtspAudioTrack(RtcpSending):
         self.cname = cname
         self.buffer_limit = buffer_limit
         self.on_activity = on_activity or (lambda: None)
+        # The AudioSpecificConfig its SDP gave (DESCRIBE came just before): frames of another
+        # one (the camera's own AAC, passed through once it connects, when DESCRIBE came
+        # first) are not sent; the client gets the new one by describing again.
+        self.config = feed.audio.aac_config
+        self.frames_other_config = 0
         self.ssrc = random.randrange(1, 1 << 32)
         self._seq = random.randrange(0, 32768)
         self._ts_origin = random.randrange(0, 1 << 32)
@@ -295,6 +302,12 @@ class RtspAudioTrack(RtcpSending):
             if view is None:
                 continue
             if self._last_pts is not None and view.pts <= self._last_pts:
+                continue
+            if self.feed.audio.aac_config_for(view.seq) != self.config:
+                if not self.frames_other_config:
+                    logger.info("rtsp: the camera's AAC configuration changed; %s gets no sound "
+                                "until it describes the stream again", self.peer[0])
+                self.frames_other_config += 1
                 continue
             payload = self.feed.payload(view)
             if payload is None:

@@ -9,10 +9,19 @@ import ipaddress
 from ruseon_appliance.audio.format import AUDIO_CLOCK_RATE
 from ruseon_appliance.rtsp.audio import AAC_PAYLOAD_TYPE
 from ruseon_appliance.rtsp.session import PAYLOAD_TYPE
+from ruseon_appliance.stream.aac import parse_aac_config
 
 # The tracks' control URLs, relative to the Content-Base (``rtsp://host:8554/<camera>/``).
 TRACK_CONTROL = "trackID=0"
 AUDIO_TRACK_CONTROL = "trackID=1"
+
+
+def channels_of(aac_config: bytes) -> int:
+    """The channel count an AudioSpecificConfig says (1 for one it cannot read)."""
+    try:
+        return parse_aac_config(aac_config).channels
+    except ValueError:
+        return 1
 
 
 def describe_sdp(*, camera: str, host: str, session_id: int, profile_level_id: str,
@@ -26,8 +35,10 @@ def describe_sdp(*, camera: str, host: str, session_id: int, profile_level_id: s
     it as the stream's rate instead of guessing from the first timestamps; a hardware
     encoder's SPS may carry no timing).
 
-    ``aac_config`` (the AudioSpecificConfig of the camera's AAC encoder): an ``m=audio``
-    follows, AAC-LC 48 kHz mono in RFC 3640's AAC-hbr mode (13-bit AU sizes, one frame a
+    ``aac_config`` (the AudioSpecificConfig of the camera's AAC: the encoder's, or an IP
+    camera's own passed through, of any rate and 1-2 channels): an ``m=audio`` follows, in
+    RFC 3640's AAC-hbr mode (RTP clock 48 kHz whatever the sample rate: the frames' pts are in
+    1/48000 s; the config tells the decoder its rate) (13-bit AU sizes, one frame a
     packet), as FFmpeg, VLC/live555, GStreamer and go2rtc take it.
     """
     try:
@@ -56,7 +67,7 @@ def describe_sdp(*, camera: str, host: str, session_id: int, profile_level_id: s
         pt = AAC_PAYLOAD_TYPE
         lines += [
             f"m=audio 0 RTP/AVP {pt}",
-            f"a=rtpmap:{pt} mpeg4-generic/{AUDIO_CLOCK_RATE}/1",
+            f"a=rtpmap:{pt} mpeg4-generic/{AUDIO_CLOCK_RATE}/{channels_of(aac_config)}",
             f"a=fmtp:{pt} streamtype=5;profile-level-id=1;mode=AAC-hbr;sizelength=13;"
             f"indexlength=3;indexdeltalength=3;config={aac_config.hex()}",
             f"a=control:{AUDIO_TRACK_CONTROL}",

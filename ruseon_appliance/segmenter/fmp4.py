@@ -29,6 +29,7 @@ from ..capture.h264 import (
     parse_sps,
     unescape_rbsp,
 )
+from ..stream.aac import parse_aac_config as parse_aac_config
 from .boxes import box, full_box
 
 TRACK_ID = 1
@@ -66,8 +67,7 @@ VIDEO_CLOCK_STEP_US = 1_000_000
 # At most this many AAC frames wait for video (about 43 s): a camera without pictures yet must
 # not let its sound pile up.
 MAX_AUDIO_QUEUE = 2048
-_AAC_RATES = (96000, 88200, 64000, 48000, 44100, 32000, 24000, 22050, 16000, 12000, 11025,
-              8000, 7350)
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,44 +116,6 @@ class _Held:
     capture_time_us: int
     end_us: int
     init_generation: int
-
-
-@dataclass(frozen=True, slots=True)
-class AacConfig:
-    """What an AudioSpecificConfig says (ISO/IEC 14496-3 1.6.2.1)."""
-
-    object_type: int  # 2: AAC-LC
-    sample_rate: int
-    channels: int
-
-    @property
-    def codec(self) -> str:
-        """RFC 6381 (``mp4a.40.2`` for AAC-LC)."""
-        return f"mp4a.40.{self.object_type}"
-
-
-def parse_aac_config(asc: bytes) -> AacConfig:
-    """Object type, sample rate and channels of an AudioSpecificConfig; ValueError if short."""
-    if len(asc) < 2:
-        raise ValueError("an AudioSpecificConfig has at least 2 bytes")
-    bits = int.from_bytes(asc[:6].ljust(6, b"\0"), "big")
-    total = 48
-    object_type = bits >> (total - 5)
-    pos = 5
-    if object_type == 31:
-        object_type = 32 + ((bits >> (total - pos - 6)) & 0x3F)
-        pos += 6
-    index = (bits >> (total - pos - 4)) & 0xF
-    pos += 4
-    if index == 15:
-        rate = (bits >> (total - pos - 24)) & 0xFFFFFF
-        pos += 24
-    elif index < len(_AAC_RATES):
-        rate = _AAC_RATES[index]
-    else:
-        raise ValueError(f"sampling frequency index {index} is reserved")
-    channels = (bits >> (total - pos - 4)) & 0xF
-    return AacConfig(object_type, rate, channels or 1)
 
 
 def _ue(bits: str, pos: int) -> tuple[int, int]:
@@ -466,6 +428,11 @@ class Fmp4Segmenter:
         self._video_now_us: int | None = None  # capture time of the newest video pushed
         self._video_clock_us: float | None = None  # smoothed capture time minus pts (µs)
         self._video_clock_n = 0
+        # A new AudioSpecificConfig (set_audio_config): its frames wait here for the next IDR,
+        # which starts a new init segment with it.
+        self._audio_config_next: bytes | None = None
+        self._audio_next: collections.deque[_AudioFrame] = collections.deque()
+        self.audio_config_changes = 0
         self.audio_frames = 0  # muxed
         self.audio_dropped = 0  # before the video started, overlapping, or queue overflow
         self.audio_reanchored = 0
@@ -546,6 +513,12 @@ class Fmp4Segmenter:
         """
         if self.audio_config is None or not len(data):
             return self._take_ready()
+        if self._audio_config_next is not None:  # the new configuration's: kept for its IDR
+            self._audio_next.append(_AudioFrame(bytes(data), pts, capture_time_us))
+            if len(self._audio_next) > MAX_AUDIO_QUEUE:
+                self._audio_next.popleft()
+                self.audio_dropped += 1
+            return self._take_ready()
         newest = self._audio_newest_us
         if newest is not None and capture_time_us < newest:
             self.audio_dropped += 1  # out of order (never from the pipeline): not muxable
@@ -558,6 +531,44 @@ class Fmp4Segmenter:
         if self._held:
             self._release()
         return self._take_ready()
+
+    def set_audio_config(self, config: bytes) -> None:
+        """The AAC frames pushed from now on have AudioSpecificConfig ``config`` (an IP camera's
+        own, once it connects): they are muxed from the next IDR on, which starts a new init
+        segment (``init_generation`` + 1) with it; until then the fragments carry the frames of
+        the old one that are left. ValueError for a configuration that cannot be muxed (the
+        old one stays). Ignored without ``audio_config``, or when it is the current one."""
+        if self.audio_config is None or config == self.audio_config:
+            self._audio_config_next = None
+            self._audio_next.clear()
+            return
+        if config == self._audio_config_next:
+            return
+        parse_aac_config(config)
+        if self._init is None:  # no init segment yet: it is made with the new one
+            self.audio_config = config
+            self._audio.clear()
+            self._audio_newest_us = None
+            self.audio_config_changes += 1
+            return
+        self._audio_config_next = config
+        self._audio_next.clear()
+
+    def _switch_audio_config(self, params: tuple[bytes, bytes] | None) -> None:
+        """At an IDR (the open fragment is closed) with parameter sets ``params``: the
+        fragments of the old configuration go out with the frames they have, and the new one's
+        frames are muxed from here, under a new init segment."""
+        config, self._audio_config_next = self._audio_config_next, None
+        assert config is not None and params is not None
+        self._release(force=True)
+        self.audio_dropped += len(self._audio)
+        self._audio, self._audio_next = self._audio_next, collections.deque()
+        self._audio_newest_us = self._audio[-1].capture_time_us if self._audio else None
+        self._audio_offset = None
+        self._audio_end = None
+        self.audio_config = config
+        self.audio_config_changes += 1
+        self._set_init(params)
 
     def flush(self) -> list[Fragment]:
         """Close the open fragment (the last sample lasts as long as the one before it); a
@@ -657,7 +668,9 @@ class Fmp4Segmenter:
               and self._open_ticks + duration > self._limit_ticks):
             self.split_for_limit += 1
             self._close()
-        if sample.parameter_sets is not None and sample.parameter_sets != self._params:
+        if sample.keyframe and self._audio_config_next is not None:
+            self._switch_audio_config(sample.parameter_sets or self._params)
+        elif sample.parameter_sets is not None and sample.parameter_sets != self._params:
             # Changed parameter sets take effect with this IDR, which starts a fragment, so every
             # fragment belongs to exactly one init segment.
             self._set_init(sample.parameter_sets)

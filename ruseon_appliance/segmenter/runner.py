@@ -15,13 +15,31 @@ log = logging.getLogger(__name__)
 
 class AacFeed(Protocol):
     """A camera's AAC, as the segmenter's consumers take it (``audio.pipeline.AudioPipeline``
-    is one): its ring of 1024-sample frames and its AudioSpecificConfig."""
+    is one): its ring of 1024-sample frames, its AudioSpecificConfig, and which one a ring
+    frame has (it changes when an IP camera's own AAC is passed through)."""
 
     @property
     def aac_ring(self) -> RingBuffer: ...
 
     @property
     def aac_config(self) -> bytes: ...
+
+    def aac_config_for(self, seq: int) -> bytes: ...
+
+
+def push_audio_frame(segmenter: Fmp4Segmenter, view: FrameView,
+                     feed: AacFeed | None) -> list[Fragment]:
+    """``view`` (an AAC ring frame) into ``segmenter``, after telling it the frame's
+    AudioSpecificConfig when ``feed`` says it changed (a configuration that cannot be muxed
+    loses its frames, never the pictures)."""
+    if feed is not None:
+        config = feed.aac_config_for(view.seq)
+        if config != segmenter.audio_config:
+            try:
+                segmenter.set_audio_config(config)
+            except ValueError:
+                return []
+    return segmenter.push_audio(view.data, view.pts, view.capture_time_us)
 
 
 def usable_audio(audio: AacFeed | None) -> AacFeed | None:
@@ -38,24 +56,27 @@ def usable_audio(audio: AacFeed | None) -> AacFeed | None:
     return audio
 
 
-def open_audio(segmenter: Fmp4Segmenter, ring: RingBuffer) -> tuple[RingReader, list[Fragment]]:
+def open_audio(segmenter: Fmp4Segmenter, ring: RingBuffer, feed: AacFeed | None = None
+               ) -> tuple[RingReader, list[Fragment]]:
     """A reader of the AAC ``ring`` from its next write, with every frame the ring already
     holds pushed into ``segmenter`` first (it keeps only what its video reaches), so the
     video read from the ring's past has its sound too. Synchronous: nothing is written to
     the ring in between, so nothing is missed or pushed twice. Returns the reader (for
-    :func:`run_segmenter`'s ``audio``) and the fragments that became complete."""
+    :func:`run_segmenter`'s ``audio``) and the fragments that became complete. With ``feed``
+    (whose ``aac_ring`` ``ring`` is), each frame's configuration is followed
+    (:func:`push_audio_frame`)."""
     reader = ring.reader("next")
     out: list[Fragment] = []
     for seq in range(ring.oldest_seq, reader.position):
         view = ring.frame(seq)
         if view is not None:
-            out.extend(segmenter.push_audio(view.data, view.pts, view.capture_time_us))
+            out.extend(push_audio_frame(segmenter, view, feed))
     return reader, out
 
 
 async def run_segmenter(reader: RingReader, segmenter: Fmp4Segmenter,
                         sink: Callable[[list[Fragment]], None], *,
-                        audio: RingReader | None = None) -> None:
+                        audio: RingReader | None = None, feed: AacFeed | None = None) -> None:
     """Push every access unit ``reader`` yields into ``segmenter``; hand finished fragments to
     ``sink`` (called only with a non-empty list, on the event loop, so keep it quick).
 
@@ -64,8 +85,9 @@ async def run_segmenter(reader: RingReader, segmenter: Fmp4Segmenter,
     waiting in the ring are drained without awaiting. When the reader is closed or the task is
     cancelled, the open fragment is flushed to ``sink`` before returning.
 
-    ``audio`` (a reader of the camera's AAC ring, see :func:`open_audio`) is read by a second
-    task on the same loop into :meth:`Fmp4Segmenter.push_audio`; fragments it completes go to
+    ``audio`` (a reader of the camera's AAC ring, see :func:`open_audio`; ``feed`` the camera's
+    sound it reads, whose configuration changes are followed) is read by a second task on the
+    same loop into :meth:`Fmp4Segmenter.push_audio`; fragments it completes go to
     ``sink`` at once. It never stops the video: a failure in it is logged and the video goes
     on without sound (the segmenter stops waiting for audio that does not come); an exception
     from ``sink`` there is raised here, as it would be from the video's own.
@@ -75,7 +97,8 @@ async def run_segmenter(reader: RingReader, segmenter: Fmp4Segmenter,
         return
     video_task = asyncio.current_task()
     failed: list[BaseException] = []
-    audio_task = asyncio.create_task(_run_audio(audio, segmenter, sink, failed, video_task),
+    audio_task = asyncio.create_task(_run_audio(audio, segmenter, sink, failed, video_task,
+                                                feed),
                                      name="segmenter-audio")
     try:
         await _run_video(reader, segmenter, sink)
@@ -116,7 +139,7 @@ async def _run_video(reader: RingReader, segmenter: Fmp4Segmenter,
 
 async def _run_audio(reader: RingReader, segmenter: Fmp4Segmenter,
                      sink: Callable[[list[Fragment]], None], failed: list[BaseException],
-                     video_task: asyncio.Task[object] | None) -> None:
+                     video_task: asyncio.Task[object] | None, feed: AacFeed | None) -> None:
     while True:
         try:
             view = await reader.next()
@@ -126,8 +149,7 @@ async def _run_audio(reader: RingReader, segmenter: Fmp4Segmenter,
         current: FrameView | None = view
         try:
             while current is not None:
-                out.extend(segmenter.push_audio(current.data, current.pts,
-                                                current.capture_time_us))
+                out.extend(push_audio_frame(segmenter, current, feed))
                 current = reader.poll()
         except Exception:
             log.exception("the audio of a segmenter failed; the video goes on without it")

@@ -5,10 +5,13 @@ with its video, decoded, and encoded once into Opus and AAC, with the video unto
 from __future__ import annotations
 
 import asyncio
+import itertools
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import av
 import numpy as np
 import pytest
 
@@ -40,19 +43,38 @@ def recording(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return record(tmp_path_factory.mktemp("track") / "stamped.h264", WIDTH, HEIGHT)
 
 
-async def take_sound(recording: Path, audio: str, opus_packets: int = 100) -> dict[str, Any]:
+def camera_packets(url: str, stop: threading.Event, out: list[bytes]) -> None:
+    """What the camera sends on its audio track, as a second client (FFmpeg's) receives it
+    from the same shared media: the frames a passthrough must reproduce."""
+    with av.open(url, options={"rtsp_transport": "tcp"}, timeout=10) as container:
+        stream = container.streams.audio[0]
+        for packet in container.demux(stream):
+            if packet.size:
+                out.append(bytes(packet))
+            if stop.is_set():
+                return
+
+
+async def take_sound(recording: Path, audio: str, opus_packets: int = 100,
+                     muted: bool = False) -> dict[str, Any]:
     """Run an RTSP camera whose stream has an ``audio`` track through the video and audio
-    pipelines; what came out of each."""
+    pipelines; what came out of each, and what the camera sent (``camera``)."""
     require_rtsp_server()
     server = RtspServer(recording, free_port(), audio)
     server.start()
     url = f"rtsp://127.0.0.1:{server.port}/cam"
+    sent: list[bytes] = []
+    stop = threading.Event()
+    witness = None
+    if audio != "none":
+        witness = threading.Thread(target=camera_packets, args=(url, stop, sent), daemon=True)
+        witness.start()
     camera = CameraConfig(name="gate", source=url, framerate=FPS, width=WIDTH, height=HEIGHT)
     assert resolve_audio(camera)[0] == "source"  # auto: an rtsp:// camera's own track
     video = CapturePipeline(camera, source=RtspSource(camera, url, backoff_s=(0.2, 1.0)))
     track, why = audio_source_for("source", video.source)
     assert isinstance(track, TrackSource), why
-    sound = AudioPipeline(track, retry_s=(0.1,))
+    sound = AudioPipeline(track, retry_s=(0.1,), muted=muted)
     opus = sound.opus_ring.reader("next")
     aac = sound.aac_ring.reader("next")
     await video.start()
@@ -69,11 +91,15 @@ async def take_sound(recording: Path, audio: str, opus_packets: int = 100) -> di
             while (view := reader.poll()) is not None:
                 got[name].append((bytes(view.data), view.pts, view.capture_time_us))
         newest = video.ring.frame(video.ring.newest_seq)
-        return {**got, "stats": sound.stats(), "problem": sound.problem(),
+        stop.set()
+        if witness is not None:
+            await asyncio.to_thread(witness.join, 15)
+        return {**got, "stats": sound.stats(), "problem": sound.problem(), "camera": sent,
                 "video_frames_later": video.ring.newest_seq - frames_then,
                 "video_capture_us": newest.capture_time_us if newest else 0,
                 "track": track.stats(), "aac_config": sound.aac_config}
     finally:
+        stop.set()
         await sound.stop()
         await video.stop()
         server.kill()
@@ -103,6 +129,44 @@ async def test_an_ip_cameras_track_is_taken_with_its_video(recording: Path, code
         assert abs(dominant_hz(pcm[4800:]) - 440) < 5, name
     # Stamped on the video's clock: the newest sound is within a second of the newest picture.
     assert abs(out["opus"][-1][2] - out["video_capture_us"]) < 1_000_000
+    # The camera's own codec is passed through, byte for byte, to the output of that codec
+    # (AAC: HLS, recordings, RTSP; Opus: WebRTC); the other one is encoded once.
+    passed = {"aac": "aac", "opus": "opus"}.get(codec)
+    for name in ("opus", "aac"):
+        stats = out["stats"][name]
+        assert stats["passthrough"] is (name == passed), (name, stats)
+        assert (stats["passthrough_packets"] > 0) is (name == passed), (name, stats)
+    if passed is not None:
+        frames = [data for data, _, _ in out[passed]]
+        assert is_run_of(frames, out["camera"]), (len(frames), len(out["camera"]))
+        pts = [p for _, p, _ in out[passed]]
+        step = 1024 * 48_000 // 16_000 if passed == "aac" else 960
+        assert [b - a for a, b in itertools.pairwise(pts)] == [step] * (len(pts) - 1)
+    if codec == "aac":
+        # The AAC ring took the camera's configuration (16 kHz mono), as its frames have.
+        assert out["aac_config"][:2] == bytes.fromhex("1408"), out["aac_config"].hex()
+
+
+def is_run_of(frames: list[bytes], sent: list[bytes]) -> bool:
+    """``frames`` appear in ``sent`` one after another (a contiguous run; a steady sine makes
+    some packets repeat, so every place the first one occurs is tried)."""
+    n = len(frames)
+    return n > 0 and any(sent[i:i + n] == frames for i in range(len(sent) - n + 1))
+
+
+async def test_a_muted_ip_camera_is_encoded_in_its_own_aac_configuration(
+        recording: Path) -> None:
+    out = await take_sound(recording, "aac", muted=True)
+    assert out["problem"] is None
+    aac = out["stats"]["aac"]
+    assert aac["passthrough"] is False and aac["passthrough_packets"] == 0
+    assert aac["packets"] > 0
+    # Still the camera's configuration (rate and channels), so a player set up for its frames
+    # decodes the encode's silence: no new init segment or SDP when the microphone is muted.
+    assert out["aac_config"][:2] == bytes.fromhex("1408")
+    assert not any(data in out["camera"] for data, _, _ in out["aac"][5:])
+    pcm = decode("aac", out["aac"], out["aac_config"])
+    assert np.max(np.abs(pcm[4800:])) < 1e-3
 
 
 async def test_an_ip_camera_without_sound_says_so_and_its_video_plays(recording: Path) -> None:

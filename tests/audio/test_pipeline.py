@@ -90,14 +90,16 @@ def decode(codec: str, packets: list[Any], extradata: bytes = b"") -> Any:
     ctx.sample_rate = AUDIO_CLOCK_RATE
     ctx.layout = "mono"
     if extradata:
-        ctx.extradata = extradata
+        ctx.extradata = extradata  # (an IP camera's AAC passed through has its own rate)
+    resampler = av.AudioResampler(format="flt", layout="mono", rate=AUDIO_CLOCK_RATE)
     pcm = []
     for data, pts, _ in packets:
         packet = av.Packet(data)
         packet.pts = pts
         packet.time_base = Fraction(1, AUDIO_CLOCK_RATE)
         for frame in ctx.decode(packet):
-            pcm.append(frame.to_ndarray().reshape(-1).astype(np.float64))
+            for out in resampler.resample(frame):
+                pcm.append(out.to_ndarray().reshape(-1).astype(np.float64))
     return np.concatenate(pcm)
 
 

@@ -10,6 +10,7 @@ import hashlib
 import io
 from pathlib import Path
 
+import av
 import pytest
 
 from ruseon_appliance.audio.encoders import aac_encoder
@@ -319,3 +320,56 @@ def test_an_unusable_aac_configuration_costs_the_sound_not_the_pictures(
     assert HlsStream(ring, framerate=30, keyframe_interval=30, audio=Broken()).audio is None
     recorder = Recorder(RecorderSettings(directory=tmp_path), ring, audio=Broken())
     assert recorder.audio is None and recorder.stats()["audio"] is None
+
+
+def test_a_new_audio_configuration_starts_a_new_init_segment_at_the_next_idr(
+        tmp_path: Path) -> None:
+    """An IP camera's own AAC replaces the encoder's (its first sound, after the stream began):
+    the fragments before the next IDR keep the old configuration's frames, the IDR starts a new
+    init segment with the new one, and each generation decodes under its own init."""
+    video = encode(90, fps=30, gop=30, start_us=START_US)  # IDRs at 0, 1 and 2 s
+    old_config, old = tone_frames(START_US - 100_000, 1.35)
+    encoder = aac_encoder(sample_rate=16_000)
+    new: list[tuple[bytes, int, int]] = []
+    capture, pts = START_US + 1_250_000, 200_000
+    for _ in range(90):
+        for data, p in encoder.encode(tone_samples(capture, 960), pts):
+            new.append((data, p, capture + (p - pts) * 1_000_000 // 48_000))
+        capture += 20_000
+        pts += 960
+    new_config = encoder.extradata
+    assert new_config != old_config
+    seg = Fmp4Segmenter(fragment_max_s=0.25, audio_config=old_config)
+    fragments: list[Fragment] = []
+    i = j = 0
+    for unit in video:
+        while i < len(old) and old[i][2] + 60_000 <= unit.capture_time_us:
+            fragments += seg.push_audio(*old[i])
+            i += 1
+        if i == len(old) and j == 0:
+            seg.set_audio_config(new_config)  # what the runner does when the feed says so
+        while i == len(old) and j < len(new) and new[j][2] + 60_000 <= unit.capture_time_us:
+            fragments += seg.push_audio(*new[j])
+            j += 1
+        fragments += seg.push(unit.data, unit.pts, unit.keyframe, unit.capture_time_us)
+    fragments += seg.flush()
+    assert seg.audio_config == new_config and seg.audio_config_changes == 1
+    generations = sorted({f.init_generation for f in fragments})
+    assert generations == [0, 1]
+    first_new = next(f for f in fragments if f.init_generation == 1)
+    assert first_new.independent and first_new.start_pts == 2 * 90_000
+    # Every fragment's sound is of its own generation's configuration: each decodes under it.
+    for generation, rate in ((0, 48_000), (1, 16_000)):
+        init = seg.init_segment_for(generation)
+        assert init is not None
+        part = [f for f in fragments if f.init_generation == generation]
+        assert sum(f.audio_frames for f in part) > 10
+        out = tmp_path / f"gen{generation}.mp4"
+        out.write_bytes(init + b"".join(f.data for f in part))
+        assert streams(out) == [("video", "h264"), ("audio", "aac")]
+        assert decode_errors(out) == ""
+        with av.open(str(out)) as container:
+            assert container.streams.audio[0].codec_context.sample_rate == rate
+    # The same configuration again changes nothing.
+    seg.set_audio_config(new_config)
+    assert seg.audio_config_changes == 1

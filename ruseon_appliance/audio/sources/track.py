@@ -9,6 +9,10 @@ to 48 kHz mono s16, stamped with its arrival on the wall clock less its own leng
 is stamped with its arrival), and queued for the audio pipeline's worker thread, which reads it
 like any other source: clock alignment, gain, meter, and the one Opus and one AAC encode.
 
+An AAC or Opus track's packets also travel with their PCM (:class:`~..format.CodedFrame`), so
+the pipeline passes them through, unchanged, to the output of the same codec (the camera's
+AAC to HLS, recordings and RTSP; its Opus to WebRTC) and encodes only the other one.
+
 A camera without an audio track, or with one in a codec FFmpeg cannot decode, is reported (once
 per reason, by the pipeline's problem and log) and the packets are dropped; the video is never
 touched.
@@ -23,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from ..format import AUDIO_CLOCK_RATE, PcmChunk
+from ..format import AUDIO_CLOCK_RATE, CodedFrame, PcmChunk
 from .base import AudioSourceUnavailable
 
 # Queued chunks (about 20-128 ms each): beyond this the worker is stalled and the oldest go.
@@ -48,6 +52,9 @@ class TrackSource:
         self._resampler: Any = None
         self._stream_key: tuple[Any, ...] | None = None
         self._problem: str | None = None
+        self._passthrough: str | None = None
+        self._config = b""
+        self._coded: list[tuple[bytes, int]] = []  # not yet given to a chunk
         self._last_packet = 0.0
         self.codec = ""
         self.sample_rate = 0
@@ -79,13 +86,34 @@ class TrackSource:
         except Exception:  # a broken packet from the camera is skipped, never fatal
             self.decode_errors += 1
             return
+        pieces = []
+        duration = 0
         for frame in frames:
+            if frame.sample_rate:
+                duration += frame.samples * AUDIO_CLOCK_RATE // frame.sample_rate
             for out in self._resampler.resample(frame):
                 samples = np.asarray(out.to_ndarray()).reshape(-1).astype(np.int16, copy=False)
-                if not len(samples):
-                    continue
-                capture = arrival_us - len(samples) * 1_000_000 // AUDIO_CLOCK_RATE
-                self._put(PcmChunk(samples, capture))
+                if len(samples):
+                    pieces.append(samples)
+        if self._passthrough is not None and duration:
+            data = bytes(packet)
+            if data and not (self._passthrough == "aac" and data[:2] >= b"\xff\xf0"):
+                # (an ADTS header would mean the frames are not raw: not passed through)
+                self._coded.append((data, duration))
+        if pieces:
+            samples = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+            capture = arrival_us - len(samples) * 1_000_000 // AUDIO_CLOCK_RATE
+            coded: tuple[CodedFrame, ...] = ()
+            if self._coded:
+                offset = 0
+                made = []
+                for data, length in self._coded:
+                    made.append(CodedFrame(self._passthrough or "", data, self._config,
+                                           offset, length))
+                    offset += length
+                coded = tuple(made)
+                self._coded.clear()
+            self._put(PcmChunk(samples, capture, coded))
         self._last_packet = time.monotonic()
         if self._problem is not None:
             with self._lock:
@@ -116,6 +144,14 @@ class TrackSource:
         self._decoder = decoder
         self._resampler = av.AudioResampler(format="s16", layout="mono", rate=AUDIO_CLOCK_RATE)
         self.codec = str(params.name)
+        # The camera's own packets go along with their PCM for the outputs of the same codec:
+        # raw AAC frames (RTSP's mpeg4-generic, with the AudioSpecificConfig from the SDP) and
+        # Opus (always 48 kHz). Anything else (G.711, LATM, ...) is only decoded.
+        extradata = bytes(params.extradata or b"")
+        self._passthrough = ("aac" if self.codec == "aac" and len(extradata) >= 2 else
+                             "opus" if self.codec == "opus" else None)
+        self._config = extradata if self._passthrough == "aac" else b""
+        self._coded.clear()
         self.sample_rate = int(params.sample_rate or 0)
         self.channels = int(params.channels or 0)
         return decoder
@@ -165,6 +201,7 @@ class TrackSource:
 
     def stats(self) -> dict[str, Any]:
         """The track's codec and counters."""
-        return {"codec": self.codec, "sample_rate": self.sample_rate, "channels": self.channels,
+        return {"codec": self.codec, "passthrough": self._passthrough,
+                "sample_rate": self.sample_rate, "channels": self.channels,
                 "packets": self.packets, "packets_dropped": self.packets_dropped,
                 "decode_errors": self.decode_errors, "chunks_dropped": self.chunks_dropped}
