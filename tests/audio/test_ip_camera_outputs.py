@@ -6,6 +6,7 @@
   byte and in order (a second client, FFmpeg's, receives the same shared media as the witness),
   under an init segment with the camera's own AudioSpecificConfig; FFmpeg decodes both tracks
   without a word;
+- an RTSP client (FFmpeg, recording the stream as an NVR does) passed through as well;
 - a WebRTC viewer (a real aiortc peer over real UDP, through ``POST /whep/<camera>``)
   *transcoded* to Opus, which it decodes to the camera's 440 Hz sine.
 """
@@ -33,6 +34,7 @@ from ruseon_appliance.config import (
     HostPort,
     HttpConfig,
     RecordingConfig,
+    RtspConfig,
     StateConfig,
     WebRtcConfig,
 )
@@ -40,6 +42,7 @@ from tests.audio.test_ip_camera_track import camera_packets, dominant_hz, is_run
 from tests.av_sync import decode_errors, streams
 from tests.capture.test_rtsp import FPS, HEIGHT, WIDTH, RtspServer, record, require_rtsp_server
 from tests.engine.conftest import wait_for
+from tests.rtsp.test_rtsp_audio import run_tool
 from tests.tooling import free_port
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
@@ -136,7 +139,7 @@ async def test_an_ip_cameras_aac_is_passed_through_to_hls_and_the_archive(
     stop = threading.Event()
     witness = threading.Thread(target=camera_packets, args=(url, stop, sent), daemon=True)
     witness.start()
-    port = free_port()
+    port, rtsp_port = free_port(), free_port()
     config = Config(
         cameras=(CameraConfig(name="gate", source=url, framerate=FPS, width=WIDTH,
                               height=HEIGHT),),
@@ -146,6 +149,7 @@ async def test_an_ip_cameras_aac_is_passed_through_to_hls_and_the_archive(
         hls=HlsConfig(part_duration_s=0.5, window_s=12.0),
         recording=RecordingConfig(continuous=True, segment_s=2.0,
                                   dir=str(tmp_path / "archive")),
+        rtsp=RtspConfig(enable=True, listen=HostPort("127.0.0.1", rtsp_port)),
     )
     base = f"http://127.0.0.1:{port}"
     app = Appliance(config)
@@ -159,6 +163,17 @@ async def test_an_ip_cameras_aac_is_passed_through_to_hls_and_the_archive(
             media.write_bytes(init + b"".join([await get(http, f"{base}/hls/gate/{n}")
                                                for n in names]))
             sound = await whep_sound(base)
+        # RTSP (an NVR's view): FFmpeg records the sound track as it comes, the camera's frames.
+        relayed = tmp_path / "rtsp.mp4"
+        code, _, err = await run_tool(
+            "ffmpeg", "-nostdin", "-loglevel", "error", "-rtsp_transport", "tcp", "-i",
+            f"rtsp://127.0.0.1:{rtsp_port}/gate", "-t", "4", "-map", "0:a", "-c", "copy",
+            str(relayed), timeout=60)
+        assert code == 0, err
+        frames, asc = audio_packets(relayed)
+        assert asc[:2] == CAMERA_CONFIG and len(frames) > 30
+        assert is_run_of(frames, sent), (len(frames), len(sent))
+        assert decode_errors(relayed) == ""
         # HLS: H.264 and the camera's own AAC, decoded without an error.
         assert streams(media) == [("video", "h264"), ("audio", "aac")]
         assert decode_errors(media) == ""
