@@ -189,15 +189,18 @@ async def test_viewer_gets_opus_in_sync_with_the_picture(
         await viewer.close()
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(150)
 async def test_lip_sync_holds_as_the_stream_goes_on(engine: Engine,
                                                     audio: AudioPipeline) -> None:
-    """The sender reports keep the two timelines on the capture clock, not only at join."""
+    """The sender reports keep the two timelines on the capture clock, not only at join: the
+    beeps a minute in (the issue's 60 s) are still within the limit of their pictures."""
     viewer = await connect(engine, audio, audio_first=False)
     try:
         await wait_for(lambda: len(viewer.pictures) > 10, timeout=30)
-        later = viewer.pictures[-1][0] + 15_000_000
+        later = viewer.pictures[-1][0] + 60_000_000
         await wait_for(lambda: bool(viewer.pictures) and viewer.pictures[-1][0] > later + 3e6,
-                       timeout=60)
+                       timeout=100)
         errors = lip_sync_errors_us(viewer, later)
         assert len(errors) >= 2, errors
         assert max(abs(e) for e in errors) <= LIP_SYNC_LIMIT_US, errors
