@@ -292,45 +292,52 @@ def test_audio_auto_means_the_tone_the_ip_camera_track_or_a_microphone(tmp_path:
     assert resolve_audio(CameraConfig(source="file:/x.h264"))[0] == "none"
 
 
-async def test_an_alsa_device_stand_in_recorded_pcm_unplugged_and_back(tmp_path: Any) -> None:
-    """The real AlsaSource and PyAV's resampler on recorded PCM (44.1 kHz stereo WAV, as a USB
-    microphone may give): the opener is the one seam (no ALSA device here). The device is
-    missing at first, then plays out (an unplug: the recording ends) and is opened again."""
+def write_recording(path: Any, seconds: float) -> Any:
+    """Recorded PCM as a USB microphone may give it: the tone, 44.1 kHz stereo WAV."""
     import wave
 
-    from ruseon_appliance.audio.sources.alsa import AlsaSource
-
-    path = tmp_path / "mic.wav"
     with wave.open(str(path), "wb") as w:
         w.setnchannels(2)
         w.setsampwidth(2)
         w.setframerate(44_100)
-        w.writeframes(np.repeat(tone_samples(0, 44_100), 2).tobytes())  # 1 s
+        w.writeframes(np.repeat(tone_samples(0, int(44_100 * seconds)), 2).tobytes())
+    return path
+
+
+class PacedRecording:
+    """A recording handed over in real time, as an ALSA device's periods are (what
+    ``AlsaSource``'s opener returns: a PyAV input container); its end is an unplug."""
+
+    def __init__(self, path: Any) -> None:
+        self.container = av.open(str(path))
+        self.streams = self.container.streams
+
+    def decode(self, stream: Any) -> Any:
+        start = time.monotonic()
+        played = 0.0
+        for frame in self.container.decode(stream):
+            played += frame.samples / frame.sample_rate
+            time.sleep(max(0.0, start + played - time.monotonic()))
+            yield frame
+
+    def close(self) -> None:
+        self.container.close()
+
+
+async def test_an_alsa_device_stand_in_recorded_pcm_unplugged_and_back(tmp_path: Any) -> None:
+    """The real AlsaSource and PyAV's resampler on recorded PCM (44.1 kHz stereo WAV, as a USB
+    microphone may give): the opener is the one seam (no ALSA device here). The device is
+    missing at first, then plays out (an unplug: the recording ends) and is opened again."""
+    from ruseon_appliance.audio.sources.alsa import AlsaSource
+
+    path = write_recording(tmp_path / "mic.wav", 1.0)
     attempts = []
-
-    class PacedRecording:
-        """The recording handed over in real time, as a device's periods are."""
-
-        def __init__(self) -> None:
-            self.container = av.open(str(path))
-            self.streams = self.container.streams
-
-        def decode(self, stream: Any) -> Any:
-            start = time.monotonic()
-            played = 0.0
-            for frame in self.container.decode(stream):
-                played += frame.samples / frame.sample_rate
-                time.sleep(max(0.0, start + played - time.monotonic()))
-                yield frame
-
-        def close(self) -> None:
-            self.container.close()
 
     def opener(device: str) -> Any:
         attempts.append(device)
         if len(attempts) == 1:
             raise OSError(19, "No such device")
-        return PacedRecording()
+        return PacedRecording(path)
 
     source = AlsaSource("hw:1,0", opener=opener)
     pipeline = AudioPipeline(source, retry_s=(0.05,))

@@ -31,11 +31,12 @@ def open_alsa(device: str) -> Any:
 
 
 class AlsaSource:
-    """ALSA capture; ``opener`` is the seam a test uses to give recorded PCM instead."""
+    """ALSA capture; ``opener`` (default: this module's :func:`open_alsa`, looked up at each
+    open) is the seam a test uses to give recorded PCM instead."""
 
     kind = "alsa"
 
-    def __init__(self, device: str, *, opener: Opener = open_alsa) -> None:
+    def __init__(self, device: str, *, opener: Opener | None = None) -> None:
         self.device = device
         self._opener = opener
         self._container: Any = None
@@ -52,7 +53,7 @@ class AlsaSource:
         self._release()  # what a close from another thread left open
         self._closed.clear()
         try:
-            container = self._opener(self.device)
+            container = (self._opener or open_alsa)(self.device)
             stream = container.streams.audio[0]
         except (OSError, av.FFmpegError, IndexError) as exc:
             raise AudioSourceUnavailable(f"ALSA device {self.device!r} cannot be opened: "
