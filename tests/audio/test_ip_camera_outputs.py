@@ -24,7 +24,6 @@ import aioice.ice
 import av
 import numpy as np
 import pytest
-from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
 from ruseon_appliance.app import Appliance
 from ruseon_appliance.config import (
@@ -39,9 +38,11 @@ from ruseon_appliance.config import (
     WebRtcConfig,
 )
 from tests.audio.test_ip_camera_track import camera_packets, dominant_hz, is_run_of
+from tests.audio.whep_peer import WhepPeer
 from tests.av_sync import decode_errors, streams
 from tests.capture.test_rtsp import FPS, HEIGHT, WIDTH, RtspServer, record, require_rtsp_server
 from tests.engine.conftest import wait_for
+from tests.hls.test_audio import get
 from tests.rtsp.test_rtsp_audio import run_tool
 from tests.tooling import free_port
 
@@ -61,13 +62,6 @@ def audio_packets(path: Path) -> tuple[list[bytes], bytes]:
         stream = container.streams.audio[0]
         config = bytes(stream.codec_context.extradata or b"")
         return [bytes(p) for p in container.demux(stream) if p.size], config
-
-
-async def get(http: aiohttp.ClientSession, url: str) -> bytes:
-    async with http.get(url) as response:
-        body = await response.read()
-        assert response.status == 200, (url, response.status, body[:200])
-        return body
 
 
 async def hls_after_the_switch(http: aiohttp.ClientSession, base: str, count: int,
@@ -93,39 +87,14 @@ async def hls_after_the_switch(http: aiohttp.ClientSession, base: str, count: in
 
 
 async def whep_sound(base: str) -> list[Any]:
-    """Two seconds of what a WebRTC viewer of the camera decodes from its audio track."""
-    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-    pc.addTransceiver("video", direction="recvonly")
-    pc.addTransceiver("audio", direction="recvonly")
-    sound: list[Any] = []
-    tasks: list[asyncio.Task[None]] = []
-
-    async def consume(track: Any) -> None:
-        while True:
-            try:
-                frame = await track.recv()
-            except Exception:
-                return
-            if track.kind == "audio":
-                sound.append(frame.to_ndarray().reshape(-1, len(frame.layout.channels))[:, 0])
-
-    pc.on("track", lambda track: tasks.append(asyncio.ensure_future(consume(track))))
+    """Three seconds of what a WebRTC viewer of the camera decodes from its audio track."""
+    peer = WhepPeer()
     try:
-        await pc.setLocalDescription(await pc.createOffer())
-        async with aiohttp.ClientSession() as http, http.post(
-                f"{base}/whep/gate", data=pc.localDescription.sdp,
-                headers={"Content-Type": "application/sdp"}) as response:
-            answer = await response.text()
-            assert response.status == 201, (response.status, answer)
-        assert "opus/48000" in answer.lower() and "m=audio" in answer
-        await pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
-        await wait_for(lambda: sum(len(s) for s in sound) >= 48_000 * 3, timeout=60)
+        await peer.connect(base, "gate")
+        await wait_for(lambda: sum(len(s) for s in peer.sound) >= 48_000 * 3, timeout=60)
     finally:
-        await pc.close()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    return sound
+        await peer.close()
+    return peer.sound
 
 
 async def test_an_ip_cameras_aac_is_passed_through_to_hls_and_the_archive(

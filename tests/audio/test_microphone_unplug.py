@@ -9,7 +9,6 @@ microphone may), whose end is the unplug; opening it then fails as a missing dev
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,6 @@ from typing import Any
 import aiohttp
 import aioice.ice
 import pytest
-from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
 from ruseon_appliance.app import Appliance
 from ruseon_appliance.audio.sources import alsa
@@ -31,6 +29,7 @@ from ruseon_appliance.config import (
     WebRtcConfig,
 )
 from tests.audio.test_pipeline import PacedRecording, write_recording
+from tests.audio.whep_peer import WhepPeer
 from tests.engine.conftest import wait_for
 from tests.tooling import free_port
 
@@ -75,34 +74,14 @@ async def test_an_unplugged_microphone_leaves_the_pictures_alone_and_comes_back(
     )
     base = f"http://127.0.0.1:{port}"
     app = Appliance(config)
-    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-    pc.addTransceiver("video", direction="recvonly")
-    pc.addTransceiver("audio", direction="recvonly")
-    got: dict[str, list[int]] = {"video": [], "audio": []}  # decoded frames' pts
-    tasks: list[asyncio.Task[None]] = []
-
-    async def consume(track: Any) -> None:
-        while True:
-            try:
-                frame = await track.recv()
-            except Exception:
-                return
-            got[track.kind].append(frame.pts)
-
-    pc.on("track", lambda track: tasks.append(asyncio.ensure_future(consume(track))))
+    peer = WhepPeer()
     try:
         await app.start()
         camera = app.cameras.resolve("desk")
         assert camera is not None and camera.audio is not None
-        await pc.setLocalDescription(await pc.createOffer())
+        await peer.connect(base, "desk")
         async with aiohttp.ClientSession() as http:
-            async with http.post(f"{base}/whep/desk", data=pc.localDescription.sdp,
-                                 headers={"Content-Type": "application/sdp"}) as response:
-                answer = await response.text()
-                assert response.status == 201, (response.status, answer)
-            assert "m=audio" in answer and "opus/48000" in answer.lower()
-            await pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
-            await wait_for(lambda: len(got["audio"]) > 20 and len(got["video"]) > 5, timeout=30)
+            await wait_for(lambda: len(peer.audio_pts) > 20 and len(peer.video) > 5, timeout=30)
 
             # The recording ends: the microphone is unplugged, and stays so for three opens.
             await wait_for(lambda: "missing" in microphone.opens, timeout=30)
@@ -111,14 +90,14 @@ async def test_an_unplugged_microphone_leaves_the_pictures_alone_and_comes_back(
             [desk] = [c for c in status["cameras"] if c["name"] == "desk"]
             audio = desk["audio"]
             assert audio["running"] is False and "hw:1,0" in (audio["problem"] or ""), audio
-            pictures, sound = len(got["video"]), len(got["audio"])
+            pictures, sound = len(peer.video), len(peer.audio_pts)
             # The pictures go on meanwhile (liveness: frames decoded while the sound is gone).
-            await wait_for(lambda: len(got["video"]) >= pictures + 10, timeout=30)
+            await wait_for(lambda: len(peer.video) >= pictures + 10, timeout=30)
             assert microphone.opens.count("played") == 1  # still unplugged then
 
             # Plugged back: the sound comes back by itself, the same session, no restart.
             await wait_for(lambda: microphone.opens.count("played") == 2, timeout=60)
-            await wait_for(lambda: len(got["audio"]) > sound + 20, timeout=30)
+            await wait_for(lambda: len(peer.audio_pts) > sound + 20, timeout=30)
             assert camera.audio.problem() is None
             async with http.get(f"{base}/api/status") as response:
                 [desk] = [c for c in (await response.json())["cameras"] if c["name"] == "desk"]
@@ -129,12 +108,9 @@ async def test_an_unplugged_microphone_leaves_the_pictures_alone_and_comes_back(
         assert stats["chunks_bad"] == 0
         # The video never stopped: its decoded frames' pts only grow, without a hole of a
         # second anywhere (15 fps on a 90 kHz clock), across the unplug and the replug.
-        video = got["video"]
+        video = peer.video
         steps = [b - a for a, b in itertools.pairwise(video)]
         assert min(steps) > 0 and max(steps) < 90_000, steps
     finally:
-        await pc.close()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await peer.close()
         await app.stop()
