@@ -363,6 +363,14 @@ def av_moof_box(sequence: int, base_decode_time: int, samples: list[tuple[int, i
     )
 
 
+def _frame_ticks(audio_config: bytes | None) -> int:
+    """An AAC frame's duration in 1/48000 s for ``audio_config`` (1024 samples at its rate)."""
+    if audio_config is None:
+        return AAC_FRAME_SAMPLES
+    rate = parse_aac_config(audio_config).sample_rate
+    return max(1, AAC_FRAME_SAMPLES * AUDIO_TIMESCALE // rate) if rate else AAC_FRAME_SAMPLES
+
+
 class Fmp4Segmenter:
     """H.264 Annex B access units in, CMAF fMP4 out. No re-encoding.
 
@@ -388,6 +396,9 @@ class Fmp4Segmenter:
         if audio_config is not None:
             parse_aac_config(audio_config)  # ValueError now, not with the first IDR
         self.audio_config = audio_config
+        # One AAC frame's length on the audio track's 48 kHz timescale (1024 samples at the
+        # configuration's rate: 3072 ticks for an IP camera's 16 kHz AAC passed through).
+        self._audio_frame_ticks = _frame_ticks(audio_config)
         self.timescale = timescale
         self._max_ticks = max(1, round(fragment_max_s * timescale))
         # A sample that would take the open fragment past this starts the next one instead
@@ -547,6 +558,7 @@ class Fmp4Segmenter:
         parse_aac_config(config)
         if self._init is None:  # no init segment yet: it is made with the new one
             self.audio_config = config
+            self._audio_frame_ticks = _frame_ticks(config)
             self._audio.clear()
             self._audio_newest_us = None
             self.audio_config_changes += 1
@@ -567,6 +579,7 @@ class Fmp4Segmenter:
         self._audio_offset = None
         self._audio_end = None
         self.audio_config = config
+        self._audio_frame_ticks = _frame_ticks(config)
         self.audio_config_changes += 1
         self._set_init(params)
 
@@ -770,9 +783,9 @@ class Fmp4Segmenter:
             max_ticks = int(_MAX_SAMPLE_S * AUDIO_TIMESCALE)
             for frame, after in itertools.pairwise(frames):
                 delta = after.pts - frame.pts
-                audio.append((delta if 0 < delta <= max_ticks else AAC_FRAME_SAMPLES,
+                audio.append((delta if 0 < delta <= max_ticks else self._audio_frame_ticks,
                               len(frame.data)))
-            audio.append((AAC_FRAME_SAMPLES, len(frames[-1].data)))
+            audio.append((self._audio_frame_ticks, len(frames[-1].data)))
             self._audio_end = decode_time + sum(d for d, _ in audio)
             self.audio_frames += len(frames)
         audio_bytes = sum(len(f.data) for f in frames)

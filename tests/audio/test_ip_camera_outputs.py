@@ -58,10 +58,18 @@ def loopback_candidates(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def audio_packets(path: Path) -> tuple[list[bytes], bytes]:
     """The AAC frames of an MP4 file, in order, and its AudioSpecificConfig."""
+    frames, config, _ = audio_track(path)
+    return frames, config
+
+
+def audio_track(path: Path) -> tuple[list[bytes], bytes, set[int]]:
+    """The AAC frames of an MP4 file, its AudioSpecificConfig, and the frames' durations (in
+    the track's timescale, 1/48000 s)."""
     with av.open(str(path)) as container:
         stream = container.streams.audio[0]
         config = bytes(stream.codec_context.extradata or b"")
-        return [bytes(p) for p in container.demux(stream) if p.size], config
+        packets = [p for p in container.demux(stream) if p.size]
+        return [bytes(p) for p in packets], config, {int(p.duration or 0) for p in packets}
 
 
 async def hls_after_the_switch(http: aiohttp.ClientSession, base: str, count: int,
@@ -146,8 +154,9 @@ async def test_an_ip_cameras_aac_is_passed_through_to_hls_and_the_archive(
         # HLS: H.264 and the camera's own AAC, decoded without an error.
         assert streams(media) == [("video", "h264"), ("audio", "aac")]
         assert decode_errors(media) == ""
-        frames, asc = audio_packets(media)
+        frames, asc, durations = audio_track(media)
         assert asc[:2] == CAMERA_CONFIG and len(frames) > 40
+        assert durations == {3072}, durations  # 1024 samples at 16 kHz, every one
         assert is_run_of(frames, sent), (len(frames), len(sent))
         # WebRTC: Opus encoded once from the camera's sound, its 440 Hz sine.
         pcm = np.concatenate(sound).astype(np.float64) / 32768.0

@@ -369,7 +369,11 @@ def test_a_new_audio_configuration_starts_a_new_init_segment_at_the_next_idr(
         assert streams(out) == [("video", "h264"), ("audio", "aac")]
         assert decode_errors(out) == ""
         with av.open(str(out)) as container:
-            assert container.streams.audio[0].codec_context.sample_rate == rate
+            stream = container.streams.audio[0]
+            assert stream.codec_context.sample_rate == rate
+            # Each frame lasts its 1024 samples at its own rate, the last of a fragment too.
+            durations = {p.duration for p in container.demux(stream) if p.size}
+            assert durations == {1024 * 48_000 // rate}, durations
     # The same configuration again changes nothing.
     seg.set_audio_config(new_config)
     assert seg.audio_config_changes == 1
