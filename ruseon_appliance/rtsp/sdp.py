@@ -37,9 +37,10 @@ def describe_sdp(*, camera: str, host: str, session_id: int, profile_level_id: s
 
     ``aac_config`` (the AudioSpecificConfig of the camera's AAC: the encoder's, or an IP
     camera's own passed through, of any rate and 1-2 channels): an ``m=audio`` follows, in
-    RFC 3640's AAC-hbr mode (RTP clock 48 kHz whatever the sample rate: the frames' pts are in
-    1/48000 s; the config tells the decoder its rate) (13-bit AU sizes, one frame a
-    packet), as FFmpeg, VLC/live555, GStreamer and go2rtc take it.
+    RFC 3640's AAC-hbr mode (13-bit AU sizes, one frame a packet), as FFmpeg, VLC/live555,
+    GStreamer and go2rtc take it. Its RTP clock is 48 kHz whatever the sample rate (the frames'
+    pts are in 1/48000 s; RFC 3640 only recommends the sample rate), and ``config=`` tells the
+    decoder the rate; the channel count is the config's.
     """
     try:
         version = 6 if ipaddress.ip_address(host).version == 6 else 4
