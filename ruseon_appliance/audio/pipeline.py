@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -44,11 +46,46 @@ GAP_RESET_US = 1_000_000
 # ended continues it exactly (pts + duration): the chunks' lengths after resampling wobble by a
 # few samples, the camera's frames do not. Further off (a hole, a step), it is placed anew.
 PASSTHROUGH_SLACK = 480
+# Where a camera's own AAC configuration is remembered (in its state directory).
+AAC_CONFIG_FILE = "aac-config"
 # AudioSpecificConfigs kept for aac_config_for (a change is one camera (re)connection).
 CONFIG_HISTORY = 8
 # Waits between attempts to open a missing device.
 RETRY_S = (1.0, 2.0, 5.0, 10.0)
 SILENCE_DBFS = -90.0
+
+
+def _usable_aac(config: bytes) -> bool:
+    """AAC-LC of 1-2 channels: what is passed through (and remembered)."""
+    try:
+        info = parse_aac_config(config)
+    except ValueError:
+        return False
+    return info.object_type == 2 and info.channels in (1, 2)
+
+
+def _read_config(path: Path | None) -> bytes | None:
+    """The remembered AudioSpecificConfig (hex), None when there is none or it is unusable."""
+    if path is None:
+        return None
+    try:
+        config = bytes.fromhex(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return config if _usable_aac(config) else None
+
+
+def _write_config(path: Path | None, config: bytes) -> None:
+    """Remember ``config`` (a failure only costs the switch at the next start)."""
+    if path is None or _read_config(path) == config:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(config.hex() + "\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        log.warning("could not remember the camera's AAC configuration in %s: %s", path, exc)
 
 
 def level_dbfs(samples: np.ndarray) -> float:
@@ -82,7 +119,8 @@ class AudioPipeline:
 
     def __init__(self, source: AudioSource, *, gain_db: float = 0.0, muted: bool = False,
                  opus_bitrate: int = OPUS_BITRATE, aac_bitrate: int = AAC_BITRATE,
-                 retry_s: tuple[float, ...] = RETRY_S) -> None:
+                 retry_s: tuple[float, ...] = RETRY_S,
+                 aac_config_file: Path | None = None) -> None:
         self.source = source
         self.opus_ring = RingBuffer(RING_BYTES, RING_SLOTS)
         self.aac_ring = RingBuffer(RING_BYTES, RING_SLOTS)
@@ -99,6 +137,15 @@ class AudioPipeline:
         self._aac_format = (AUDIO_CLOCK_RATE, 1)
         self._camera_aac: bytes | None = None  # the camera's own AudioSpecificConfig
         self._camera_aac_usable = False
+        # The camera's configuration from the last run (``aac_config_file``): the AAC ring
+        # starts with it, so HLS and recordings do not switch to it at the camera's first sound.
+        self._aac_config_file = aac_config_file
+        remembered = _read_config(aac_config_file)
+        if remembered is not None:
+            info = parse_aac_config(remembered)
+            self._aac_configs = [(0, remembered)]
+            self._aac_format = (info.sample_rate, info.channels)
+            self._aac = aac_encoder(aac_bitrate, *self._aac_format)
         self._config_change: bytes | None = None  # for the next write on the loop
         # Where the next passed-through packet of each codec starts (pts), when it continues.
         self._coded_next: dict[str, int | None] = {"opus": None, "aac": None}
@@ -309,20 +356,17 @@ class AudioPipeline:
         if config == self._camera_aac:
             return
         self._camera_aac = config
-        try:
-            info = parse_aac_config(config)
-            usable = info.object_type == 2 and info.channels in (1, 2)
-        except ValueError:
-            usable = False
-        self._camera_aac_usable = usable
+        usable = self._camera_aac_usable = _usable_aac(config)
         if not usable:
             log.warning("the camera's AAC (AudioSpecificConfig %s) is not passed through (AAC-LC "
                         "of 1-2 channels only): encoded from its sound instead", config.hex())
             wanted, fmt = self._default_aac_config, (AUDIO_CLOCK_RATE, 1)
         else:
+            info = parse_aac_config(config)
             log.info("the camera's AAC (%d Hz, %d channel(s)) is passed through to HLS, "
                      "recordings and RTSP", info.sample_rate, info.channels)
             wanted, fmt = config, (info.sample_rate, info.channels)
+            _write_config(self._aac_config_file, config)
         if fmt != self._aac_format:
             self._aac_format = fmt
             self._retire("aac")  # the next encode is made for the new format

@@ -50,7 +50,7 @@ def _equip(camera: Camera, cam: CameraConfig, config: Config, *, archive: Path, 
     pipeline = camera.pipeline
     rec = config.recording
     # First: its sound goes into the recordings and HLS (a second track, in sync by capture time).
-    _equip_audio(camera, cam)
+    _equip_audio(camera, cam, state)
     audio = camera.audio
     camera.controls = CameraControls(pipeline.source, cam, state)
     recorder = camera.recorder = Recorder(RecorderSettings(
@@ -109,8 +109,10 @@ def _equip(camera: Camera, cam: CameraConfig, config: Config, *, archive: Path, 
             events.subscribe(camera.motion_recording.on_event)
 
 
-def _equip_audio(camera: Camera, cam: CameraConfig) -> None:
-    """The camera's sound (audio/), when it has a source of it."""
+def _equip_audio(camera: Camera, cam: CameraConfig, state: Path) -> None:
+    """The camera's sound (audio/), when it has a source of it. An IP camera's own AAC
+    configuration is remembered in ``<state>/aac-config`` (audio/pipeline.py), so HLS and
+    recordings start with it after a restart instead of switching to it."""
     from ..audio.choice import resolve_audio
 
     kind, why = resolve_audio(cam)
@@ -118,7 +120,7 @@ def _equip_audio(camera: Camera, cam: CameraConfig) -> None:
         camera.audio_reason = why
         return
     # Imported only for a camera with sound (numpy, two encoders: see _equip's motion note).
-    from ..audio.pipeline import AudioPipeline
+    from ..audio.pipeline import AAC_CONFIG_FILE, AudioPipeline
     from ..audio.sources import audio_source_for
 
     source, why = audio_source_for(kind, camera.pipeline.source)
@@ -126,7 +128,9 @@ def _equip_audio(camera: Camera, cam: CameraConfig) -> None:
         camera.audio_reason = why
         return
     camera.audio = AudioPipeline(source, gain_db=cam.audio_gain_db, muted=cam.audio_muted,
-                                 opus_bitrate=cam.audio_bitrate)
+                                 opus_bitrate=cam.audio_bitrate,
+                                 aac_config_file=state / AAC_CONFIG_FILE if kind == "source"
+                                 else None)
 
 
 def motion_settings(cam: CameraConfig) -> MotionSettings:

@@ -56,7 +56,7 @@ def camera_packets(url: str, stop: threading.Event, out: list[bytes]) -> None:
 
 
 async def take_sound(recording: Path, audio: str, opus_packets: int = 100,
-                     muted: bool = False) -> dict[str, Any]:
+                     muted: bool = False, config_file: Path | None = None) -> dict[str, Any]:
     """Run an RTSP camera whose stream has an ``audio`` track through the video and audio
     pipelines; what came out of each, and what the camera sent (``camera``)."""
     require_rtsp_server()
@@ -74,7 +74,7 @@ async def take_sound(recording: Path, audio: str, opus_packets: int = 100,
     video = CapturePipeline(camera, source=RtspSource(camera, url, backoff_s=(0.2, 1.0)))
     track, why = audio_source_for("source", video.source)
     assert isinstance(track, TrackSource), why
-    sound = AudioPipeline(track, retry_s=(0.1,), muted=muted)
+    sound = AudioPipeline(track, retry_s=(0.1,), muted=muted, aac_config_file=config_file)
     opus = sound.opus_ring.reader("next")
     aac = sound.aac_ring.reader("next")
     await video.start()
@@ -111,8 +111,10 @@ def dominant_hz(pcm: Any) -> float:
 
 
 @pytest.mark.parametrize("codec", ["aac", "pcmu", "opus"])
-async def test_an_ip_cameras_track_is_taken_with_its_video(recording: Path, codec: str) -> None:
-    out = await take_sound(recording, codec)
+async def test_an_ip_cameras_track_is_taken_with_its_video(recording: Path, codec: str,
+                                                           tmp_path: Path) -> None:
+    remembered = tmp_path / "aac-config"
+    out = await take_sound(recording, codec, config_file=remembered)
     assert out["problem"] is None
     assert out["track"]["codec"] == {"aac": "aac", "pcmu": "pcm_mulaw", "opus": "opus"}[codec]
     assert out["track"]["decode_errors"] == 0
@@ -143,8 +145,24 @@ async def test_an_ip_cameras_track_is_taken_with_its_video(recording: Path, code
         step = 1024 * 48_000 // 16_000 if passed == "aac" else 960
         assert [b - a for a, b in itertools.pairwise(pts)] == [step] * (len(pts) - 1)
     if codec == "aac":
-        # The AAC ring took the camera's configuration (16 kHz mono), as its frames have.
+        # The AAC ring took the camera's configuration (16 kHz mono), as its frames have, and
+        # remembers it: the next start begins with it (no switch in HLS or the recordings).
         assert out["aac_config"][:2] == bytes.fromhex("1408"), out["aac_config"].hex()
+        assert bytes.fromhex(remembered.read_text()) == out["aac_config"]
+        again = AudioPipeline(TrackSource(), aac_config_file=remembered)
+        assert again.aac_config == out["aac_config"]
+        assert again.stats()["aac"]["codec"] == "aac"
+    else:
+        assert not remembered.exists()  # nothing to remember: the AAC is the encoder's
+
+
+def test_a_remembered_aac_configuration_that_cannot_be_passed_through_is_ignored(
+        tmp_path: Path) -> None:
+    default = AudioPipeline(TrackSource()).aac_config
+    remembered = tmp_path / "aac-config"
+    for content in ("not hex", "12", "2b0a"):  # garbage, too short, HE-AAC (type 5)
+        remembered.write_text(content)
+        assert AudioPipeline(TrackSource(), aac_config_file=remembered).aac_config == default
 
 
 def is_run_of(frames: list[bytes], sent: list[bytes]) -> bool:
