@@ -8,6 +8,12 @@ alignment, gain, meter, both encoders) running in real time. Side by side: what 
 costs, a per-viewer Opus encode (aiortc's default sender encodes for every viewer), so the ratio
 for N viewers is printed.
 
+An IP camera's own AAC is passed through (``--window`` in real time, both rings read): the
+pipeline thread with the camera's 16 kHz AAC frames riding along with their PCM (written to the
+AAC ring unchanged, only Opus encoded) against the same sound transcoded (the AAC encode too),
+with the ratio. The camera's frames and PCM are made beforehand, so the decode (on the RTSP
+reader thread in the appliance, the same in both cases) is not counted.
+
     .venv/bin/python bench/audio.py                # 20 s of audio per case, 5 s real time
     .venv/bin/python bench/audio.py --seconds 60 --viewers 10
 """
@@ -21,13 +27,14 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ruseon_appliance.audio.encoders import aac_encoder, opus_encoder
-from ruseon_appliance.audio.format import FRAME_SAMPLES, FRAME_US
+from ruseon_appliance.audio.format import FRAME_SAMPLES, FRAME_US, CodedFrame, PcmChunk
 from ruseon_appliance.audio.pipeline import AudioPipeline
 from ruseon_appliance.audio.sources.tone import ToneSource, tone_samples
 
@@ -59,6 +66,64 @@ async def pipeline_cost(window: float, *, read: bool = True) -> tuple[float, dic
         else []
     await pipeline.start()
     await asyncio.sleep(0.5)
+    thread = pipeline._thread
+    assert thread is not None and thread.native_id is not None
+    before = thread_cpu(thread.native_id)
+    await asyncio.sleep(window)
+    used = thread_cpu(thread.native_id) - before
+    stats = pipeline.stats()
+    await pipeline.stop()
+    for reader in readers:
+        reader.close()
+    return used / window, stats
+
+
+class CameraTrack:
+    """An IP camera's AAC track as TrackSource hands it over: 64 ms chunks of 48 kHz PCM, each
+    with the camera's 16 kHz AAC frame it was decoded from (``coded``), in real time."""
+
+    kind = "source"
+
+    def __init__(self, *, coded: bool, seconds: float = 30.0) -> None:
+        camera = aac_encoder(sample_rate=16_000)
+        pcm = tone_samples(0, int(48_000 * seconds))
+        frames = [data for i in range(0, len(pcm), FRAME_SAMPLES)
+                  for data, _ in camera.encode(pcm[i:i + FRAME_SAMPLES], i)]
+        self.config = camera.extradata
+        step = 1024 * 3
+        self.chunks = [(pcm[k * step:(k + 1) * step], frames[k]) for k in range(len(frames))
+                       if len(pcm[k * step:(k + 1) * step]) == step]
+        self.coded = coded
+        self._closed = False
+        self._i = 0
+        self._start = 0.0
+
+    def open(self) -> None:
+        self._start = time.monotonic()
+
+    def read(self) -> PcmChunk | None:
+        if self._closed or self._i >= len(self.chunks):
+            return None
+        due = self._start + self._i * 0.064
+        time.sleep(max(0.0, due - time.monotonic()))
+        samples, frame = self.chunks[self._i]
+        self._i += 1
+        coded = (CodedFrame("aac", frame, self.config, 0, 3072),) if self.coded else ()
+        return PcmChunk(samples, time.time_ns() // 1000 - 64_000, coded)
+
+    def close(self) -> None:
+        self._closed = True
+
+    def stats(self) -> dict[str, object]:
+        return {}
+
+
+async def camera_track_cost(window: float, *, passthrough: bool) -> tuple[float, dict[str, Any]]:
+    """The pipeline thread's share of a core for an IP camera's AAC track, both rings read."""
+    pipeline = AudioPipeline(CameraTrack(coded=passthrough, seconds=window + 5))
+    readers = [pipeline.opus_ring.reader("next"), pipeline.aac_ring.reader("next")]
+    await pipeline.start()
+    await asyncio.sleep(1.0)
     thread = pipeline._thread
     assert thread is not None and thread.native_id is not None
     before = thread_cpu(thread.native_id)
@@ -177,6 +242,9 @@ def main() -> None:
     idle_share, _ = asyncio.run(pipeline_cost(args.window, read=False))
     with_audio = asyncio.run(fanout_cost(args.viewers, args.window, audio_on=True))
     without = asyncio.run(fanout_cost(args.viewers, args.window, audio_on=False))
+    passed, passed_stats = asyncio.run(camera_track_cost(args.window, passthrough=True))
+    transcoded, _ = asyncio.run(camera_track_cost(args.window, passthrough=False))
+    assert passed_stats["aac"]["passthrough"] is True, passed_stats["aac"]
     per_camera = results["opus_tone"] + results["aac_tone"]
     naive = results["opus_tone"] * args.viewers + results["aac_tone"]
     print("audio encode cost, share of one core (CPU s per s of 48 kHz mono audio)")
@@ -188,6 +256,9 @@ def main() -> None:
           f"{idle_share * 100:.2f} %")
     print(f"  one encode per camera: {per_camera * 100:.2f} %; a per-viewer Opus encode for "
           f"{args.viewers} viewers: {naive * 100:.2f} % -> ratio {naive / per_camera:.1f}x")
+    print(f"an IP camera's 16 kHz AAC, pipeline thread in real time (both rings read): passed "
+          f"through {passed * 100:.2f} % ({passed_stats['aac']['passthrough_packets']} frames), "
+          f"transcoded {transcoded * 100:.2f} % -> ratio {transcoded / max(passed, 1e-9):.1f}x")
     print(f"fan-out to {args.viewers} WebRTC viewers, loop-thread CPU per packet sent:")
     print(f"  audio on : video {with_audio['video_us_per_packet']:.1f} us/packet "
           f"({with_audio['video_packets']} packets), audio "
@@ -196,6 +267,7 @@ def main() -> None:
     print(f"  audio off: video {without['video_us_per_packet']:.1f} us/packet "
           f"({without['video_packets']} packets)")
     print(json.dumps({"results": results, "pipeline": pipeline_share, "pipeline_idle": idle_share,
+                      "camera_aac_passthrough": passed, "camera_aac_transcoded": transcoded,
                       "viewers": args.viewers, "fanout_audio_on": with_audio,
                       "fanout_audio_off": without}))
 
