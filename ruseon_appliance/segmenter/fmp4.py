@@ -69,7 +69,6 @@ VIDEO_CLOCK_STEP_US = 1_000_000
 MAX_AUDIO_QUEUE = 2048
 
 
-
 @dataclass(frozen=True, slots=True)
 class Fragment:
     """One CMAF chunk: a moof+mdat pair holding one or more access units."""
