@@ -58,14 +58,16 @@ def thread_cpu(tid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def pipeline_cost(window: float, *, read: bool = True) -> tuple[float, dict[str, object]]:
+async def pipeline_cost(window: float, *, read: bool = True, source: object = None
+                        ) -> tuple[float, dict[str, Any]]:
     """The pipeline thread's share of a core in real time, with both rings read (``read``:
-    as with a WebRTC viewer and HLS) or none (nobody watching: nothing is encoded)."""
-    pipeline = AudioPipeline(ToneSource())
+    as with a WebRTC viewer and HLS) or none (nobody watching: nothing is encoded), for
+    ``source`` (default: the synthetic camera's tone)."""
+    pipeline = AudioPipeline(source or ToneSource())  # type: ignore[arg-type]
     readers = [pipeline.opus_ring.reader("next"), pipeline.aac_ring.reader("next")] if read \
         else []
     await pipeline.start()
-    await asyncio.sleep(0.5)
+    await asyncio.sleep(1.0)
     thread = pipeline._thread
     assert thread is not None and thread.native_id is not None
     before = thread_cpu(thread.native_id)
@@ -116,24 +118,6 @@ class CameraTrack:
 
     def stats(self) -> dict[str, object]:
         return {}
-
-
-async def camera_track_cost(window: float, *, passthrough: bool) -> tuple[float, dict[str, Any]]:
-    """The pipeline thread's share of a core for an IP camera's AAC track, both rings read."""
-    pipeline = AudioPipeline(CameraTrack(coded=passthrough, seconds=window + 5))
-    readers = [pipeline.opus_ring.reader("next"), pipeline.aac_ring.reader("next")]
-    await pipeline.start()
-    await asyncio.sleep(1.0)
-    thread = pipeline._thread
-    assert thread is not None and thread.native_id is not None
-    before = thread_cpu(thread.native_id)
-    await asyncio.sleep(window)
-    used = thread_cpu(thread.native_id) - before
-    stats = pipeline.stats()
-    await pipeline.stop()
-    for reader in readers:
-        reader.close()
-    return used / window, stats
 
 
 class PumpClock:
@@ -242,8 +226,10 @@ def main() -> None:
     idle_share, _ = asyncio.run(pipeline_cost(args.window, read=False))
     with_audio = asyncio.run(fanout_cost(args.viewers, args.window, audio_on=True))
     without = asyncio.run(fanout_cost(args.viewers, args.window, audio_on=False))
-    passed, passed_stats = asyncio.run(camera_track_cost(args.window, passthrough=True))
-    transcoded, _ = asyncio.run(camera_track_cost(args.window, passthrough=False))
+    passed, passed_stats = asyncio.run(pipeline_cost(
+        args.window, source=CameraTrack(coded=True, seconds=args.window + 5)))
+    transcoded, _ = asyncio.run(pipeline_cost(
+        args.window, source=CameraTrack(coded=False, seconds=args.window + 5)))
     assert passed_stats["aac"]["passthrough"] is True, passed_stats["aac"]
     per_camera = results["opus_tone"] + results["aac_tone"]
     naive = results["opus_tone"] * args.viewers + results["aac_tone"]
