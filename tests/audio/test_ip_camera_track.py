@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import subprocess
 import threading
 from pathlib import Path
 from types import SimpleNamespace
@@ -207,3 +208,48 @@ def test_a_track_in_a_codec_that_cannot_be_decoded_is_reported_once_and_dropped(
 def test_a_video_source_without_a_track_gets_no_audio_source() -> None:
     source, why = audio_source_for("source", object())
     assert source is None and "no audio track" in why
+
+
+def test_a_tracks_chunks_are_stamped_by_the_cameras_clock_not_by_a_wobbling_arrival(
+        tmp_path: Path) -> None:
+    """Packets read in bunches (the reader thread waiting for a core) keep the camera's spacing:
+    stamped by arrival, the pipeline's sample clock stretched and squeezed the sound."""
+    clip = tmp_path / "tone.m4a"
+    made = subprocess.run(["ffmpeg", "-nostdin", "-loglevel", "error", "-f", "lavfi", "-i",
+                           "sine=frequency=440:sample_rate=48000:duration=6", "-c:a", "aac",
+                           str(clip)], capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0, made.stderr
+    track = TrackSource()
+    stamps, ends = [], []
+
+    def drain() -> None:  # as the pipeline's thread does (the queue holds 64 chunks)
+        while track._queue.qsize():
+            chunk = track.read()
+            assert chunk is not None
+            stamps.append((chunk.capture_time_us, len(chunk.samples)))
+
+    with av.open(str(clip)) as container:
+        stream = container.streams.audio[0]
+        for n, packet in enumerate(p for p in container.demux(stream) if p.size):
+            assert packet.pts is not None and packet.time_base is not None
+            end = float(packet.pts * packet.time_base) + 1024 / 48_000  # an AAC frame's end
+            # 3 ms of network, and in every 50 packets a 300 ms stall that releases fifteen
+            # together.
+            late = 0.003
+            if 20 <= n % 50 < 35:
+                late += max(0.0, 0.3 - (n % 50 - 20) * 1024 / 48_000)
+            track.take(packet, stream, int((1_000.0 + end + late) * 1e6))
+            ends.append(end)
+            if n == 0:
+                track.open()
+            drain()
+    assert len(stamps) > 200
+    # Each chunk starts where the one before ended (by its samples), to the microsecond, apart
+    # from the first few that FFmpeg's decoder primes with.
+    gaps = [b[0] - (a[0] + a[1] * 1_000_000 // 48_000)
+            for a, b in itertools.pairwise(stamps[3:])]
+    assert max(abs(g) for g in gaps) <= 1, sorted(gaps)[:3] + sorted(gaps)[-3:]
+    # ... and on the arrival clock: no later than the packet came, by 3 ms at the least.
+    assert track.stats()["frame_times"] == "camera" and track.stats()["clock_resyncs"] == 0
+    assert stamps[-1][0] + stamps[-1][1] * 1_000_000 // 48_000 == pytest.approx(
+        (1_000.0 + ends[-1] + 0.003) * 1e6, abs=2)

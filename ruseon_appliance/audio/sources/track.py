@@ -5,9 +5,10 @@ The video source's reader thread hands each audio packet of its container to
 :meth:`TrackSource.take` (nothing in capture/ imports this room: it only calls the two methods of
 whatever was set as its ``audio_sink``). The packet is decoded there with FFmpeg's decoder for
 the track's codec (AAC, G.711 mu-law/A-law, Opus, ... whatever this FFmpeg decodes) and resampled
-to 48 kHz mono s16, stamped with its arrival on the wall clock less its own length (as the video
-is stamped with its arrival), and queued for the audio pipeline's worker thread, which reads it
-like any other source: clock alignment, gain, meter, and the one Opus and one AAC encode.
+to 48 kHz mono s16, stamped with its end by the camera's own clock put on the wall clock by the
+least-late line of arrivals (as the video is), less its own length, and queued for the audio
+pipeline's worker thread, which reads it like any other source: clock alignment, gain, meter,
+and the one Opus and one AAC encode.
 
 An AAC or Opus track's packets also travel with their PCM (:class:`~..format.CodedFrame`), so
 the pipeline passes them through, unchanged, to the output of the same codec (the camera's
@@ -27,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from ...capture.sources.camera_clock import CameraClock
 from ..format import AUDIO_CLOCK_RATE, CodedFrame, PcmChunk
 from .base import AudioSourceUnavailable
 
@@ -56,6 +58,8 @@ class TrackSource:
         self._config = b""
         self._coded: list[tuple[bytes, int]] = []  # not yet given to a chunk
         self._last_packet = 0.0
+        # The camera's own packet times on the wall clock (capture/sources/camera_clock.py).
+        self._clock = CameraClock()
         self.codec = ""
         self.sample_rate = 0
         self.channels = 0
@@ -102,7 +106,14 @@ class TrackSource:
                 self._coded.append((data, duration))
         if pieces:
             samples = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
-            capture = arrival_us - len(samples) * 1_000_000 // AUDIO_CLOCK_RATE
+            # The packet's end by the camera's clock, put on ours by the least-late line
+            # (arrival wobbles by what the reader thread waited for a core: the sample clock
+            # then stretched and squeezed the sound, a 440 Hz tone read 450 Hz under load).
+            end_s = None
+            if packet.pts is not None and packet.time_base is not None:
+                end_s = float(packet.pts * packet.time_base) + duration / AUDIO_CLOCK_RATE
+            ended = self._clock.time(end_s, arrival_us / 1e6)
+            capture = int(ended * 1e6) - len(samples) * 1_000_000 // AUDIO_CLOCK_RATE
             coded: tuple[CodedFrame, ...] = ()
             if self._coded:
                 offset = 0
@@ -127,6 +138,7 @@ class TrackSource:
         if key == self._stream_key:
             return self._decoder
         self._stream_key = key
+        self._clock = CameraClock()  # a new stream (connection): the camera's clock restarts
         try:
             decoder = av.CodecContext.create(params.name, "r")
             if params.extradata:
@@ -204,4 +216,6 @@ class TrackSource:
         return {"codec": self.codec, "passthrough": self._passthrough,
                 "sample_rate": self.sample_rate, "channels": self.channels,
                 "packets": self.packets, "packets_dropped": self.packets_dropped,
-                "decode_errors": self.decode_errors, "chunks_dropped": self.chunks_dropped}
+                "decode_errors": self.decode_errors, "chunks_dropped": self.chunks_dropped,
+                "frame_times": "arrival" if self._clock.by_arrival else "camera",
+                "clock_resyncs": self._clock.resyncs}

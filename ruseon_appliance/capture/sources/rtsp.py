@@ -6,6 +6,10 @@ bitrate, GOP) are what viewers get. The demuxer blocks, so it runs on a worker t
 each access unit to the loop. When the camera drops (power cut, network, a reboot) the source
 reconnects with a doubling back-off; pts carry on across reconnects.
 
+Frame times are the camera's own (its RTP timestamps) put on this machine's monotonic clock by
+the least-late line (camera_clock.py), not the moment a frame was read: a frame read late under
+load keeps its place, and the frame rate HLS, recordings and NVRs see is the camera's.
+
 Parameter sets: many cameras send SPS/PPS only in the SDP (``sprop-parameter-sets``), which
 FFmpeg puts in the stream's extradata; they are prepended to every IDR that lacks them, so each
 IDR decodes on its own as the ring expects.
@@ -25,6 +29,7 @@ from ...config import CameraConfig
 from ...tasks import cancel_and_wait
 from ..access_unit import VIDEO_CLOCK_RATE, AccessUnit
 from .base import Deliver
+from .camera_clock import CameraClock
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +115,9 @@ class RtspSource:
         self._generation = 0
         self._t0 = 0.0
         self._last_pts = -1
+        # The connection's camera clock (its timestamps restart with each connection).
+        self._clock = CameraClock()
+        self.clock_resyncs = 0
         self.connects = 0
         self.disconnects = 0
         self.frames = 0
@@ -161,6 +169,10 @@ class RtspSource:
             "bytes": self.bytes,
             "parameter_sets_added": self.parameter_sets_added,
             "audio_packets": self.audio_packets,
+            # Frames timed by the camera's own timestamps (or, when it has none that hold, by
+            # arrival), and how often its clock had to be picked up anew.
+            "frame_times": "arrival" if self._clock.by_arrival else "camera",
+            "clock_resyncs": self.clock_resyncs + self._clock.resyncs,
             "last_error": self.last_error,
         }
 
@@ -172,16 +184,21 @@ class RtspSource:
         def current() -> bool:
             return generation == self._generation
 
-        def emit(data: bytes, keyframe: bool) -> None:
+        def emit(data: bytes, keyframe: bool, camera_s: float | None, arrived: float) -> None:
             # On the loop thread; nothing after stop() reaches the pipeline.
             if current():
-                self._emit(deliver, data, keyframe)
+                self._emit(deliver, data, keyframe, self._clock.time(camera_s, arrived))
 
-        def hand_over(data: bytes, keyframe: bool) -> None:
-            loop.call_soon_threadsafe(emit, data, keyframe)
+        def hand_over(data: bytes, keyframe: bool, camera_s: float | None) -> None:
+            # The arrival is read here, on the reader's thread: a busy loop's delay in running
+            # emit is not the camera's.
+            loop.call_soon_threadsafe(emit, data, keyframe, camera_s, time.monotonic())
 
         while current():
             began = loop.time()
+            # Emits of the connection before have all run (the reader settles after them).
+            self.clock_resyncs += self._clock.resyncs
+            self._clock = CameraClock()
             try:
                 await self._in_thread(loop, hand_over, current)
                 self.last_error = "the camera ended the stream"
@@ -201,7 +218,7 @@ class RtspSource:
             delay = min(delay * 2, self._backoff[1])
 
     async def _in_thread(self, loop: asyncio.AbstractEventLoop,
-                         hand_over: Callable[[bytes, bool], None],
+                         hand_over: Callable[[bytes, bool, float | None], None],
                          current: Callable[[], bool]) -> None:
         """Run one connection's :meth:`_read_stream` on a daemon thread of its own and wait
         for it (a cancelled wait leaves the thread to end by itself; see :meth:`stop`)."""
@@ -229,7 +246,7 @@ class RtspSource:
         thread.start()
         await done
 
-    def _read_stream(self, hand_over: Callable[[bytes, bool], None],
+    def _read_stream(self, hand_over: Callable[[bytes, bool, float | None], None],
                      current: Callable[[], bool]) -> None:
         """On a worker thread: connect, then hand over each access unit until the stream ends,
         fails, or :meth:`stop`."""
@@ -275,13 +292,18 @@ class RtspSource:
                 if keyframe and SPS not in types and parameter_sets:
                     data = parameter_sets + data
                     self.parameter_sets_added += 1
-                hand_over(data, keyframe)
+                # The camera's own time for the frame (FFmpeg's RTP demuxer: the RTP timestamp,
+                # or after an RTCP sender report its NTP time), mapped onto ours on the loop.
+                camera_s = (None if packet.pts is None or packet.time_base is None
+                            else float(packet.pts * packet.time_base))
+                hand_over(data, keyframe, camera_s)
         finally:
             container.close()
 
-    def _emit(self, deliver: Deliver, data: bytes, keyframe: bool) -> None:
-        # Arrival time as pts (the camera's clock restarts on reconnect), strictly increasing.
-        pts = int((time.monotonic() - self._t0) * VIDEO_CLOCK_RATE)
+    def _emit(self, deliver: Deliver, data: bytes, keyframe: bool, at: float) -> None:
+        # The frame's time on our monotonic clock (CameraClock) as pts, strictly increasing;
+        # across a reconnect it carries on (the camera's clock restarts, ours does not).
+        pts = int((at - self._t0) * VIDEO_CLOCK_RATE)
         pts = max(pts, self._last_pts + 1)
         self._last_pts = pts
         self.frames += 1
