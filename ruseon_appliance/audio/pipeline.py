@@ -42,10 +42,13 @@ DRIFT_LIMIT_US = 30_000
 DRIFT_SMOOTHING = 0.05
 # A hole longer than this (an unplug, a stalled machine) restarts the timeline instead.
 GAP_RESET_US = 1_000_000
-# A passed-through packet whose place by the sample clock is within this of where the last one
-# ended continues it exactly (pts + duration): the chunks' lengths after resampling wobble by a
-# few samples, the camera's frames do not. Further off (a hole, a step), it is placed anew.
-PASSTHROUGH_SLACK = 480
+# A passed-through frame whose place by the sample clock is less than a frame from where the
+# last one ended continues it exactly (pts + duration): that place wobbles (the chunks' lengths
+# after resampling, and an IP camera's arrival times: 10.4 ms seen with the suite's load), the
+# camera's frames do not. A frame or more late (a hole) it goes on whole frames later; a frame
+# or more early it is dropped (it would overlap what went out); past PASSTHROUGH_STEP (a step of
+# the timeline) it is placed anew. Its RTP timestamps step by whole frames, never by a part.
+PASSTHROUGH_STEP = AUDIO_CLOCK_RATE  # 1 s
 # Where a camera's own AAC configuration is remembered (in its state directory).
 AAC_CONFIG_FILE = "aac-config"
 # AudioSpecificConfigs kept for aac_config_for (a change is one camera (re)connection).
@@ -150,6 +153,7 @@ class AudioPipeline:
         # Where the next passed-through packet of each codec starts (pts), when it continues.
         self._coded_next: dict[str, int | None] = {"opus": None, "aac": None}
         self._passthrough = {"opus": [0, 0], "aac": [0, 0]}  # packets, bytes
+        self.passthrough_dropped = {"opus": 0, "aac": 0}
         self._passing = {"opus": False, "aac": False}
         # A codec nobody reads (no reader on its ring: no WebRTC viewer or RTSP client for
         # Opus, no HLS or recording for AAC) is not encoded; the first reader gets a fresh
@@ -383,8 +387,12 @@ class AudioPipeline:
         for frame in frames:
             at = pts + frame.offset
             expected = self._coded_next[codec]
-            if expected is not None and abs(at - expected) <= PASSTHROUGH_SLACK:
-                at = expected
+            late = 0 if expected is None else at - expected
+            if expected is not None and frame.duration > 0 and abs(late) < PASSTHROUGH_STEP:
+                if late <= -frame.duration:
+                    self.passthrough_dropped[codec] += 1
+                    continue
+                at = expected + max(0, late // frame.duration) * frame.duration
             self._coded_next[codec] = at + frame.duration
             out.append((frame.data, at))
             counts[0] += 1
@@ -425,7 +433,8 @@ class AudioPipeline:
                 "bitrate": self._opus_bitrate if codec == "opus" else self._aac_bitrate,
                 "encoding": self._encoding[codec], "packets": packets, "bytes": size,
                 "passthrough": self._passing[codec], "passthrough_packets": passed[0],
-                "passthrough_bytes": passed[1]}
+                "passthrough_bytes": passed[1],
+                "passthrough_dropped": self.passthrough_dropped[codec]}
 
     @staticmethod
     def _unit(data: bytes, pts: int, chunk_pts: int, chunk_capture_us: int) -> AccessUnit:

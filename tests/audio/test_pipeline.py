@@ -14,7 +14,13 @@ import numpy as np
 import pytest
 
 from ruseon_appliance.audio.choice import first_capture_device, resolve_audio
-from ruseon_appliance.audio.format import AUDIO_CLOCK_RATE, FRAME_SAMPLES, FRAME_US, PcmChunk
+from ruseon_appliance.audio.format import (
+    AUDIO_CLOCK_RATE,
+    FRAME_SAMPLES,
+    FRAME_US,
+    CodedFrame,
+    PcmChunk,
+)
 from ruseon_appliance.audio.pipeline import AudioPipeline, level_dbfs
 from ruseon_appliance.audio.sources.base import AudioSourceUnavailable
 from ruseon_appliance.audio.sources.tone import BEEP_US, ToneSource, beep_onsets_us, tone_samples
@@ -363,3 +369,28 @@ async def test_an_alsa_device_stand_in_recorded_pcm_unplugged_and_back(tmp_path:
     pts = [p for _, p, _ in packets]
     assert pts == sorted(set(pts))
     assert np.max(np.abs(decode("opus", packets))) > 0.01  # sound, not silence
+
+
+def test_passed_through_frames_step_by_whole_frames_whatever_the_sample_clock_wobbles() -> None:
+    """An IP camera's own Opus, placed by the sample clock: where that puts a frame wobbles
+    (arrival times under load: 500 ticks seen), the camera's frames do not. Less than a frame
+    off, a frame continues the last exactly; a frame or more late (a hole) it goes on whole
+    frames later; a frame or more early it is dropped, never sent overlapping; past a second
+    (a step of the timeline) it is placed where the sample clock says."""
+    pipeline = AudioPipeline(ToneSource())
+    step = 960
+
+    def frame(data: bytes) -> CodedFrame:
+        return CodedFrame(codec="opus", data=data, config=b"", offset=0, duration=step)
+
+    # Where the sample clock puts each chunk's one frame, and what goes out.
+    placed = [0, 960, 1920 + 500, 2880 - 400, 3840 + 959, 4800 + 2 * step + 10,
+              6720 + 1100 - 2 * step, 7680 + 3 * step, 9600 + 3 * step + 96_000]
+    sent = [pipeline._pass("opus", [frame(bytes([i]))], at) for i, at in enumerate(placed)]
+    out = [(data[0], pts) for chunk in sent for data, pts in chunk]
+    assert out == [(0, 0), (1, 960), (2, 1920), (3, 2880), (4, 3840),
+                   (5, 4800 + 2 * step),  # two frames late: a hole of two frames
+                   # 6 is a frame and more early: dropped
+                   (7, 10_560), (8, 9600 + 3 * step + 96_000)]  # 7: three late; 8: a step
+    assert pipeline.passthrough_dropped == {"opus": 1, "aac": 0}
+    assert all((b - a) % step == 0 for (_, a), (_, b) in itertools.pairwise(out[:-1]))

@@ -105,10 +105,11 @@ async def test_hls_carries_the_tone_as_aac_in_sync_and_a_silent_camera_stays_vid
         audio = spans["audio"][1] - spans["audio"][0]
         assert video == pytest.approx(len(names), abs=0.1), spans
         assert abs(audio - video) <= 1 / FPS, spans
-        # The sound starts with the pictures (not before, at most one AAC frame after; and a
-        # few ms for the pictures' capture stamps, which a loaded machine stamps late: 24.6 ms
-        # seen at a load of 9 on 2 cores).
-        assert 0 <= spans["audio"][0] - spans["video"][0] <= 1024 / 48_000 + 10e-3, spans
+        # The sound starts with the pictures (not before, at most one AAC frame after; and
+        # the capture stamps' lateness, which a loaded machine adds: 24.6 ms seen at a load of
+        # 9 on 2 cores, 41.5 - 21.3 = 20.2 ms with two test shards at once). Lip sync itself
+        # (the beeps on their pictures) is measure_sync's, below.
+        assert 0 <= spans["audio"][0] - spans["video"][0] <= 1024 / 48_000 + 40e-3, spans
         sync = measure_sync(media)
         assert sync.pictures == pytest.approx(len(names) * FPS, abs=2)
         assert len(sync.errors_s) >= len(names) - 1, sync
