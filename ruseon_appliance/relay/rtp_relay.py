@@ -86,8 +86,13 @@ _REFUSED = frozenset({errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH,
 # frame of length 0): DTX, concealed by the decoder. The audio's probe while refused.
 OPUS_DTX = bytes([31 << 3])
 
+# The video's probe while refused with no RTCP port: an H.264 access unit delimiter (NAL type 9,
+# primary_pic_type 7), which decoders skip. Janus forwards a probe to the mountpoint's viewers;
+# a padding-only packet, as before, reached them as an empty payload, and FFmpeg (aiortc's
+# decoder) takes an empty packet as the end of the stream: that viewer never decoded again.
+PROBE_AUD = bytes([0x09, 0xF0])
+
 _HEADER = struct.Struct("!BBHII")  # V/P/X/CC, M/PT, sequence number, timestamp, SSRC
-_PADDING = b"\x00\x00\x00\x04"
 
 
 class RtpRelay:
@@ -391,11 +396,12 @@ class RtpRelay:
         self.payload_bytes_sent += octets
         self.bytes_sent += wire
 
-    def _padding_packet(self) -> bytes:
-        """A padding-only RTP packet (the probe when there is no RTCP port)."""
-        header = _HEADER.pack(0xA0, self.payload_type, self._seq, self._last_ts, self.ssrc)
+    def _probe_packet(self) -> bytes:
+        """The probe when there is no RTCP port: an RTP packet of one access unit delimiter at
+        the last frame's time (:data:`PROBE_AUD`), which a decoder skips."""
+        header = _HEADER.pack(0x80, self.payload_type, self._seq, self._last_ts, self.ssrc)
         self._seq = (self._seq + 1) & 0xFFFF
-        packet = header + _PADDING
+        packet = header + PROBE_AUD
         if self._srtp is not None:
             packet = self._srtp.protect(packet)
         return packet
@@ -472,13 +478,13 @@ class RtpRelay:
         self._next_probe = now + RETRY_S
         self._probe_at = now
         # The probe is an SR (the server learns where to send its PLIs from it; a server that
-        # is down refuses it like the RTP), or a padding-only RTP packet when there is no RTCP
-        # port or it is known to be closed.
+        # is down refuses it like the RTP), or an RTP packet of an access unit delimiter when
+        # there is no RTCP port or it is known to be closed.
         if self.rtcp_target is not None and not self._rtcp_refusal_logged:
             self.send_report(now)
             return
         try:
-            sock.sendto(self._padding_packet(), self.target)
+            sock.sendto(self._probe_packet(), self.target)
         except OSError as exc:
             self._probe_at = 0.0  # not sent: it proves nothing
             if exc.errno in _REFUSED:
@@ -622,7 +628,7 @@ class _RelayAudio:
 
     The ring is read (``reader("next")``) only while sending: without a reader the camera
     encodes no Opus. An ICMP refusal of the audio port pauses the audio alone (reader let go,
-    one padding probe per :data:`RETRY_S`, back at the next packet once a probe goes
+    one DTX probe per :data:`RETRY_S`, back at the next packet once a probe goes
     unrefused); the video never notices.
     """
 
@@ -830,9 +836,9 @@ class _RelayAudio:
 
     def _probe_packet(self) -> bytes:
         """An Opus packet of 20 ms of nothing (DTX: a TOC byte, no frame data; a decoder
-        conceals it), 20 ms of RTP time after the last. Not a padding-only packet, as the
-        video's: Janus forwards a probe to its viewers, and an empty payload fed to FFmpeg's
-        Opus decoder (aiortc's) ends its stream."""
+        conceals it), 20 ms of RTP time after the last. Not a padding-only packet: Janus
+        forwards a probe to its viewers, and an empty payload fed to FFmpeg's Opus decoder
+        (aiortc's) ends its stream (the video's probe is an AUD for the same reason)."""
         timestamp = self._timeline.next_empty()
         header = _HEADER.pack(0x80, self.payload_type, self._seq, timestamp, self.ssrc)
         self._seq = (self._seq + 1) & 0xFFFF

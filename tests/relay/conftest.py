@@ -4,6 +4,7 @@ depacketizes H.264 (aiortc's own depayloader) and decodes it with PyAV."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import socket
 import struct
@@ -37,6 +38,8 @@ class RtpReceiver:
     stamps: list[tuple[int, int]] = field(default_factory=list)
     # (RTP timestamp, capture time µs) of each stamped picture decoded.
     stamped_at: list[tuple[int, int]] = field(default_factory=list)
+    payloads: list[bytes] = field(default_factory=list)  # the first few, padding removed
+    empty_payloads: int = 0
     decoded: int = 0
     unprotect_failures: int = 0
     _srtp: Any = None
@@ -127,7 +130,14 @@ class RtpReceiver:
         payload = data[12:]
         if first & 0x20:  # padding
             payload = payload[:len(payload) - payload[-1]]
+        if len(self.payloads) < 8:
+            self.payloads.append(payload)
         if not payload:
+            # What a server that forwards it (Janus) hands a WebRTC viewer, whose FFmpeg decoder
+            # (aiortc's) takes an empty packet as the end of the stream: so does this one.
+            self.empty_payloads += 1
+            with contextlib.suppress(av.error.FFmpegError):
+                self._codec.decode(av.Packet(b""))
             return
         try:
             _, annexb = H264PayloadDescriptor.parse(payload)

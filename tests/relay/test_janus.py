@@ -269,7 +269,14 @@ async def test_late_joiners_get_janus_cached_keyframe_without_a_new_one(
                                     profile_level_id=info.profile_level_id, bufferkf=True)
             # The first viewer waits for a periodic keyframe (Janus caches it as it passes).
             (first,) = await watch(janus, 1, 1)
-            await wait_for(lambda: len(first.stamps) >= 1, timeout=60, what="the first viewer")
+            try:
+                await wait_for(lambda: len(first.stamps) >= 1, timeout=60,
+                               what="the first viewer")
+            except AssertionError as exc:  # what it got: packets, pictures, the camera's IDRs
+                raise AssertionError(f"{exc}\nviewer: decoded {first.decoded}, stamps "
+                                     f"{len(first.stamps)}, received {await inbound(first)}; "
+                                     f"relay: {relay.stats()}; camera: "
+                                     f"{appliance.capture.stats()}") from None
             forced = appliance.capture.stats()["keyframes_forced"]
             late: list[JanusViewer] = []
             for _ in range(3):

@@ -31,6 +31,7 @@ from ruseon_appliance.capture.pipeline import CapturePipeline
 from ruseon_appliance.config import Config, HostPort, HttpConfig, StateConfig, WebRtcConfig
 from ruseon_appliance.relay import RtpRelay
 from ruseon_appliance.stream.fanout import Fanout
+from ruseon_appliance.stream.reports import MAPPING_WINDOW
 from ruseon_appliance.stream.rtcp import NTP_EPOCH_OFFSET
 from tests.relay.conftest import RtpReceiver, assert_the_tone, wait_for
 from tests.relay.test_rtp_relay import FPS, camera, relay_config
@@ -138,17 +139,32 @@ def mapping_errors_us(reports: list[tuple[int, int, int]], ssrc: int, rate: int,
                       captured: list[tuple[int, int]], interval: int) -> list[int]:
     """For each sender report of ``ssrc``: where its NTP/RTP mapping puts the packet it was
     placed on (the last sent before it: among the two whose RTP time is at most two packet
-    ``interval`` s before the report's, the nearer; a source's capture times jitter against
-    its pts, so a farther packet's error is that jitter), against its capture time."""
+    ``interval`` s before the report's, the nearer), against when that packet was captured.
+
+    A capture stamp is never early, only late (a thread descheduled before it stamped: 24.5 ms
+    seen with two test shards on 2 cores), so a packet was captured between its RTP time on the
+    least late line of the stamps sent up to it (the last MAPPING_WINDOW, as a sender sees
+    them) and its own stamp: the error is how far outside that the report puts it (0 inside;
+    on an idle machine the two ends are the same microseconds)."""
+    spans: list[tuple[int, int, int]] = []  # (RTP timestamp, least late, its own stamp)
+    unwrapped = 0
+    offsets: list[float] = []
+    for i, (ts, cap) in enumerate(captured):
+        if i:
+            unwrapped += ((ts - captured[i - 1][0] + (1 << 31)) & 0xFFFFFFFF) - (1 << 31)
+        offsets.append(cap - unwrapped * 1e6 / rate)
+        earliest = round(unwrapped * 1e6 / rate + min(offsets[-MAPPING_WINDOW:]))
+        spans.append((ts, min(earliest, cap), cap))
     errors = []
     for sr_ssrc, ntp, sr_rtp in reports:
         if sr_ssrc != ssrc:
             continue
         each = []
-        for ts, cap in captured:
+        for ts, earliest, cap in spans:
             behind = ((sr_rtp - ts + (1 << 31)) & 0xFFFFFFFF) - (1 << 31)
             if 0 <= behind < 2 * interval:
-                each.append(round((ntp_wall_s(ntp) - behind / rate) * 1e6) - cap)
+                mapped = round((ntp_wall_s(ntp) - behind / rate) * 1e6)
+                each.append(mapped - cap if mapped > cap else min(0, mapped - earliest))
         if each:
             errors.append(min(each, key=abs))
     return errors

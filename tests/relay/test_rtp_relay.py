@@ -33,6 +33,7 @@ from ruseon_appliance.config import (
     WebRtcConfig,
 )
 from ruseon_appliance.relay import RtpRelay
+from ruseon_appliance.relay.rtp_relay import PROBE_AUD
 from ruseon_appliance.stream.fanout import Fanout
 from tests.relay.conftest import RtpReceiver, wait_for
 from tests.tooling import free_port, require_tool
@@ -193,6 +194,9 @@ async def test_server_down_pauses_logs_once_and_resumes_at_a_keyframe(
         await wait_for(lambda: relay.state == "sending", what="the relay to resume")
         await wait_for(lambda: receiver is not None and receiver.decoded >= 10,
                        what="decoded pictures after the outage")
+        # What it heard first was a probe, and one a decoder skips (an access unit delimiter):
+        # a server such as Janus forwards it to its viewers.
+        assert receiver.payloads[0] == PROBE_AUD and receiver.empty_payloads == 0
         assert relay.outages == 1
         assert any("accepts again" in r.getMessage() for r in caplog.records)
     finally:
