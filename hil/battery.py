@@ -130,6 +130,10 @@ class Battery:
             "simulated": o.simulated, "webdriver": o.webdriver or "",
             "browser_expect": sorted(o.browser_expect),
             "expect": {k: v for k, v in vars(o.expect).items() if v is not None},
+            # The limits the latency and steady-state checks judged by (a release gate runs
+            # with the defaults; a report judged more leniently says so).
+            "max_latency_ms": o.max_latency_ms, "max_freeze_ratio": o.max_freeze_ratio,
+            "max_gap_s": o.max_gap_s,
         }
         async with Device(o.device, o.token) as device:
             self.device = device
@@ -433,6 +437,7 @@ class Battery:
                                      "rtx_packets", "nacks_sent", "plis_sent", "nack_retries",
                                      "packets_abandoned")}
         figures["device"] = device
+        figures["limits"] = {"max_gap_s": o.max_gap_s, "max_freeze_ratio": o.max_freeze_ratio}
         problems = []
         if a["max_gap_s"] > o.max_gap_s:
             problems.append(f"a {a['max_gap_s']:.2f} s gap between pictures (> {o.max_gap_s} s)")

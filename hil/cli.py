@@ -88,7 +88,13 @@ def build_parser() -> argparse.ArgumentParser:
                           "rig's clock, so the latency check measures glass-to-glass")
     run.add_argument("--clock-synced", action="store_true",
                      help="device and rig clocks agree (PTP/NTP): judge capture-to-decode latency")
-    run.add_argument("--max-latency-ms", type=float, default=400.0)
+    run.add_argument("--max-latency-ms", type=float, default=400.0,
+                     help="latency: the worst viewer's live p95 may be at most this (ms)")
+    run.add_argument("--max-freeze-ratio", type=float, default=0.05, metavar="SHARE",
+                     help="steady-state: the share of its watch a viewer may spend frozen "
+                          "(gaps > 200 ms; default 0.05)")
+    run.add_argument("--max-gap", type=float, default=1.0, metavar="S",
+                     help="steady-state: the longest gap between pictures (default 1 s)")
     browser = run.add_argument_group("a real browser in the rig (the browser check)")
     browser.add_argument("--webdriver", metavar="URL",
                          help="a W3C WebDriver endpoint, e.g. http://127.0.0.1:4444 tunnelled "
@@ -171,25 +177,31 @@ def ssh_command(ssh: str, remote: str) -> str:
     return shlex.join(["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", ssh, remote])
 
 
-def command_run(args: argparse.Namespace) -> int:
-    """``hil run`` against ``--device``."""
+def rig_options(args: argparse.Namespace) -> RigOptions:
+    """The battery's options from ``hil run``'s arguments."""
     restart_cmd, stop_cmd = args.restart_cmd, args.stop_cmd
     if args.ssh:
         restart_cmd = restart_cmd or ssh_command(args.ssh, "sudo systemctl restart ruseon")
         stop_cmd = stop_cmd or ssh_command(args.ssh,
                                            "sudo systemctl kill --signal=SIGSTOP ruseon")
-    options = RigOptions(
+    return RigOptions(
         device=args.device, token=args.token, ssh=args.ssh, power_cmd=args.power_cmd,
         restart_cmd=restart_cmd, stop_cmd=stop_cmd, power_off_s=args.power_off_s,
         simulated=args.simulated_device,
         viewers=args.viewers, duration_s=args.duration,
         workers=args.workers or default_workers(args.viewers), skip=set(args.skip),
         expect=expectation_from(args), clock_shared=args.clock_synced or args.glass,
-        glass=args.glass, max_latency_ms=args.max_latency_ms, churn_s=args.churn,
+        glass=args.glass, max_latency_ms=args.max_latency_ms,
+        max_freeze_ratio=args.max_freeze_ratio, max_gap_s=args.max_gap, churn_s=args.churn,
         webdriver=args.webdriver, browser_capabilities=args.webdriver_capabilities,
         browser_url=args.browser_url, browser_expect=browser_expect(args),
         browser_watch_s=args.browser_watch,
     )
+
+
+def command_run(args: argparse.Namespace) -> int:
+    """``hil run`` against ``--device``."""
+    options = rig_options(args)
     progress = Progress(quiet=args.quiet)
     report = asyncio.run(Battery(options, progress).run())
     return _finish(report, args)

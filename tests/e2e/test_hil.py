@@ -43,11 +43,30 @@ def _verdicts(doc: dict[str, Any]) -> dict[str, str]:
     return {c["name"]: c["verdict"] for c in doc["checks"]}
 
 
+# The latency and freeze limits this run is judged by. The defaults (p95 400 ms, 5 % frozen)
+# are a release gate's on a rig of its own; here the simulated device and the rig share this
+# machine's two cores with whatever else runs (CI: the other pytest shard and the emulated
+# machines), and a burst of CPU starvation holds every picture in flight, the device's and the
+# rig's side alike. hil/starvation.py leaves out the rig's starvation only where its event loop
+# woke > 0.1 s late (at that load the rig's threads waited for a CPU most of the time, mostly in
+# shorter waits), and the simulated device's not at all (on a real board it would be the
+# device's fault). Measured here
+# with 8 busy loops and two of these runs at once (load average ~15): the worst viewer's live
+# p95 reached 1.49 s (p50 at most 75 ms), a viewer was frozen up to 14.6 % of its watch, the
+# longest gap 0.83 s. A live stream still passes well within 2 s and 25 %; a device whose
+# pictures run seconds behind, or whose loss recovery fails (each of 2 % lost packets then
+# freezes a viewer until the 1 s give-up and a keyframe: most of the watch), still fails.
+SHARED_MACHINE_LIMITS = ("--max-latency-ms", "2000", "--max-freeze-ratio", "0.25")
+
+
 def test_healthy_device_under_loss_passes_the_battery(tmp_path: Path) -> None:
     rc, doc, output = _simulate(tmp_path, "--viewers", "5", "--duration", "20", "--loss", "2",
-                                "--churn", "6", "--token", "hil-test-token", "--power-off-s", "1")
+                                "--churn", "6", "--token", "hil-test-token", "--power-off-s", "1",
+                                *SHARED_MACHINE_LIMITS)
     verdicts = _verdicts(doc)
     assert rc == 0, output
+    # The limits reached the battery and the report says what it was judged by.
+    assert doc["settings"]["max_latency_ms"] == 2000 and doc["settings"]["max_freeze_ratio"] == 0.25
     for name in ("page", "healthz", "status", "whep", "viewers", "first-frame", "latency",
                  "steady-state", "churn", "restart", "power"):
         assert verdicts[name] == "pass", (name, output)

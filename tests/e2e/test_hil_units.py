@@ -25,6 +25,7 @@ from hil.battery import (
     power_command,
     same_fingerprint,
 )
+from hil.cli import build_parser, rig_options
 from hil.device import parse_prometheus
 from hil.report import CheckResult, Progress, Report, Verdict, percentiles
 from hil.simulated_rig import SimulatedRig, _max_viewers, _strip_sim_flags, loss_ruleset, switch
@@ -351,6 +352,28 @@ def test_steady_state_fails_on_a_device_stall_and_errs_when_the_rig_starved() ->
     # A rig starved for a third of the watch cannot vouch for the device: an error, not a pass.
     starved = verdict((15.0, 15.6), StarvationProbe([(12.0, 19.0, 1.0)]))
     assert starved.verdict == Verdict.ERROR and "starved" in starved.reason
+
+
+def test_latency_and_freeze_limits_default_to_the_release_gates_and_can_be_set() -> None:
+    parser = build_parser()
+    strict = rig_options(parser.parse_args(["run", "--device", "http://d"]))
+    gate = RigOptions(device="d")
+    assert (strict.max_latency_ms, strict.max_freeze_ratio, strict.max_gap_s) == (
+        gate.max_latency_ms, gate.max_freeze_ratio, gate.max_gap_s) == (400.0, 0.05, 1.0)
+    shared = rig_options(parser.parse_args(
+        ["run", "--device", "http://d", "--max-latency-ms", "2000", "--max-freeze-ratio", "0.25",
+         "--max-gap", "1.5"]))
+    assert (shared.max_latency_ms, shared.max_freeze_ratio, shared.max_gap_s) == (2000, 0.25, 1.5)
+    # Judged by the shared machine's freeze share, a 1 s stall of the device still fails (the gap).
+    shared.expect = Expectation(fps=30, keyframe_interval=30)
+    shared.max_gap_s = 1.0
+    result = {"index": 0, "ok": True, "watched_s": 20.2,
+              **_summarize(_stream_with_a_hole((15.0, 16.05)), 9.9, 30.1,
+                           ViewerPlan(index=0, device="d"), None, StarvationProbe())}
+    stall = Battery(shared, Progress(quiet=True))._steady_result(
+        [result], analyse_viewers([result], shared), None, None)
+    assert stall.verdict == Verdict.FAIL and "gap between pictures" in stall.reason
+    assert stall.figures["limits"] == {"max_gap_s": 1.0, "max_freeze_ratio": 0.25}
 
 
 @pytest.mark.parametrize("starved", [True, False])
