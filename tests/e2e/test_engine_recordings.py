@@ -71,6 +71,18 @@ RECORDINGS_JS = """() => {
           stateText: document.getElementById('state-text').textContent,
           codec: document.getElementById('stat-codec').textContent}; }"""
 
+# A click this far into the newest range plays from the keyframe at or before it (the GOP is
+# 2 s), to the end of that range as the page's list had it at the click: an open range grows
+# only by what the recorder made durable (every 5 s), so it may end a few seconds after the
+# click however long ago recording began. What the test then watches of that clip is about 8 s
+# of media: 1.5 s to start, 1.5 s moving, a hole 1 s ahead and 1.5 s long (cut up to the next
+# keyframe, up to 2 s on), 0.5 s past it, and the keyframe after it; and the clip plays on
+# meanwhile while the test reads the page (pixel signatures, a screenshot), slower on a
+# loaded machine. So the range must hold 12 s after the click before the test clicks.
+CLICK_INTO_RANGE_MS = 2500
+RECORDED_AFTER_CLICK_MS = 12000
+GOP_S = 2.0
+
 # Where on the timeline a time is (viewport x, y), by the page's own scale.
 POINT_JS = """() => { const r = window.ruseonRecordings;
   const box = document.getElementById('rec-track').getBoundingClientRect();
@@ -169,15 +181,17 @@ def test_recordings_play_download_and_delete_from_the_timeline(
             ENGINES[engine][1]() as page:
         page.goto(server.url)
         assert_moving_hls(page, reason)
-        poll_page(page, recordings, "a 5 s recording range on the timeline",
-                  lambda r: r["ranges"]
-                  and r["ranges"][-1]["end"] - r["ranges"][-1]["start"] > 5000,
-                  timeout_s=90)
+        poll_page(page, recordings, "a recording range on the timeline",
+                  lambda r: r["ranges"], timeout_s=90)
         assert recordings(page)["state"] == "recording"
 
-        # A click 2.5 s into the range plays it here, from the keyframe at or before it.
+        # A click 2.5 s into the range plays it here, from the keyframe at or before it, once
+        # the page's own list (what the click plays to the end of) holds enough after it.
         hover_track(page)
-        wanted = recordings(page)["ranges"][-1]["start"] + 2500
+        poll_page(page, recordings, "a recording range long enough to play",
+                  lambda r: r["ranges"][-1]["end"] - r["ranges"][-1]["start"]
+                  > CLICK_INTO_RANGE_MS + RECORDED_AFTER_CLICK_MS, timeout_s=90)
+        wanted = recordings(page)["ranges"][-1]["start"] + CLICK_INTO_RANGE_MS
         x, y = point(page, wanted)
         pointer(page, move(x, y), DOWN, UP)
         first = poll_page(page, recordings, "the recording playing",
@@ -200,11 +214,16 @@ def test_recordings_play_download_and_delete_from_the_timeline(
 
         # A hole in what is buffered (removed from the SourceBuffer, as WebKitGTK's MSE leaves
         # some by itself) 1 s ahead: playback stalls at its edge, then jumps it and goes on.
-        hole = page.evaluate("""() => { const v = document.getElementById('video');
+        # (Only where a keyframe follows it in the clip: else there is nothing to jump to.)
+        hole = page.evaluate(f"""() => {{ const v = document.getElementById('video');
           const sb = window.ruseonRecordings.sourceBuffer; const from = v.currentTime + 1;
-          return new Promise((done) => { sb.addEventListener('updateend', () => done(
-            [from, from + 1.5, window.ruseonRecordings.holesSkipped]), {once: true});
-            sb.remove(from, from + 1.5); }); }""")
+          const end = v.buffered.length ? v.buffered.end(v.buffered.length - 1) : 0;
+          const hole = [from, from + 1.5, window.ruseonRecordings.holesSkipped, end];
+          if (end < from + 1.5 + {GOP_S} + 0.5) return hole;
+          return new Promise((done) => {{
+            sb.addEventListener('updateend', () => done(hole), {{once: true}});
+            sb.remove(from, from + 1.5); }}); }}""")
+        assert hole[3] >= hole[1] + GOP_S + 0.5, f"the clip ends too soon for a hole: {hole}"
         jumped = poll_page(page, recordings, "playback past the hole",
                            lambda r: r["error"] or r["time"] > hole[1] + 0.5)
         assert jumped["error"] is None and page.evaluate(

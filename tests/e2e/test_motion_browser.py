@@ -17,7 +17,7 @@ from tests.e2e.browser_netns import (
     save_screenshot,
     wait_for_page,
 )
-from tests.e2e.test_recording_page import POINT_JS, hover_track, playback
+from tests.e2e.test_recording_page import click_to_play, hover_track
 from tests.motion.test_appliance import H, W, write_clip
 
 pytestmark = pytest.mark.slow
@@ -56,12 +56,7 @@ def test_a_motion_mark_on_the_timeline_plays_from_the_preroll(
         page.wait_for_function("() => window.ruseonRecordings.state === 'stopped'",
                                timeout=30_000)  # the post-roll is over
         hover_track(page)
-        x, y = page.evaluate(POINT_JS, mark["start"] + 500)
-        page.mouse.click(x, y)
-        page.wait_for_function(
-            "() => { const r = window.ruseonRecordings; const v = document.getElementById('video');"
-            " return r.error || (r.playing && v.currentTime > 0.5); }", timeout=60_000)
-        state = playback(page)
+        state = click_to_play(page, mark["start"] + 500, 0.5)
         assert state["error"] is None and state["playing"], state
         # From the pre-roll: the clip starts before the event (an IDR at or before
         # start - preroll; the recording holds nothing earlier), not at the clicked moment.

@@ -52,6 +52,17 @@ def playback(page: Any) -> dict[str, Any]:
     return state
 
 
+def click_to_play(page: Any, t: float, played_s: float) -> dict[str, Any]:
+    """Click the timeline at ``t`` (ms since the epoch) and wait until the recording has played
+    ``played_s`` (or failed); its playback state then."""
+    x, y = page.evaluate(POINT_JS, t)
+    page.mouse.click(x, y)
+    page.wait_for_function(
+        "(s) => { const r = window.ruseonRecordings; const v = document.getElementById('video');"
+        " return r.error || (r.playing && v.currentTime > s); }", arg=played_s, timeout=60_000)
+    return playback(page)
+
+
 def test_timeline_plays_a_recording_in_the_page_then_live_again(
         request: pytest.FixtureRequest, tmp_path: Path) -> None:
     if not in_browser_netns(request):
@@ -83,12 +94,7 @@ def test_timeline_plays_a_recording_in_the_page_then_live_again(
         hover_track(page)
         start = page.evaluate("() => window.ruseonRecordings.ranges.at(-1).start")
         wanted = start + 2500
-        x, y = page.evaluate(POINT_JS, wanted)
-        page.mouse.click(x, y)
-        page.wait_for_function(
-            "() => { const r = window.ruseonRecordings; const v = document.getElementById('video');"
-            " return r.error || (r.playing && v.currentTime > 1.5); }", timeout=60_000)
-        state = playback(page)
+        state = click_to_play(page, wanted, 1.5)
         assert state["error"] is None, state
         assert state["playing"] and state["state"] == "playback"
         assert state["transport"] == "playback"
@@ -164,3 +170,38 @@ def test_timeline_plays_a_recording_in_the_page_then_live_again(
         box = phone.locator("#rec-track").bounding_box()
         assert box is not None and 300 <= box["width"] <= 390
         save_screenshot(phone, "browser-recording-phone.png")
+
+
+def test_a_range_still_being_recorded_plays_on_past_the_end_it_had_at_the_click(
+        request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    if not in_browser_netns(request):
+        return
+    args = ["--record-dir", str(tmp_path / "recordings")]
+    with running_server(tmp_path / "state", extra_args=args) as server, chromium() as browser:
+        page = browser.new_page(viewport={"width": 1280, "height": 720})
+        page.goto(server.url)
+        wait_for_page(page, "live", lambda s: s["state"] == "live" and s["framesDecoded"] > 0)
+        page.wait_for_function(
+            "() => { const r = window.ruseonRecordings && window.ruseonRecordings.ranges;"
+            " return r && r.length > 0 && r[r.length - 1].end - r[r.length - 1].start > 5000;"
+            " }", timeout=90_000)
+        hover_track(page)
+        # A click 1.5 s before the range's end (or the held window's, which the list's refreshes
+        # go past): a clip of a few seconds, from the keyframe at or before it.
+        near_end = page.evaluate("() => { const r = window.ruseonRecordings;"
+                                 " return Math.min(r.ranges.at(-1).end, r.to) - 1500; }")
+        first = click_to_play(page, near_end, 0.5)
+        assert first["error"] is None and first["playing"], first
+        # The end of the range as the page had it at the click: played to it, and on (the page
+        # takes the next window of the range, grown since).
+        end = page.evaluate("() => window.ruseonRecordings.playing.rangeEnd")
+        assert end - near_end < 10_000, (end, near_end)
+        page.wait_for_function(
+            "(end) => { const r = window.ruseonRecordings;"
+            " const v = document.getElementById('video'); return r.error || !r.playing"
+            " || r.playing.clipStart + v.currentTime * 1000 > end + 3000; }",
+            arg=end, timeout=60_000)
+        later = playback(page)
+        assert later["error"] is None and later["playing"], later
+        assert later["state"] == "playback" and later["clipStart"] > first["clipStart"], later
+        assert later["clipStart"] + later["time"] * 1000 > end + 3000, (end, later)

@@ -99,6 +99,7 @@ async function refresh() {
   } catch {
     // The service may be restarting; the next poll tries again.
   }
+  playOn();
   render();
 }
 
@@ -268,11 +269,20 @@ video.addEventListener("playing", () => { if (rec.playing) showPlayback(); });
 video.addEventListener("error", () => {
   if (rec.playing) rec.error = video.error ? video.error.message || `media error ${video.error.code}` : "media error";
 });
-video.addEventListener("ended", () => {
-  // A click plays a window of the range; carry on with the next one until the range ends.
+// A click plays a window of the range; carry on with the next one until the range ends: the
+// range as the list has it now, since one still being recorded has grown since the click (it
+// grows each time the recorder makes the open segment durable). Tried when playback ends and,
+// ended, after each refresh of the list: playback then follows the recording a few seconds
+// behind until "Live" or the recording stops.
+function rangeEndNow(p) {
+  const range = rec.ranges.find((r) => r.start <= p.end && r.end > p.end - 1000);
+  return Math.max(p.rangeEnd, range ? range.end : 0);
+}
+function playOn() {
   const p = rec.playing;
-  if (p && !p.selected && p.end < p.rangeEnd - 500) play(p.end);
-});
+  if (p && !p.selected && video.ended && p.end < rangeEndNow(p) - 500) play(p.end);
+}
+video.addEventListener("ended", playOn);
 video.addEventListener("timeupdate", () => { if (rec.playing) render(); });
 
 // A hole in what the browser buffered (WebKitGTK's MSE leaves some in a clip whose fragments
