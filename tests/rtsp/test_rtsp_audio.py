@@ -176,8 +176,11 @@ async def test_the_aac_frames_arrive_byte_for_byte_with_reports_on_the_capture_c
             if pts in captured:
                 delta = ((timestamp - rtp + (1 << 31)) & 0xFFFFFFFF) - (1 << 31)
                 misses.append(unix_us + delta * 1_000_000 // 90_000 - captured[pts])
+        # A report off by some amount moves every picture's miss by it; a picture stamped late
+        # (the camera's thread descheduled: 54 ms once on a loaded CI machine) moves its own.
         assert len(misses) >= 30
-        assert abs(float(np.median(misses))) <= 10_000 and max(map(abs, misses)) <= 50_000, (
+        assert abs(float(np.median(misses))) <= 10_000, sorted(misses)[:: max(1, len(misses) // 10)]
+        assert float(np.percentile(np.abs(misses), 90)) <= 20_000, (
             sorted(misses)[:: max(1, len(misses) // 10)])
 
 
