@@ -5,9 +5,10 @@ Run by Debian's ``/usr/bin/python3`` (the test venv may not see python3-gi):
 ``/usr/bin/python3 rtsp_server.py PORT PATH FILE [AUDIO]``; prints ``ready`` once it listens, on
 127.0.0.1 only. ``AUDIO`` (default none) adds a sound track as an IP camera's: ``aac`` (AAC-LC
 16 kHz mono, RFC 3640), ``pcmu`` (G.711 mu-law 8 kHz) or ``opus`` (48 kHz), each a 440 Hz
-sine at half scale from GStreamer's audiotestsrc. The file's SPS carries VUI timing, so
-h264parse stamps each access unit and the server sends it in real time; the RTP payloader
-repeats SPS/PPS in-band before every IDR.
+sine at half scale from GStreamer's audiotestsrc. FILE is MPEG-TS (``.ts``: each access unit
+stamped, so its RTP timestamps advance as a camera's do and it is sent in real time) or a bare
+Annex B ``.h264`` (sent in real time too, but every frame with the same RTP timestamp: h264parse
+makes none). The RTP payloader repeats SPS/PPS in-band before every IDR.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ def main() -> int:
     server.set_address("127.0.0.1")
     server.set_service(port)
     factory = GstRtspServer.RTSPMediaFactory()
-    factory.set_launch(f'( filesrc location="{filename}" ! h264parse ! '
+    demux = "tsdemux ! " if filename.endswith(".ts") else ""
+    factory.set_launch(f'( filesrc location="{filename}" ! {demux}h264parse ! '
                        "video/x-h264,stream-format=byte-stream,alignment=au ! "
                        f"rtph264pay name=pay0 pt=96 config-interval=-1{audio} )")
     factory.set_shared(True)

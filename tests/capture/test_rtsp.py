@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fractions
+import itertools
 import os
 import signal
 import socket
@@ -65,6 +66,31 @@ def record(path: Path, width: int, height: int) -> Path:
     return path
 
 
+def timed(recording: Path, fps: int = FPS) -> Path:
+    """The Annex B ``recording`` in MPEG-TS (made once beside it), each access unit stamped
+    ``n / fps`` at 90 kHz, so the camera's RTP timestamps advance as a real camera's do. (From
+    the bare ``.h264`` GStreamer's h264parse makes no timestamps: every frame went out with one
+    RTP timestamp, and the appliance fell back to timing them by arrival.)"""
+    out = recording.with_suffix(".ts")
+    if out.exists() and out.stat().st_mtime_ns >= recording.stat().st_mtime_ns:
+        return out
+    partial = out.with_suffix(".ts.partial")
+    rate = fractions.Fraction(1, 90_000)
+    with av.open(str(recording), format="h264") as source, \
+            av.open(str(partial), "w", format="mpegts") as sink:
+        stream = sink.add_stream("h264", rate=fps)
+        stream.width, stream.height = source.streams.video[0].codec_context.width, \
+            source.streams.video[0].codec_context.height
+        stream.time_base = rate
+        for n, packet in enumerate(p for p in source.demux(video=0) if p.size):
+            packet.stream = stream
+            packet.time_base = rate
+            packet.pts = packet.dts = n * 90_000 // fps + 90_000
+            sink.mux(packet)
+    partial.replace(out)
+    return out
+
+
 class RtspServer:
     """gst-rtsp-server in a child process of Debian's Python (python3-gi)."""
 
@@ -74,7 +100,8 @@ class RtspServer:
 
     def start(self) -> None:
         self.proc = subprocess.Popen([SYSTEM_PYTHON, str(SERVER), str(self.port), "/cam",
-                                      str(self.recording), self.audio], stdout=subprocess.PIPE,
+                                      str(timed(self.recording)), self.audio],
+                                     stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline().strip()
@@ -162,6 +189,13 @@ async def test_passes_the_cameras_h264_through_and_reconnects(
     await pipeline.start()
     try:
         units = await read_units(pipeline, 2 * FPS)
+        # Timed by the camera's own clock (its RTP timestamps): most steps are the camera's
+        # 1/FPS s (GStreamer rounds a tick now and then), whatever the arrival jitter; a
+        # start-up burst may close a few up.
+        stats = source.stats()
+        assert stats["frame_times"] == "camera" and stats["clock_resyncs"] == 0, stats
+        steps = [b[1] - a[1] for a, b in itertools.pairwise(units)]
+        assert sum(abs(step - 90_000 // FPS) <= 2 for step in steps) >= 0.7 * len(steps), steps
         # Passed through: every slice is byte for byte one the recording has, in its order.
         got = [s for data, _, _ in units for s in slices(data)]
         start = recorded.index(got[0])
