@@ -74,8 +74,11 @@ def rerun_in_browser_netns(nodeid: str) -> None:
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
                             timeout=300, check=False)
     if result.returncode != 0:
-        pytest.fail(f"in the browser namespace:\n{result.stdout[-8000:]}\n{result.stderr[-4000:]}",
-                    pytrace=False)
+        # The inner test's own assertion lines first, whole: the tail of a long output (a page's
+        # console, a tool's log) can be all that is kept of it otherwise.
+        reasons = [line for line in result.stdout.splitlines() if line.startswith("E ")][:200]
+        pytest.fail("in the browser namespace:\n" + "\n".join(reasons) + "\n[...]\n"
+                    f"{result.stdout[-8000:]}\n{result.stderr[-4000:]}", pytrace=False)
 
 
 def in_browser_netns(request: pytest.FixtureRequest, *, ipv6: bool = False) -> bool:
