@@ -55,6 +55,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -272,6 +273,11 @@ def wait_booted(machine: qemu_vm.Machine, http_port: int) -> tuple[dict[str, str
     deadline = time.monotonic() + BOOT_TIMEOUT_S
     healthz_s = float("nan")
     while time.monotonic() < deadline and machine.running():
+        if machine.restart_after_emulator_panic():
+            warnings.warn("the emulated amd64 boot panicked on a stale int3 (QEMU's "
+                          "multi-threaded TCG, qemu_vm.TCG_STALE_INT3); booted again",
+                          stacklevel=1)
+            deadline = time.monotonic() + BOOT_TIMEOUT_S
         with contextlib.suppress(OSError):
             if http_get(f"http://127.0.0.1:{http_port}/healthz", timeout=5)[0] == 200:
                 healthz_s = time.monotonic() - machine.started
