@@ -128,11 +128,21 @@ def _hold_off() -> None:
     offer_burst.OfferBurst.end = lambda self: None  # type: ignore[method-assign]
 
 
+def _no_catch_up() -> None:
+    """No GOP catch-up burst for a joining viewer: it starts at the next IDR, as Pion's
+    ``--keyframe-on-join`` would (tells what the burst costs the joins' other stages, on the
+    server and in the client that receives and decodes it)."""
+    from ruseon_appliance.engine import engine
+
+    engine.GOP_CATCH_UP_MAX_S = 0.0  # before app.py imports it
+
+
 # Appliance variants: name -> the patch applied in the server process before ``serve`` starts
 # (None: none). Add one here to A/B another engine internal in the same run.
 VARIANTS: dict[str, Callable[[], None] | None] = {
     "default": None,
     "hold-off": _hold_off,
+    "no-catch-up": _no_catch_up,
 }
 
 
