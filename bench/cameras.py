@@ -37,9 +37,12 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 from fanout import free_port, recorded_stream
 from memory import rss_of, smaps_top
+
+from tests.tooling import stop_process
 
 ROOT = Path(__file__).resolve().parent.parent
 PYCACHE = ROOT / ".cache" / "pycache"
@@ -102,12 +105,7 @@ def measure(cameras: int, variant: str, at: float, window: float,
         return {"cameras": cameras, "variant": variant, "rss_kib": rss_of(proc.pid),
                 "cpu_percent": 100 * (cpu1 - cpu0) / (t1 - t0), "top": smaps_top(proc.pid, 6)}
     finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, timeout_s=20)
         subprocess.run(["rm", "-rf", state], check=False)
 
 

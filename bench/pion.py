@@ -81,7 +81,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -272,13 +271,9 @@ class Server:
     def stop(self) -> None:
         if self.proc is None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
+        from tests.tooling import stop_process
+
+        stop_process(self.proc)
         self.proc = None
 
     def status(self) -> dict[str, Any]:
@@ -977,6 +972,7 @@ def settings(args: argparse.Namespace, binary: Path, stream: Path) -> dict[str, 
 
 def bench(args: argparse.Namespace) -> None:
     sys.path.insert(0, str(BENCH))
+    sys.path.insert(1, str(ROOT))  # tests.tooling (Server.stop)
     from fanout import recorded_stream
 
     binary = pion_binary(args.pion_bin)

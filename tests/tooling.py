@@ -1,4 +1,5 @@
-"""What a test needs from the machine: a tool that must exist, and a free loopback port.
+"""What a test needs from the machine: a tool that must exist, a free loopback port, and a child
+process stopped for sure.
 
 Outside CI a missing tool skips the test with the command that installs it; in CI (``CI=true``)
 it fails, because CI installs everything through ``scripts/install-system-deps``.
@@ -6,9 +7,12 @@ it fails, because CI installs everything through ``scripts/install-system-deps``
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import socket
+import subprocess
 
 import pytest
 
@@ -40,3 +44,16 @@ def free_port(kind: int = socket.SOCK_STREAM, host: str = "127.0.0.1") -> int:
         sock.bind((host, 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def stop_process(proc: subprocess.Popen[bytes] | subprocess.Popen[str],
+                 sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> None:
+    """Send ``sig`` (a service's orderly stop) and wait ``timeout_s``; SIGKILL if it is still
+    there then. A process that has already exited is only reaped."""
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(sig)
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -28,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from tests.tooling import IN_CI, free_port, require_root, require_tool
+from tests.tooling import IN_CI, free_port, require_root, require_tool, stop_process
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "artifacts"
@@ -210,13 +209,7 @@ class Server:
         """SIGTERM and wait (the service closes every session on the way out)."""
         if self.proc is None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
+        stop_process(self.proc)
         self.proc = None
 
     def status(self) -> dict[str, Any]:

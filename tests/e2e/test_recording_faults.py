@@ -30,7 +30,7 @@ import pytest
 from ruseon_appliance.cameras.layout import camera_dir
 from tests.e2e.whep_viewer import watch
 from tests.segmenter.stream import ffmpeg_errors, probe_frames
-from tests.tooling import free_port, require_root, require_tool
+from tests.tooling import free_port, require_root, require_tool, stop_process
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -75,13 +75,7 @@ class Serve:
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.proc is None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            self.proc.send_signal(sig)
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
+        stop_process(self.proc, sig)
         self.proc = None
 
     def get(self, path: str) -> tuple[int, bytes]:
