@@ -136,12 +136,21 @@ def _no_catch_up() -> None:
     engine.GOP_CATCH_UP_MAX_S = 0.0  # before app.py imports it
 
 
+def _dtls_per_connection() -> None:
+    """A new OpenSSL context per DTLS connection, as aiortc builds them (the engine shares
+    one; it used to build them ahead, in idle time, which cost the same CPU)."""
+    from ruseon_appliance.engine import aiortc_internals
+
+    aiortc_internals.share_ssl_contexts = lambda certificate: (lambda: 0)  # type: ignore[assignment]
+
+
 # Appliance variants: name -> the patch applied in the server process before ``serve`` starts
 # (None: none). Add one here to A/B another engine internal in the same run.
 VARIANTS: dict[str, Callable[[], None] | None] = {
     "default": None,
     "hold-off": _hold_off,
     "no-catch-up": _no_catch_up,
+    "dtls-per-connection": _dtls_per_connection,
 }
 
 

@@ -144,7 +144,7 @@ class Engine:
         self._prebuilt: PrebuiltPool[tuple[RTCPeerConnection, RTCRtpTransceiver,
                                            FanoutTrack]] | None = None
         # DTLS contexts built ahead, one per connection (aiortc builds one when DTLS starts).
-        self._prebuilt_ssl: PrebuiltPool[Any] | None = None
+        self._dtls_contexts: Callable[[], int] = lambda: 0
         self._started = False
         self._stopping = False
         self.offers_accepted = 0
@@ -184,13 +184,9 @@ class Engine:
             self._prebuilt = PrebuiltPool(self._build_fanout_peer_connection, capacity,
                                           busy=self._answering_offers)
             self._prebuilt.start()
-        create_ssl_context = aiortc_internals.ssl_context_factory(self._certificate.rtc)
-        srtp_offer = list(self._srtp_offer)
-        ssl_pool: PrebuiltPool[Any] = PrebuiltPool(
-            lambda: create_ssl_context(srtp_offer), capacity, busy=self._answering_offers)
-        aiortc_internals.take_ssl_contexts_from(self._certificate.rtc, srtp_offer, ssl_pool.take)
-        ssl_pool.start()
-        self._prebuilt_ssl = ssl_pool
+        # One DTLS context for every connection, built now rather than in the first handshake.
+        self._dtls_contexts = aiortc_internals.share_ssl_contexts(self._certificate.rtc)
+        self._certificate.rtc._create_ssl_context(srtp_profiles=list(self._srtp_offer))
         self._started = True
         if self._feed is not None:
             self.fanout_for(self._feed)
@@ -217,10 +213,9 @@ class Engine:
         self._burst.close()
         await asyncio.gather(*(s.close("shutdown") for s in list(self._sessions.values())),
                              return_exceptions=True)
-        for pool in (self._prebuilt, self._prebuilt_ssl):
-            if pool is not None:
-                pool.stop()
-        self._prebuilt = self._prebuilt_ssl = None
+        if self._prebuilt is not None:
+            self._prebuilt.stop()
+        self._prebuilt = None
         fanouts, self._fanouts = list(self._fanouts.values()), {}
         for fanout in fanouts:
             await fanout.stop()
@@ -366,8 +361,8 @@ class Engine:
             "fanout": _summed([f.stats() for f in self._fanouts.values()]),
             "audio_fanout": _summed([f.stats() for f in self._audio_fanouts.values()]),
             "prebuilt": self._prebuilt.stats() if self._prebuilt is not None else None,
-            "prebuilt_dtls": (self._prebuilt_ssl.stats()
-                              if self._prebuilt_ssl is not None else None),
+            # OpenSSL contexts the DTLS connections share (one per SRTP profile list).
+            "dtls_contexts": self._dtls_contexts(),
             "offer_bursts": self._burst.stats(),
         }
 

@@ -104,11 +104,14 @@ async def test_prebuilt_and_inline_viewers_never_share_objects(
         every = [id(o) for objs in owned for o in objs]
         assert len(every) == len(set(every)), "an object is shared between two viewers"
         assert prebuilt["taken_prebuilt"] >= 1 and prebuilt["built_inline"] >= 1, prebuilt
-        # DTLS: one OpenSSL context per connection too, built ahead for some.
-        contexts = [o.get_context() for objs in owned for o in objs
-                    if isinstance(o, SSL.Connection)]
-        assert len(contexts) == 6 and len({id(c) for c in contexts}) == 6
-        assert engine.stats()["prebuilt_dtls"]["taken_prebuilt"] >= 1
+        # DTLS: an OpenSSL connection each, all made from the engine's one context (built at
+        # start), whose session cache is off: no viewer can resume another's session.
+        connections = [o for objs in owned for o in objs if isinstance(o, SSL.Connection)]
+        assert len(connections) == 6 and len({id(c) for c in connections}) == 6
+        assert len({id(c.get_context()) for c in connections}) == 1
+        context = connections[0].get_context()
+        assert context.get_session_cache_mode() == SSL.SESS_CACHE_OFF
+        assert engine.stats()["dtls_contexts"] == 1
         assert len({s.ufrag for s in sessions}) == 6
         ssrcs = [aiortc_internals.sender_ssrcs(s.sender) for s in sessions]
         assert len({x for pair in ssrcs for x in pair}) == 12
@@ -231,21 +234,31 @@ def test_offer_parser_guard_points() -> None:
 
 def test_ssl_context_hook_points() -> None:
     """aiortc 1.16 asks the (shared) certificate for a new SSL context per DTLS connection,
-    with the transport's SRTP profiles: where the engine hands out contexts built ahead."""
+    with the transport's SRTP profiles, and only wraps it in an SSL.Connection: where the
+    engine hands every connection the one context it shares."""
     from aiortc import RTCCertificate
     from aiortc.rtcdtlstransport import SRTP_PROFILES, RTCDtlsTransport
 
     start = inspect.getsource(RTCDtlsTransport.start)
-    assert "self.__local_certificate._create_ssl_context(" in start
+    wrapped = ("self._ssl = SSL.Connection(\n"
+               "            self.__local_certificate._create_ssl_context(")
+    assert wrapped in start
     assert "srtp_profiles=self._srtp_profiles" in start
+    # Nothing else in the transport touches the context it was given.
+    source = inspect.getsource(RTCDtlsTransport)
+    assert source.count("_create_ssl_context(") == 1 and "get_context" not in source
     certificate = RTCCertificate.generateCertificate()
     create = aiortc_internals.ssl_context_factory(certificate)
     profiles = list(SRTP_PROFILES)
     first, second = create(profiles), create(profiles)
     assert isinstance(first, SSL.Context) and first is not second
-    built_ahead = [create(profiles[:1]), create(profiles[:1])]
-    aiortc_internals.take_ssl_contexts_from(certificate, profiles[:1], built_ahead.pop)
-    assert certificate._create_ssl_context(srtp_profiles=profiles[:1]) is not None
-    assert len(built_ahead) == 1
+    built = aiortc_internals.share_ssl_contexts(certificate)
+    shared = certificate._create_ssl_context(srtp_profiles=profiles[:1])
+    assert certificate._create_ssl_context(srtp_profiles=list(profiles[:1])) is shared
+    assert shared.get_session_cache_mode() == SSL.SESS_CACHE_OFF and built() == 1
     other = certificate._create_ssl_context(srtp_profiles=profiles)
-    assert isinstance(other, SSL.Context) and len(built_ahead) == 1
+    assert isinstance(other, SSL.Context) and other is not shared and built() == 2
+    # Closing one connection does not cut the shared context's verify callback.
+    connection = SSL.Connection(shared)
+    aiortc_internals._release_verify_callback(connection)
+    assert shared._verify_helper is not None and shared._verify_helper.callback is not None
