@@ -226,8 +226,9 @@ def owned_objects(pc: RTCPeerConnection) -> list[object]:
 
 
 def release_native_state(pc: RTCPeerConnection) -> None:
-    """Drop a closed peer connection's OpenSSL connection (with its SSL_CTX, certificate and
-    key copies) and SRTP sessions now, and its event listeners.
+    """Drop a closed peer connection's OpenSSL connection (and with it the SSL_CTX,
+    certificate and key copies, where the context was its own) and SRTP sessions now, and its
+    event listeners.
 
     aiortc's objects reference each other in cycles, so a closed connection is only freed by
     the cyclic garbage collector, whose thresholds count Python objects and know nothing of

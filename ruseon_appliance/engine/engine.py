@@ -143,7 +143,7 @@ class Engine:
         self._rtc_configuration = RTCConfiguration(iceServers=[])
         self._prebuilt: PrebuiltPool[tuple[RTCPeerConnection, RTCRtpTransceiver,
                                            FanoutTrack]] | None = None
-        # DTLS contexts built ahead, one per connection (aiortc builds one when DTLS starts).
+        # How many OpenSSL contexts the DTLS connections share (aiortc_internals).
         self._dtls_contexts: Callable[[], int] = lambda: 0
         self._started = False
         self._stopping = False

@@ -7,7 +7,7 @@ here is shared: :meth:`PrebuiltPool.take` removes the object it returns, and the
 sees it again.
 
 Filling starts with the first ``take`` (a device nobody watches spends no memory on it: about
-35 KB per peer connection, 20 KB per DTLS context), waits for a quiet moment (no ``take`` for
+35 KB per peer connection), waits for a quiet moment (no ``take`` for
 :data:`REFILL_IDLE_S`), then builds one object per loop iteration, so an offer arriving
 meanwhile waits for at most one build.
 """
