@@ -1044,7 +1044,7 @@ def main() -> None:
         raise SystemExit(serve_appliance(sys.argv[2], sys.argv[3:]))
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("role", nargs="?", default="bench",
-                        choices=["bench", "joins", "offers", "viewers"])
+                        choices=["bench", "build", "joins", "offers", "viewers"])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--joins", type=int, nargs="*", default=[10, 30],
                         help="concurrent joins: viewers POSTing at once (default 10 30)")
@@ -1067,7 +1067,9 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=1, help="client roles: how many")
     parser.add_argument("--concurrent", action="store_true", help="offers: all at once")
     args = parser.parse_args()
-    if args.role == "joins":
+    if args.role == "build":  # the Go/Pion server only (scripts/bench, before its netns)
+        print(pion_binary(args.pion_bin))
+    elif args.role == "joins":
         asyncio.run(joins_client(args.url, args.count, args.join_timeout))
     elif args.role == "offers":
         asyncio.run(offers_client(args.url, args.count, args.concurrent))
