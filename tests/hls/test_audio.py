@@ -93,7 +93,9 @@ async def test_hls_carries_the_tone_as_aac_in_sync_and_a_silent_camera_stays_vid
         mute = parse_multivariant((await get(http, f"{base}/hls/mute/multivariant.m3u8")).decode())
         assert [len(v.codecs) for v in mute.variants] == [1]
 
-        # Four whole segments of one second each (an IDR a second): four beeps.
+        # Four whole segments of one second each (an IDR a second): four beeps, of which one
+        # near the start may have begun before the sound (measure_sync leaves it out) and one
+        # near the end may have no picture of its second in the file.
         init, names = await complete_segments(http, base, "front", 4)
         media = tmp_path / "front.mp4"
         media.write_bytes(init + b"".join([await get(http, f"{base}/hls/front/{n}")
@@ -112,7 +114,7 @@ async def test_hls_carries_the_tone_as_aac_in_sync_and_a_silent_camera_stays_vid
         assert 0 <= spans["audio"][0] - spans["video"][0] <= 1024 / 48_000 + 40e-3, spans
         sync = measure_sync(media)
         assert sync.pictures == pytest.approx(len(names) * FPS, abs=2)
-        assert len(sync.errors_s) >= len(names) - 1, sync
+        assert len(sync.errors_s) >= len(names) - 2, sync
         assert all(abs(e) <= SYNC_S for e in sync.errors_s), sync
 
         # The live playlist itself, as a player reads it (parts, blocking reloads): both
