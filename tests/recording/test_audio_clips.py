@@ -104,7 +104,9 @@ async def test_clips_of_a_camera_with_its_tone_have_aac_in_sync_and_a_silent_one
             assert 0 <= spans["audio"][0] - spans["video"][0] <= 1024 / 48_000 + 2e-3, (fmt,
                                                                                         spans)
             sync = await asyncio.to_thread(measure_sync, media)
-            assert len(sync.errors_s) >= 3, (fmt, sync)
+            # Four beeps: one near the clip's start may have begun before its sound
+            # (measure_sync leaves it out), one near the end may have no picture of its second.
+            assert len(sync.errors_s) >= 2, (fmt, sync)
             assert all(abs(e) <= SYNC_S for e in sync.errors_s), (fmt, sync)
         # The archive's own segments (what a clip is cut from) play with both streams too.
         segment = sorted((tmp_path / "rec").rglob("front/*.mp4"))[0]
