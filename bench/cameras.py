@@ -41,25 +41,18 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 from fanout import free_port, recorded_stream
 from memory import rss_of, smaps_top
+from relay import cpu_seconds
 
 from tests.tooling import stop_process
 
 ROOT = Path(__file__).resolve().parent.parent
 PYCACHE = ROOT / ".cache" / "pycache"
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 # Each variant: extra keys for every [[camera]] table.
 VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
     "no-motion": {"motion": False},
 }
-
-
-def cpu_s(pid: int) -> float:
-    """utime + stime of every thread of ``pid``, in seconds."""
-    with open(f"/proc/{pid}/stat") as fh:
-        fields = fh.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
 def compiled_env() -> dict[str, str]:
@@ -99,9 +92,9 @@ def measure(cameras: int, variant: str, at: float, window: float,
         if proc.poll() is not None:
             raise RuntimeError(f"ruseon serve exited with {proc.returncode}: "
                                f"{proc.stderr.read().decode()[-2000:] if proc.stderr else ''}")
-        cpu0, t0 = cpu_s(proc.pid), time.monotonic()
+        cpu0, t0 = cpu_seconds(proc.pid), time.monotonic()
         time.sleep(max(0.0, started + at - time.monotonic()))
-        cpu1, t1 = cpu_s(proc.pid), time.monotonic()
+        cpu1, t1 = cpu_seconds(proc.pid), time.monotonic()
         return {"cameras": cameras, "variant": variant, "rss_kib": rss_of(proc.pid),
                 "cpu_percent": 100 * (cpu1 - cpu0) / (t1 - t0), "top": smaps_top(proc.pid, 6)}
     finally:
