@@ -12,7 +12,7 @@ import logging
 import mmap
 from array import array
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from .access_unit import AccessUnit
 
@@ -39,6 +39,18 @@ def zeroed_buffer(size: int) -> mmap.mmap:
     written: an anonymous mapping. (``bytearray(size)`` zero-fills, so all of it is resident
     from the start: the 8 MiB ring arena and the muxer's 1 MiB frame buffer were, issue 19.)"""
     return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)  # anonymous, not shared memory
+
+
+class RingPin(Protocol):
+    """A holder of references to a ring's frames (the HLS window's parts, the segmenter's
+    samples): :meth:`RingBuffer.write` calls ``before_lap(oldest)`` before it overwrites a frame
+    older than ``oldest`` while ``seq``, the oldest frame the holder refers to, is one of them;
+    the holder copies those frames out then (they are still intact during the call)."""
+
+    @property
+    def seq(self) -> int: ...
+
+    def before_lap(self, oldest: int) -> None: ...
 
 
 class RingBuffer:
@@ -73,6 +85,7 @@ class RingBuffer:
         self._newest_keyframe = -1
         self._waiter: asyncio.Future[None] | None = None
         self._readers: set[RingReader] = set()
+        self._pins: list[RingPin] = []
         self.rejected_too_large = 0
         self.bytes_written = 0
         self.overruns_closed = 0  # overruns of readers already closed, so stats stay monotonic
@@ -134,6 +147,10 @@ class RingBuffer:
         first_kept = stop - arena_size
         while oldest < seq and self._start[oldest % slots] < first_kept:
             oldest += 1
+        if self._pins and oldest > self._oldest:
+            for pin in self._pins:
+                if pin.seq < oldest:
+                    pin.before_lap(oldest)  # frames before oldest are still intact here
         self._oldest = oldest
         i = seq % slots
         self._view[off:end] = au.data
@@ -171,6 +188,17 @@ class RingBuffer:
             bool(self._keyframe[i]),
             self._capture[i],
         )
+
+    def pin(self, holder: RingPin) -> None:
+        """Have ``holder`` told before the frames it refers to are overwritten (:class:`RingPin`);
+        :meth:`unpin` ends it."""
+        if holder not in self._pins:
+            self._pins.append(holder)
+
+    def unpin(self, holder: RingPin) -> None:
+        """Stop telling ``holder``."""
+        if holder in self._pins:
+            self._pins.remove(holder)
 
     def is_keyframe(self, seq: int) -> bool:
         """Whether intact frame ``seq`` is a keyframe (False if not intact)."""

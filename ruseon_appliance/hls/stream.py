@@ -149,6 +149,7 @@ class HlsStream:
                 # for the real frame rate (PART-TARGET must not change once players saw it).
                 self.layout, self._relayout = self._relayout, None
                 self.window.part_target_s = self.layout.part_target_s
+                self.segmenter.close()
                 self.segmenter = self._new_segmenter()
                 log.info("HLS: the camera sends %.2f fps, not the configured rate: parts of "
                          "%d frames, PART-TARGET %.3f s", self.framerate, self.layout.frames,
@@ -160,10 +161,12 @@ class HlsStream:
 
     def _new_segmenter(self) -> Fmp4Segmenter:
         """Parts cut for the current layout; a frame that would take a part past PART-TARGET
-        (the camera skipped frames before it) starts the next part instead."""
+        (the camera skipped frames before it) starts the next part instead. The parts keep
+        their pictures by reference to the ring (one copy of each access unit)."""
         return Fmp4Segmenter(fragment_max_s=self.layout.fragment_max_s,
                              fragment_limit_s=self.layout.part_target_s,
-                             audio_config=self.audio.aac_config if self.audio else None)
+                             audio_config=self.audio.aac_config if self.audio else None,
+                             ring=self.ring)
 
     def _sink(self, fragments: list[Fragment]) -> None:
         if self._relayout is not None:
@@ -287,6 +290,12 @@ class HlsStream:
             "part_target_s": window.part_target_s,
             "segments": len(window.segments),
             "window_bytes": window.size,
+            # Of those, what the window holds itself: the rest is the ring's own bytes.
+            "window_held_bytes": window.held_bytes,
+            # Parts copied out of the ring before its writer reached their pictures (a window
+            # longer than the ring holds), and parts lost to it all the same.
+            "parts_copied_out": window.parts_copied_out,
+            "parts_lost": window.parts_lost,
             "media_sequence": window.first_msn,
             "live_msn": position.msn,
             "live_part": position.parts - 1,

@@ -12,22 +12,35 @@ card never sees a segment. Numbering never goes backwards while the process runs
 
 Names carry a per-process run id, so an HTTP cache in front can never hand out a part from a
 previous run of the service under the same name.
+
+One copy of the pictures (issue 31): fragments of a segmenter reading by reference
+(:attr:`Fragment.media`) stay references into the camera's ring, put together when a client
+asks; the few a request just needed are kept (:data:`HOT_PARTS`, :data:`HOT_SEGMENTS`), since
+every LL-HLS client asks for the same parts at the live edge. The window pins the ring
+(:meth:`RingBuffer.pin`): a part whose pictures the ring's writer is about to overwrite is
+copied out first, so a window longer than the ring holds (a bitrate above the configured one,
+a reader that fell behind) costs memory as before, never a part.
 """
 
 from __future__ import annotations
 
 import math
 import secrets
-from collections import deque
-from collections.abc import Iterator, Sequence
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+from ruseon_appliance.capture.ring import RingBuffer
 from ruseon_appliance.segmenter import Fragment
+from ruseon_appliance.segmenter.ring_media import NO_SEQ, RingMedia
 
 TIMESCALE = 90_000
 # A fragment continuing the previous one starts exactly where it ended (the segmenter derives
 # durations from the next frame's pts); this much slack absorbs rounding in other timescales.
 CONTINUITY_SLACK_TICKS = 90
+# Parts and complete segments put together for a request, kept for the next client's.
+HOT_PARTS = 12
+HOT_SEGMENTS = 2
 
 
 @dataclass(slots=True)
@@ -37,10 +50,18 @@ class Part:
     number: int
     msn: int
     index: int  # position inside its segment (the _HLS_part of blocking requests)
-    data: bytes | memoryview
+    data: bytes | memoryview | None  # None while ``media`` refers to the ring
     duration_s: float
     independent: bool
     capture_time_us: int
+    media: RingMedia | None = None
+    size: int = 0  # bytes of moof + mdat
+
+    def content(self) -> bytes | memoryview | None:
+        """moof + mdat (None: the ring lost its pictures)."""
+        if self.data is not None:
+            return self.data
+        return self.media.resolve() if self.media is not None else None
 
 
 @dataclass(slots=True)
@@ -55,7 +76,7 @@ class Segment:
     dsn: int = 0
     parts: list[Part] = field(default_factory=list)
     complete: bool = False
-    data: bytes | None = None  # the parts joined, once complete
+    data: bytes | None = None  # the parts joined, once complete (parts held as bytes)
 
     @property
     def duration_s(self) -> float:
@@ -64,8 +85,20 @@ class Segment:
 
     @property
     def size(self) -> int:
-        """Bytes held (parts share the joined segment's buffer once complete)."""
-        return len(self.data) if self.data is not None else sum(len(p.data) for p in self.parts)
+        """Bytes of its parts (held, or by reference to the ring)."""
+        return sum(p.size for p in self.parts)
+
+    def content(self) -> bytes | None:
+        """The parts joined (None: the ring lost a picture of one)."""
+        if self.data is not None:
+            return self.data
+        pieces = []
+        for part in self.parts:
+            piece = part.content()
+            if piece is None:
+                return None
+            pieces.append(piece)
+        return b"".join(pieces)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,9 +143,15 @@ class LiveWindow:
         self._generation: int | None = None
         self._break_pending = False
         self._bytes = 0
+        self._held_bytes = 0  # of those, held as bytes (the rest refers to the ring)
+        self._hot: OrderedDict[tuple[str, int], bytes | memoryview] = OrderedDict()
+        self._refs: deque[Part] = deque()  # parts by reference, oldest first (the pin's)
+        self._pinned: RingBuffer | None = None
         self.parts_added = 0
         self.segments_split = 0
         self.discontinuities = 0
+        self.parts_copied_out = 0  # parts by reference copied before the ring reached them
+        self.parts_lost = 0  # parts (with their segments) the ring lost all the same (a bug)
 
     # -- feeding ---------------------------------------------------------------------------
 
@@ -163,15 +202,24 @@ class LiveWindow:
             number=self._next_part,
             msn=open_segment.msn,
             index=len(open_segment.parts),
-            data=fragment.data,
+            data=fragment.data if fragment.media is None else None,
             duration_s=duration_s,
             independent=fragment.independent,
             capture_time_us=fragment.capture_time_us,
+            media=fragment.media,
+            size=fragment.size,
         )
         self._next_part += 1
         open_segment.parts.append(part)
         self._parts_by_number[part.number] = part
-        self._bytes += len(fragment.data)
+        self._bytes += part.size
+        if part.media is None:
+            self._held_bytes += part.size
+        else:
+            if part.media.ring is not self._pinned:
+                part.media.ring.pin(self)
+                self._pinned = part.media.ring
+            self._refs.append(part)
         self._generation = fragment.init_generation
         self._expected_pts = fragment.start_pts + fragment.duration
         self.parts_added += 1
@@ -180,16 +228,64 @@ class LiveWindow:
 
     def _complete(self, segment: Segment) -> None:
         segment.complete = True
+        if any(p.data is None for p in segment.parts):
+            return  # by reference: put together on request
         # One buffer per segment; the parts become views into it, so a complete segment is not
         # held twice.
-        joined = b"".join(bytes(p.data) for p in segment.parts)
+        joined = b"".join(bytes(p.data) for p in segment.parts if p.data is not None)
         view = memoryview(joined)
         offset = 0
         for part in segment.parts:
-            size = len(part.data)
-            part.data = view[offset:offset + size]
-            offset += size
+            part.data = view[offset:offset + part.size]
+            offset += part.size
         segment.data = joined
+
+    @property
+    def seq(self) -> int:
+        """The oldest ring frame a part still refers to (:class:`RingPin`)."""
+        refs = self._refs
+        while refs and refs[0].media is None:
+            refs.popleft()
+        return refs[0].media.first_seq if refs and refs[0].media is not None else NO_SEQ
+
+    def before_lap(self, oldest: int) -> None:
+        """The ring's writer is about to overwrite the frames before ``oldest``: the parts that
+        refer to them are copied out now (:class:`RingPin`)."""
+        refs = self._refs
+        lost_msn: int | None = None
+        while refs:
+            part = refs[0]
+            media = part.media
+            if media is not None and media.first_seq >= oldest:
+                break
+            refs.popleft()
+            if media is None:
+                continue
+            data = media.resolve()
+            part.media = None
+            if data is None:  # never (the frames are intact during the call): not served wrong
+                lost_msn = part.msn
+                continue
+            part.data = data
+            self._held_bytes += part.size
+            self.parts_copied_out += 1
+            self._hot.pop(("part", part.number), None)
+        if lost_msn is not None:
+            while self.segments and self.segments[0].msn <= lost_msn:
+                self.parts_lost += len(self.segments[0].parts)
+                self._drop_oldest()
+            if not self.segments:  # the open one went too: the next part starts anew
+                self._break_pending = True
+
+    def _drop_oldest(self) -> None:
+        oldest = self.segments.popleft()
+        self._bytes -= oldest.size
+        self._held_bytes -= sum(p.size for p in oldest.parts if p.data is not None)
+        for part in oldest.parts:
+            self._parts_by_number.pop(part.number, None)
+            self._hot.pop(("part", part.number), None)
+            part.media = None  # (the pin forgets it)
+        self._hot.pop(("seg", oldest.msn), None)
 
     def _evict(self) -> None:
         complete_s = sum(s.duration_s for s in self.segments if s.complete)
@@ -199,11 +295,8 @@ class LiveWindow:
             too_big = self._bytes > self.max_bytes and len(self.segments) > 2
             if not (too_long or too_big):
                 break
-            self.segments.popleft()
+            self._drop_oldest()
             complete_s -= oldest.duration_s
-            self._bytes -= oldest.size
-            for part in oldest.parts:
-                self._parts_by_number.pop(part.number, None)
         live = {s.init_generation for s in self.segments}
         for generation in [g for g in self.inits if g not in live]:
             if generation != self._generation:
@@ -243,8 +336,48 @@ class LiveWindow:
 
     @property
     def size(self) -> int:
-        """Bytes held."""
+        """Bytes of media in the window (held, or by reference to the ring)."""
         return self._bytes
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes the window holds itself (the rest is in the ring)."""
+        return self._held_bytes
+
+    def part_content(self, number: int) -> bytes | memoryview | None:
+        """The bytes of part ``number`` (None: not in the window, or lost by the ring)."""
+        part = self._parts_by_number.get(number)
+        if part is None:
+            return None
+        if part.data is not None:
+            return part.data
+        return self._hot_content(("part", number), part.content, HOT_PARTS)
+
+    def segment_content(self, msn: int) -> bytes | memoryview | None:
+        """The bytes of complete segment ``msn`` (None: not in the window, or lost)."""
+        segment = self.segment(msn)
+        if segment is None:
+            return None
+        if segment.data is not None:
+            return segment.data
+        return self._hot_content(("seg", msn), segment.content, HOT_SEGMENTS)
+
+    def _hot_content(self, key: tuple[str, int],
+                     make: Callable[[], bytes | memoryview | None],
+                     keep: int) -> bytes | memoryview | None:
+        hot = self._hot
+        data = hot.get(key)
+        if data is not None:
+            hot.move_to_end(key)
+            return data
+        data = make()
+        if data is not None:
+            hot[key] = data
+            kind = key[0]
+            kept = [k for k in hot if k[0] == kind]
+            for old in kept[:max(0, len(kept) - keep)]:
+                del hot[old]
+        return data
 
     def satisfies(self, msn: int, part: int | None) -> bool:
         """Does the window already hold what a blocking reload for ``msn``/``part`` waits for?

@@ -16,7 +16,9 @@ from __future__ import annotations
 import collections
 import itertools
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..capture.h264 import (
     NAL_AUD,
@@ -31,6 +33,10 @@ from ..capture.h264 import (
 )
 from ..stream.aac import parse_aac_config as parse_aac_config
 from .boxes import box, full_box
+from .ring_media import NO_SEQ, RingMedia, Sample, Spans, avcc
+
+if TYPE_CHECKING:
+    from ..capture.ring import RingBuffer
 
 TRACK_ID = 1
 # trun sample_flags (ISO/IEC 14496-12 8.8.3.1): a sync sample depends on nothing; any other
@@ -73,7 +79,7 @@ MAX_AUDIO_QUEUE = 2048
 class Fragment:
     """One CMAF chunk: a moof+mdat pair holding one or more access units."""
 
-    data: bytes  # moof + mdat, ready to write/serve
+    data: bytes  # moof + mdat, ready to write/serve (b"" when ``media`` holds it)
     sequence: int  # mfhd sequence number (monotonic per segmenter)
     start_pts: int  # decode time of the first sample, timescale ticks (== tfdt)
     duration: int  # sum of sample durations, timescale ticks
@@ -83,15 +89,29 @@ class Fragment:
     init_generation: int  # which init segment it belongs to
     audio_frames: int = 0  # AAC frames in its second track run (0: video only)
     audio_bytes: int = 0
+    # A segmenter with a ring (Fmp4Segmenter(ring=...)): the bytes by reference to the ring's
+    # pictures, put together on demand (RingMedia.resolve).
+    media: RingMedia | None = None
+
+    @property
+    def size(self) -> int:
+        """Bytes of moof + mdat (held, or by reference)."""
+        return self.media.size if self.media is not None else len(self.data)
+
+    def content(self) -> bytes | None:
+        """moof + mdat, or None when the ring lost a picture of a referenced fragment."""
+        return self.media.resolve() if self.media is not None else self.data
 
 
 @dataclass(slots=True)
 class _Sample:
-    data: bytes  # AVCC
+    data: bytes  # AVCC (b"" for a sample by reference: ``ref``)
     pts: int  # timescale ticks
     keyframe: bool
     capture_time_us: int
     parameter_sets: tuple[bytes, bytes] | None  # (sps, pps) carried by this IDR
+    size: int  # of the AVCC sample
+    ref: tuple[int, Spans] | None = None  # the ring seq and the kept NAL units' spans
 
 
 @dataclass(slots=True)
@@ -107,7 +127,7 @@ class _Held:
 
     sequence: int
     table: list[tuple[int, int, int]]
-    payload: list[bytes]
+    payload: list[_Sample]
     start_pts: int
     duration: int
     independent: bool
@@ -322,14 +342,6 @@ def moof_box(sequence: int, base_decode_time: int, samples: list[tuple[int, int,
     )
 
 
-def fragment_bytes(sequence: int, base_decode_time: int,
-                   samples: list[tuple[int, int, int]], payload: list[bytes | memoryview]) -> bytes:
-    """moof + mdat for one track run: ``samples`` are (duration, size, flags)."""
-    moof = moof_box(sequence, base_decode_time, samples)
-    body = b"".join(payload)
-    return moof + struct.pack(">I4s", 8 + len(body), b"mdat") + body
-
-
 def av_moof_box(sequence: int, base_decode_time: int, samples: list[tuple[int, int, int]],
                 audio_decode_time: int, audio: list[tuple[int, int]]) -> bytes:
     """moof for a video run and an AAC run (``audio``: (duration, size), decode time in
@@ -386,15 +398,26 @@ class Fmp4Segmenter:
     timeline by capture time. A closed fragment then waits for that audio (see
     ``AUDIO_WAIT_US``); audio that stopped never holds it. Without ``audio_config`` the output
     is byte for byte the video-only one.
+
+    ``ring`` (the ring the access units are read from; :meth:`push` then takes each one's
+    ``seq``): fragments keep their pictures by reference (:attr:`Fragment.media`,
+    :mod:`.ring_media`) instead of copying them, for a consumer that holds fragments while the
+    ring still has their frames (the live HLS window). Their bytes are the same. The segmenter
+    pins the ring (a sample whose frame the writer is about to overwrite is copied out first);
+    :meth:`close` unpins it.
     """
 
     def __init__(self, *, fragment_max_s: float = 0.25, fragment_limit_s: float | None = None,
-                 timescale: int = 90_000, audio_config: bytes | None = None) -> None:
+                 timescale: int = 90_000, audio_config: bytes | None = None,
+                 ring: RingBuffer | None = None) -> None:
         if fragment_max_s <= 0:
             raise ValueError("fragment_max_s must be positive")
         if audio_config is not None:
             parse_aac_config(audio_config)  # ValueError now, not with the first IDR
         self.audio_config = audio_config
+        self.ring = ring
+        if ring is not None:
+            ring.pin(self)
         # One AAC frame's length on the audio track's 48 kHz timescale (1024 samples at the
         # configuration's rate: 3072 ticks for an IP camera's 16 kHz AAC passed through).
         self._audio_frame_ticks = _frame_ticks(audio_config)
@@ -483,12 +506,13 @@ class Fmp4Segmenter:
         return self._info
 
     def push(self, data: bytes | memoryview, pts: int, keyframe: bool,
-             capture_time_us: int) -> list[Fragment]:
+             capture_time_us: int, seq: int | None = None) -> list[Fragment]:
         """Add one access unit (Annex B, pts in 1/90000); return fragments that became complete.
 
-        ``data`` is copied before this returns, so a ring view may be passed directly.
+        ``data`` is copied before this returns, so a ring view may be passed directly. ``seq``:
+        its sequence number in the segmenter's ``ring`` (required with one, ignored without).
         """
-        sample = self._convert(data, pts, keyframe, capture_time_us)
+        sample = self._convert(data, pts, keyframe, capture_time_us, seq)
         if sample is None:
             return self._take_ready()
         previous = self._pending
@@ -609,6 +633,41 @@ class Fmp4Segmenter:
 
     # -- internals ------------------------------------------------------------------------
 
+    def close(self) -> None:
+        """Unpin the ring (a segmenter that is replaced or stopped)."""
+        if self.ring is not None:
+            self.ring.unpin(self)
+
+    @property
+    def seq(self) -> int:
+        """The oldest ring frame a sample still refers to (:class:`RingPin`)."""
+        for sample in self._samples():
+            if sample.ref is not None:
+                return sample.ref[0]
+        return NO_SEQ
+
+    def before_lap(self, oldest: int) -> None:
+        """The ring's writer is about to overwrite the frames before ``oldest``: the samples
+        that refer to them are copied out now (:class:`RingPin`)."""
+        assert self.ring is not None
+        for sample in self._samples():
+            ref = sample.ref
+            if ref is None:
+                continue
+            if ref[0] >= oldest:
+                return
+            data = avcc(self.ring, *ref)
+            if data is not None:  # (never None: the frame is intact during the call)
+                sample.data, sample.ref = data, None
+
+    def _samples(self) -> Iterator[_Sample]:
+        """Every sample held, oldest first."""
+        for held in self._held:
+            yield from held.payload
+        yield from self._open
+        if self._pending is not None:
+            yield self._pending
+
     def _take_ready(self) -> list[Fragment]:
         ready = self._ready
         if ready:
@@ -616,7 +675,10 @@ class Fmp4Segmenter:
         return ready
 
     def _convert(self, data: bytes | memoryview, pts: int, keyframe: bool,
-                 capture_time_us: int) -> _Sample | None:
+                 capture_time_us: int, seq: int | None) -> _Sample | None:
+        by_reference = self.ring is not None
+        if by_reference and seq is None:
+            raise ValueError("a segmenter with a ring needs each access unit's seq")
         raw = bytes(data)
         spans = nal_spans(raw)
         if not spans:
@@ -624,6 +686,8 @@ class Fmp4Segmenter:
             return None
         view = memoryview(raw)
         parts: list[bytes | memoryview] = []
+        kept: list[tuple[int, int]] = []
+        size = 0
         sps = pps = None
         has_idr = False
         for start, end in spans:
@@ -636,9 +700,13 @@ class Fmp4Segmenter:
                 continue
             if kind == NAL_IDR:
                 has_idr = True
-            parts.append(_LEN.pack(end - start))
-            parts.append(view[start:end])
-        if not parts:
+            size += 4 + end - start
+            if by_reference:
+                kept.append((start, end))
+            else:
+                parts.append(_LEN.pack(end - start))
+                parts.append(view[start:end])
+        if not size:
             self.bad_units += 1
             return None
         keyframe = keyframe or has_idr
@@ -655,7 +723,10 @@ class Fmp4Segmenter:
         pts = max(0, pts)
         if self.timescale != 90_000:
             pts = pts * self.timescale // 90_000
-        return _Sample(b"".join(parts), pts, keyframe, capture_time_us, params)
+        if by_reference:
+            assert seq is not None
+            return _Sample(b"", pts, keyframe, capture_time_us, params, size, (seq, tuple(kept)))
+        return _Sample(b"".join(parts), pts, keyframe, capture_time_us, params, size)
 
     def _set_init(self, params: tuple[bytes, bytes]) -> bool:
         sps, pps = params
@@ -703,18 +774,20 @@ class Fmp4Segmenter:
         if self._limit_ticks is not None and self._open_ticks > self._limit_ticks:
             self.over_limit += 1
         durations = self._open_durations
-        table = [(d, len(s.data), SYNC_SAMPLE_FLAGS if s.keyframe else NON_SYNC_SAMPLE_FLAGS)
+        table = [(d, s.size, SYNC_SAMPLE_FLAGS if s.keyframe else NON_SYNC_SAMPLE_FLAGS)
                  for s, d in zip(samples, durations, strict=True)]
         first = samples[0]
         if self.audio_config is not None:
             self._held.append(_Held(
-                self._sequence, table, [s.data for s in samples], first.pts, self._open_ticks,
+                self._sequence, table, samples, first.pts, self._open_ticks,
                 first.keyframe, len(samples), first.capture_time_us,
                 first.capture_time_us + self._open_ticks * 1_000_000 // self.timescale,
                 self._open_generation))
         else:
+            data, media = self._payload(moof_box(self._sequence, first.pts, table), samples, [])
             self._ready.append(Fragment(
-                data=fragment_bytes(self._sequence, first.pts, table, [s.data for s in samples]),
+                data=data,
+                media=media,
                 sequence=self._sequence,
                 start_pts=first.pts,
                 duration=self._open_ticks,
@@ -726,6 +799,17 @@ class Fmp4Segmenter:
         self._open = []
         self._open_durations = []
         self._open_ticks = 0
+
+    def _payload(self, moof: bytes, samples: list[_Sample], audio: list[bytes]
+                 ) -> tuple[bytes, RingMedia | None]:
+        """moof + mdat of ``samples`` then ``audio``: as bytes, or by reference to the ring
+        (``(b"", media)``) for a segmenter with one."""
+        size = sum(s.size for s in samples) + sum(len(a) for a in audio)
+        head = moof + struct.pack(">I4s", 8 + size, b"mdat")
+        if self.ring is None or all(s.ref is None for s in samples):
+            return b"".join([head, *(s.data for s in samples), *audio]), None
+        entries: list[Sample] = [s.data if s.ref is None else s.ref for s in samples]
+        return b"", RingMedia(self.ring, head, entries, b"".join(audio))
 
     # -- the audio track --------------------------------------------------------------------
 
@@ -789,9 +873,10 @@ class Fmp4Segmenter:
             self.audio_frames += len(frames)
         audio_bytes = sum(len(f.data) for f in frames)
         moof = av_moof_box(held.sequence, held.start_pts, held.table, decode_time, audio)
-        body = b"".join([*held.payload, *(f.data for f in frames)])
+        data, media = self._payload(moof, held.payload, [f.data for f in frames])
         return Fragment(
-            data=moof + struct.pack(">I4s", 8 + len(body), b"mdat") + body,
+            data=data,
+            media=media,
             sequence=held.sequence,
             start_pts=held.start_pts,
             duration=held.duration,

@@ -127,7 +127,7 @@ async def _run_video(reader: RingReader, segmenter: Fmp4Segmenter,
                     overruns = reader.overruns
                     segmenter.reset()
                 out.extend(segmenter.push(current.data, current.pts, current.keyframe,
-                                          current.capture_time_us))
+                                          current.capture_time_us, current.seq))
                 current = reader.poll()
             if out:
                 sink(out)

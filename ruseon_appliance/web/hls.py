@@ -262,8 +262,7 @@ class HlsResource:
         if kind == "init" and match.group(4) == "mp4":
             data = window.init(number)
         elif kind == "seg" and match.group(4) == "m4s":
-            segment = window.segment(number)
-            data = segment.data if segment is not None else None
+            data = window.segment_content(number)
         elif kind == "part" and match.group(4) == "m4s":
             part: Part | None = window.part(number)
             if part is None and number == window.next_part_number:
@@ -273,14 +272,14 @@ class HlsResource:
                 if part is None:
                     raise Problem(503, f"part {number} did not arrive in time",
                                   headers={"Retry-After": "1", **_NO_STORE})
-            data = part.data if part is not None else None
+            data = window.part_content(number) if part is not None else None
         else:
             data = None
         if data is None:
             raise Problem(404, "no such HLS file (not in the live window)", headers=_NO_STORE)
         self.metrics.bytes_sent += len(data)
         return web.Response(
-            body=data,  # a view into the segment's one buffer: no copy per request
+            body=data,  # the window's bytes (or those put together for the last requests)
             content_type=MEDIA_TYPE,
             headers=self._cache_headers(f"public, max-age={self.media_max_age}, immutable"),
         )

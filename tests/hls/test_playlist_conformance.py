@@ -179,13 +179,16 @@ def test_parts_fit_part_target_at_any_frame_rate(fps: int, part_s: float) -> Non
     parser checks both), whatever the frame rate: parts are whole frames, so the advertised
     PART-TARGET must follow the frames, not only the configured part duration."""
     units = AccessUnitSplitter().split_all(CAM_STREAM.read_bytes())  # GOP 30
-    stream = HlsStream(RingBuffer(64 * 1024, 8), framerate=fps, keyframe_interval=30,
-                       part_target_s=part_s, window_s=8.0)
+    ring = RingBuffer(1024 * 1024, 128)
+    stream = HlsStream(ring, framerate=fps, keyframe_interval=30, part_target_s=part_s,
+                       window_s=8.0)
     segmenter, checker = stream.segmenter, ContinuityChecker()
     for i in range(90):
         data, keyframe = units[i % len(units)]
-        fragments = segmenter.push(data, i * (90_000 // fps), keyframe,
-                                   1_764_000_000_000_000 + i * 1_000_000 // fps)
+        unit = AccessUnit(data, i * (90_000 // fps), keyframe,
+                          1_764_000_000_000_000 + i * 1_000_000 // fps)
+        seq = ring.write(unit)
+        fragments = segmenter.push(data, unit.pts, keyframe, unit.capture_time_us, seq)
         if fragments:
             stream.add_fragments(fragments, segmenter.init_segment or b"")
             checker.add(parse(render(stream.window)))
