@@ -5,6 +5,14 @@ board): a client costs a few dictionary look-ups and a send, never a packetizati
 Blocking playlist reloads and preload-hinted part requests wait on one shared event that is
 replaced each time a part arrives; how many may wait at once is bounded, and every refusal and
 timeout is counted.
+
+While nobody asks for HLS (:data:`IDLE_AFTER_S` since the last request, and from start-up) the
+stream reads the ring in batches, once every :data:`IDLE_READ_S`, instead of waking for every
+frame: the window still holds the last seconds for the first player (its parts are references
+into the ring, so this costs no memory), and that player's first request (:meth:`HlsStream.fresh`)
+has what is left in the ring read before it is answered. The sound's reader still takes each
+AAC frame as it comes (a fragment waits for its sound; sound read late would be taken for sound
+that stopped).
 """
 
 from __future__ import annotations
@@ -44,6 +52,13 @@ log = logging.getLogger(__name__)
 # After a segmenter failure, this long before reading the ring again (a fault that repeats on
 # every frame must not spin the event loop).
 RESTART_DELAY_S = 0.5
+# No HLS request for this long: the ring is read in batches, every IDLE_READ_S (30 frames at
+# 30 fps in one wake-up instead of 30; the ring holds 16 s).
+IDLE_AFTER_S = 30.0
+IDLE_READ_S = 1.0
+# How long a request waits for the batch its arrival asked for (a camera without frames has
+# nothing to read: the request is answered with what the window has).
+FRESH_WAIT_S = 0.25
 
 
 class _Relayout(Exception):
@@ -94,6 +109,12 @@ class HlsStream:
         self.waits_timed_out = 0
         self.waits_satisfied = 0
         self._edge = asyncio.Event()
+        # Idle reading: the last request's time, the event a request sets to have the ring read
+        # now (replaced, like _edge), and the one set when the reader has caught up with it.
+        self._last_request = -math.inf
+        self._poke = asyncio.Event()
+        self._caught_up = asyncio.Event()
+        self.idle_reads = 0
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
         self.last_part_monotonic: float | None = None
@@ -130,7 +151,7 @@ class HlsStream:
                     if early:
                         self._sink(early)
                 await run_segmenter(reader, self.segmenter, self._sink, audio=audio_reader,
-                                    feed=self.audio)
+                                    feed=self.audio, between=self._between)
                 return  # the ring is closed
             except _Relayout:
                 pass
@@ -204,6 +225,41 @@ class HlsStream:
     def _wake(self) -> None:
         edge, self._edge = self._edge, asyncio.Event()
         edge.set()
+
+    # -- idle reading -----------------------------------------------------------------------
+
+    @property
+    def idle(self) -> bool:
+        """Whether nobody asked for HLS lately (the ring is read in batches)."""
+        return self.clock() - self._last_request > IDLE_AFTER_S
+
+    async def _between(self, reader: Any) -> None:
+        """Before the segmenter's reader waits for the next frame: say it caught up, and while
+        idle sleep until the next batch or a request."""
+        if reader.lag == 0:
+            caught_up, self._caught_up = self._caught_up, asyncio.Event()
+            caught_up.set()
+        if not self.idle:
+            return
+        poke = self._poke
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(IDLE_READ_S):
+                await poke.wait()
+        self.idle_reads += 1
+
+    async def fresh(self) -> None:
+        """A request arrived (call before answering it): the stream leaves idle reading, and
+        when it was idle, what is left in the ring is read first."""
+        was_idle = self.idle
+        self._last_request = self.clock()
+        if not was_idle or self._task is None or self._task.done():
+            return
+        caught_up = self._caught_up
+        poke, self._poke = self._poke, asyncio.Event()
+        poke.set()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(FRESH_WAIT_S):
+                await caught_up.wait()
 
     # -- waiting ----------------------------------------------------------------------------
 
@@ -312,6 +368,9 @@ class HlsStream:
                                        if newest and newest.parts else None),
             "codec": self.segmenter.codec,
             "audio": self._audio_stats(),
+            "idle": self.idle,
+            # Batches the ring was read in while nobody asked for HLS.
+            "idle_reads": self.idle_reads,
             "blocking_waiting": self.waiting,
             "blocking_max": self.max_waiting,
             "blocking_refused": self.waits_refused,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from ..capture.ring import FrameView, RingBuffer, RingReader
@@ -74,9 +74,15 @@ def open_audio(segmenter: Fmp4Segmenter, ring: RingBuffer, feed: AacFeed | None 
     return reader, out
 
 
+# Awaited before each wait for the next access unit (with the video's reader): a consumer that
+# may read in batches (the HLS stream while nobody watches it) sleeps here.
+Between = Callable[[RingReader], Awaitable[None]]
+
+
 async def run_segmenter(reader: RingReader, segmenter: Fmp4Segmenter,
                         sink: Callable[[list[Fragment]], None], *,
-                        audio: RingReader | None = None, feed: AacFeed | None = None) -> None:
+                        audio: RingReader | None = None, feed: AacFeed | None = None,
+                        between: Between | None = None) -> None:
     """Push every access unit ``reader`` yields into ``segmenter``; hand finished fragments to
     ``sink`` (called only with a non-empty list, on the event loop, so keep it quick).
 
@@ -91,9 +97,12 @@ async def run_segmenter(reader: RingReader, segmenter: Fmp4Segmenter,
     ``sink`` at once. It never stops the video: a failure in it is logged and the video goes
     on without sound (the segmenter stops waiting for audio that does not come); an exception
     from ``sink`` there is raised here, as it would be from the video's own.
+
+    ``between`` is awaited (with ``reader``) before each wait for the next access unit: what it
+    lets pile up in the ring meanwhile is then read in one go.
     """
     if audio is None:
-        await _run_video(reader, segmenter, sink)
+        await _run_video(reader, segmenter, sink, between)
         return
     video_task = asyncio.current_task()
     failed: list[BaseException] = []
@@ -101,7 +110,7 @@ async def run_segmenter(reader: RingReader, segmenter: Fmp4Segmenter,
                                                 feed),
                                      name="segmenter-audio")
     try:
-        await _run_video(reader, segmenter, sink)
+        await _run_video(reader, segmenter, sink, between)
     except asyncio.CancelledError:
         if failed and video_task is not None and video_task.uncancel() == 0:
             raise failed[0] from None
@@ -112,10 +121,12 @@ async def run_segmenter(reader: RingReader, segmenter: Fmp4Segmenter,
 
 
 async def _run_video(reader: RingReader, segmenter: Fmp4Segmenter,
-                     sink: Callable[[list[Fragment]], None]) -> None:
+                     sink: Callable[[list[Fragment]], None], between: Between | None) -> None:
     overruns = reader.overruns
     try:
         while True:
+            if between is not None:
+                await between(reader)
             try:
                 view = await reader.next()
             except EOFError:

@@ -194,6 +194,7 @@ class HlsResource:
         if part_text is not None and msn_text is None:
             raise Problem(400, "_HLS_part needs _HLS_msn", headers=_NO_STORE)
         stream, window = self.stream, self.stream.window
+        await stream.fresh()
         hold = stream.hold_timeout_s
         # Refuse what is malformed or too far ahead at once, before holding anything.
         msn = part = None
@@ -258,6 +259,7 @@ class HlsResource:
             raise Problem(404, "no such HLS file", headers=_NO_STORE)
         kind, number = match.group(1), int(match.group(3))
         self.metrics.seen(request, kind)
+        await self.stream.fresh()
         data: bytes | memoryview | None
         if kind == "init" and match.group(4) == "mp4":
             data = window.init(number)
@@ -390,6 +392,7 @@ class MultivariantResource:
         if "_HLS_msn" in request.query or "_HLS_part" in request.query:
             raise Problem(400, "blocking reloads (_HLS_msn, _HLS_part) are for the media "
                           "playlists, not the multivariant one", headers=_NO_STORE)
+        await asyncio.gather(*(r.stream.fresh() for r in self.renditions))
         try:
             await asyncio.gather(*(
                 r.stream.wait_for_playlist(r.stream.window.first_msn, None,

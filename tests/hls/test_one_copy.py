@@ -4,17 +4,22 @@ segmenter made. A part whose pictures the ring's writer is about to reach is cop
 one it reached anyway is refused and dropped, never served with another frame's bytes.
 
 Real H.264 (the recorded camera stream and libx264 pictures), the real ring, segmenter and
-window; the AAC is FFmpeg's, of the synthetic camera's tone."""
+window; the AAC is FFmpeg's, of the synthetic camera's tone. While nobody asks for HLS the
+ring is read in batches, and the first request still gets the newest parts."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+from typing import Any
 
 from ruseon_appliance.capture.access_unit import AccessUnit
+from ruseon_appliance.capture.h264 import AccessUnitSplitter
 from ruseon_appliance.capture.ring import RingBuffer
-from ruseon_appliance.hls import LiveWindow, render
+from ruseon_appliance.hls import HlsStream, LiveWindow, render
 from ruseon_appliance.segmenter import Fmp4Segmenter, Fragment
 from tests.hls.m3u8 import ContinuityChecker, parse
+from tests.hls.test_playlist_conformance import CAM_STREAM
 from tests.segmenter.stream import Unit, encode
 from tests.segmenter.test_aac import VIDEO_ONLY, interleave, tone_frames
 from tests.segmenter.test_fmp4 import cam_units
@@ -159,3 +164,48 @@ def test_a_part_whose_frames_are_gone_is_refused_never_another_frames_bytes() ->
     assert all(window.part_content(p.number) == served.get(p.number) for p in parts)
     assert all(window.segment_content(s.msn) is None for s in window.segments)
     assert window.parts_copied_out == 0
+
+
+async def test_while_nobody_asks_the_ring_is_read_in_batches_a_request_gets_the_newest() -> None:
+    """No HLS request yet: the stream reads the ring about once a second, not for every frame,
+    and its window still fills; the first request has the rest read before it is answered,
+    and from then on every frame is read as it comes."""
+    units = AccessUnitSplitter().split_all(CAM_STREAM.read_bytes())  # GOP 30, 30 fps
+    ring = RingBuffer(4 * 1024 * 1024, 1024)
+    stream = HlsStream(ring, framerate=30, keyframe_interval=30, part_target_s=0.25,
+                       window_s=6.0)
+    reads: list[int] = []
+    original = ring.frame
+
+    def counted(seq: int) -> Any:
+        view = original(seq)
+        if view is not None:
+            reads.append(seq)
+        return view
+
+    ring.frame = counted  # type: ignore[method-assign]
+    pts = 0
+
+    async def play(frames: int) -> None:
+        nonlocal pts
+        for i in range(frames):
+            data, keyframe = units[(pts // 3000) % len(units)]
+            ring.write(AccessUnit(data, pts, keyframe, 1_764_000_000_000_000 + pts * 100 // 9))
+            pts += 3000
+            await asyncio.sleep(1 / 30)
+            del i
+
+    await stream.start()
+    try:
+        assert stream.idle
+        await play(75)  # 2.5 s
+        assert stream.stats()["idle"] and 1 <= stream.idle_reads <= 4, stream.idle_reads
+        assert not stream.window.empty  # filled in batches
+        await stream.fresh()
+        assert not stream.idle
+        assert reads[-1] == ring.newest_seq  # everything written was read before the answer
+        before = stream.idle_reads
+        await play(15)
+        assert stream.idle_reads == before and reads[-1] == ring.newest_seq
+    finally:
+        await stream.stop()

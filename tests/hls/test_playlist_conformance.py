@@ -223,6 +223,7 @@ async def test_real_stream_through_ring_and_segmenter_survives_an_overrun() -> N
                     checker.add(parse(render(stream.window)))
 
     await stream.start()
+    await stream.fresh()  # a player is watching: every frame is read as it comes
     try:
         await play(len(units) * 2)  # 6 s of video, read as it comes
         before = parse(render(stream.window))
@@ -261,6 +262,7 @@ async def test_a_segmenter_failure_is_counted_and_the_stream_goes_on() -> None:
 
     stream.segmenter.push = failing_once  # type: ignore[method-assign]
     await stream.start()
+    await stream.fresh()  # a player is watching: every frame is read as it comes
     try:
         for i in range(len(units) * 4):
             data, keyframe = units[i % len(units)]
@@ -323,6 +325,7 @@ async def test_a_camera_slower_than_one_frame_per_part_gets_parts_of_one_frame(
     stream = HlsStream(ring, framerate=30, keyframe_interval=60, part_target_s=0.25,
                        window_s=60.0)
     await stream.start()
+    await stream.fresh()  # a player is watching: every frame is read as it comes
     try:
         for i in range(len(units) * 2):
             data, keyframe = units[i % len(units)]
@@ -350,6 +353,7 @@ async def test_parts_follow_the_cameras_real_frame_rate(real_fps: int) -> None:
                        window_s=8.0)
     checker = ContinuityChecker()
     await stream.start()
+    await stream.fresh()  # a player is watching: every frame is read as it comes
     try:
         for i in range(len(units) * 3):
             data, keyframe = units[i % len(units)]
@@ -380,6 +384,7 @@ async def test_parts_split_at_part_target_are_the_only_short_ones_and_are_counte
     stream = HlsStream(ring, framerate=30, keyframe_interval=60, part_target_s=0.25,
                        window_s=8.0)
     await stream.start()
+    await stream.fresh()  # a player is watching: every frame is read as it comes
     try:
         slot = 0
         for i in range(len(units) * 3):
