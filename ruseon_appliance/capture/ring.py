@@ -148,9 +148,7 @@ class RingBuffer:
         while oldest < seq and self._start[oldest % slots] < first_kept:
             oldest += 1
         if self._pins and oldest > self._oldest:
-            for pin in self._pins:
-                if pin.seq < oldest:
-                    pin.before_lap(oldest)  # frames before oldest are still intact here
+            self._tell_pins(oldest)
         self._oldest = oldest
         i = seq % slots
         self._view[off:end] = au.data
@@ -188,6 +186,17 @@ class RingBuffer:
             bool(self._keyframe[i]),
             self._capture[i],
         )
+
+    def _tell_pins(self, oldest: int) -> None:
+        """Frames before ``oldest`` are about to be overwritten (still intact during this)."""
+        for pin in list(self._pins):
+            try:
+                if pin.seq < oldest:
+                    pin.before_lap(oldest)
+            except Exception:  # a holder's bug must not cost the camera its frames
+                log.exception("a holder of ring references failed to copy them out; it is "
+                              "no longer told (what it refers to may be refused)")
+                self.unpin(pin)
 
     def pin(self, holder: RingPin) -> None:
         """Have ``holder`` told before the frames it refers to are overwritten (:class:`RingPin`);

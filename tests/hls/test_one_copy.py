@@ -209,3 +209,21 @@ async def test_while_nobody_asks_the_ring_is_read_in_batches_a_request_gets_the_
         assert stream.idle_reads == before and reads[-1] == ring.newest_seq
     finally:
         await stream.stop()
+
+
+def test_a_holder_that_fails_to_copy_out_costs_the_camera_nothing() -> None:
+    """A pin whose before_lap raises is logged and dropped; the ring goes on taking frames."""
+    ring = RingBuffer(64 * 1024, 16)
+
+    class Broken:
+        seq = 0
+        calls = 0
+
+        def before_lap(self, oldest: int) -> None:
+            Broken.calls += 1
+            raise RuntimeError("bug")
+
+    ring.pin(Broken())
+    for i in range(40):
+        assert ring.write(AccessUnit(bytes(8 * 1024), i * 3000, i == 0, i)) == i
+    assert Broken.calls == 1 and ring.newest_seq == 39
