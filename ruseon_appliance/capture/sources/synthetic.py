@@ -280,7 +280,13 @@ class SyntheticSource:
                     missed = int(-delay / interval)
                     self.frames_late += missed
                     index += missed
-                capture_us = time.time_ns() // 1000
+                # The picture is of its slot's moment (a sensor exposes on schedule; the
+                # picture may only come out late): its capture time is that moment on the wall
+                # clock, as its pts is on the 90 kHz one. Stamped with the moment the thread
+                # got to run, a late picture showed a later stamp than its pts placed it at:
+                # its sound, stamped on time, measured 30-85 ms out of sync under load.
+                late_us = max(0, round((time.monotonic() - (start + index * interval)) * 1e6))
+                capture_us = time.time_ns() // 1000 - late_us
                 frame = pattern.render(index, capture_us, self._picture)
                 frame.pts = index
                 if self._force_idr:
