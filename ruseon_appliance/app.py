@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import socket
 import ssl
@@ -191,6 +192,11 @@ class Appliance:
             log.warning("camera %s is down: %s", name, why,
                         extra={"EVENT": "camera_down", "CAMERA": name})
         self.notifier.ready()
+        # What start-up made (modules, classes, functions, configuration: ~200k objects) lives
+        # as long as the process: out of the collector's generations with it (gc.freeze), so a
+        # full collection walks only what came after (GC pauses, issue 31).
+        gc.collect()
+        gc.freeze()
         # Start-up's temporaries (imports, certificate, sources' set-up) are freed by now; glibc
         # keeps their pages until trimmed (~1 MiB of RSS, issue 19).
         release_free_heap()
