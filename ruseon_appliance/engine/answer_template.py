@@ -30,6 +30,8 @@ _PER_OFFER_PREFIXES = ("o=", "c=", "a=ice-ufrag:", "a=ice-pwd:", "a=fingerprint:
                        "a=ssrc:", "a=ssrc-group:", "a=msid:", "a=rtcp:")
 # Answer lines carrying the engine's per-session values (every other line is the same for
 # every answer of a shape).
+_CANDIDATE_PREFIXES = ("a=candidate:", "a=end-of-candidates")
+_PER_OFFER_PREFIXES_AND_CANDIDATES = _PER_OFFER_PREFIXES + _CANDIDATE_PREFIXES
 _PER_SESSION_PREFIXES = ("a=ice-ufrag:", "a=ice-pwd:", "a=msid:", "a=ssrc:", "a=ssrc-group:")
 _TOKENS = re.compile(r"([ :])")
 # Seconds from 1900 (NTP) to 1970 (Unix): aiortc's origin line is NTP seconds.
@@ -40,8 +42,12 @@ def offer_shape(sdp: str) -> str:
     """``sdp`` (an offer, candidates already stripped) without the offerer's per-offer values:
     two offers of the same shape get the same answer from aiortc, but for the engine's own
     per-session values."""
+    return _shape_of(sdp.splitlines())
+
+
+def _shape_of(lines: list[str]) -> str:
     out: list[str] = []
-    for line in sdp.splitlines():
+    for line in lines:
         if line.startswith(_PER_OFFER_PREFIXES):
             out.append(line.partition(":")[0] if line.startswith("a=") else line[:2])
         elif line.startswith("m="):
@@ -50,6 +56,76 @@ def offer_shape(sdp: str) -> str:
         else:
             out.append(line)
     return "\n".join(out)
+
+
+@dataclass(frozen=True, slots=True)
+class QuickOffer:
+    """An offer's text as ``offer.check_offer`` keeps it (candidates stripped) and its shape."""
+
+    sdp: str
+    shape: str
+
+
+_CONNECTION = re.compile(r"IN (IP4|IP6) [^ ]+")
+
+
+def _digits(text: str) -> bool:
+    return text.isascii() and text.isdigit()
+
+
+def _plain_value(line: str) -> bool:
+    """Whether a per-offer line's value is one aiortc's parser takes and ``check_offer``
+    accepts (stricter where in doubt: a doubtful offer is checked in full)."""
+    if line.startswith("o="):
+        return True
+    if line.startswith("c="):
+        return _CONNECTION.fullmatch(line[2:]) is not None
+    value = line.partition(":")[2]
+    if line.startswith(("a=ice-ufrag:", "a=ice-pwd:")):
+        return bool(value) and value == value.strip()
+    if line.startswith("a=fingerprint:"):
+        return len(value.split()) == 2
+    if line.startswith("a=msid:"):
+        return True
+    if line.startswith("a=ssrc:"):
+        ssrc, _, description = value.partition(" ")
+        return _digits(ssrc) and ":" in description
+    if line.startswith("a=ssrc-group:"):
+        bits = value.split()
+        return bool(bits) and all(_digits(b) for b in bits[1:])
+    if line.startswith("a=rtcp:"):
+        port, space, host = value.partition(" ")
+        return _digits(port) and (not space or _CONNECTION.fullmatch(host) is not None)
+    return False
+
+
+def quick_offer(sdp: str, max_bytes: int) -> QuickOffer | None:
+    """One pass over an offer: its stripped text and shape, when everything in it that is not
+    part of its shape is plainly valid; None when it is not (then ``check_offer`` decides, and
+    says why). An offer whose shape is that of an offer ``check_offer`` accepted, and whose
+    per-offer values are plainly valid, is accepted by ``check_offer`` too: the rest of its
+    lines are the same, and ``check_offer`` reads only whether those values are there."""
+    if len(sdp) > max_bytes or len(sdp.encode("utf-8", errors="replace")) > max_bytes:
+        return None
+    kept: list[str] = []
+    shape: list[str] = []
+    for line in sdp.strip().splitlines():
+        if line.startswith(_PER_OFFER_PREFIXES_AND_CANDIDATES):
+            if line.startswith(_CANDIDATE_PREFIXES):
+                continue
+            if not _plain_value(line):
+                return None
+            shape.append(line.partition(":")[0] if line.startswith("a=") else line[:2])
+        elif line.startswith("m="):
+            kind, _, rest = line.partition(" ")
+            port, _, tail = rest.partition(" ")
+            if not _digits(port):
+                return None
+            shape.append(kind + " " + tail)
+        else:
+            shape.append(line)
+        kept.append(line)
+    return QuickOffer("\r\n".join(kept) + "\r\n", "\n".join(shape))
 
 
 @dataclass(frozen=True, slots=True)

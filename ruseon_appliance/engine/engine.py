@@ -37,6 +37,7 @@ from ruseon_appliance.engine.answer_template import (
     AnswerTemplate,
     Identities,
     offer_shape,
+    quick_offer,
     same_answer,
 )
 from ruseon_appliance.engine.audio import (
@@ -477,6 +478,21 @@ class Engine:
         if not self._started or self._stopping:
             raise StreamNotReady("the engine is not running", retry_after=5)
         self._take_place(key)
+        info = feed.stream_info
+        if info is not None and self.lazy_sessions and self._templates:
+            # An offer of a shape answered before, its per-offer values plainly valid (what
+            # check_offer would accept: answer_template.quick_offer), is answered from the
+            # shape's template at once: no await, nothing built, nothing to hold back.
+            quick = quick_offer(sdp, self._max_offer_bytes)
+            if quick is not None:
+                template_key = (info.profile_level_id, self._serves_audio(audio), quick.shape)
+                template = self._templates.get(template_key)
+                if template is not None:
+                    self._templates.move_to_end(template_key)
+                    session, answer = self._answer_lazily(quick.sdp, template, template_key,
+                                                          feed, audio)
+                    session.remote_key = key
+                    return session, answer
         self._pending += 1
         if self._pending == 1:
             self._burst.begin()
@@ -489,19 +505,11 @@ class Engine:
                 info = feed.stream_info
             if info is None:
                 raise StreamNotReady("the camera has not produced video yet", retry_after=2)
+            serves_audio = self._serves_audio(audio)
             checked = check_offer(sdp, max_bytes=self._max_offer_bytes,
                                   stream_profile_level_id=info.profile_level_id,
                                   parse=self._offer_parser.parse)
-            template_key = (info.profile_level_id, self._serves_audio(audio),
-                            offer_shape(checked.sdp))
-            template = self._templates.get(template_key) if self.lazy_sessions else None
-            if template is not None:
-                self._templates.move_to_end(template_key)
-                # No await from here to the answer: nothing is built for it.
-                session, answer = self._answer_lazily(checked, template, template_key, feed,
-                                                      audio)
-                session.remote_key = key
-                return session, answer
+            template_key = (info.profile_level_id, serves_audio, offer_shape(checked.sdp))
             # One offer at a time, in arrival order: each answer leaves the moment it is ready
             # instead of all together at the end of a burst (aiortc's awaits would otherwise
             # interleave them in lockstep), so viewers get and apply their answers while later
@@ -756,7 +764,7 @@ class Engine:
         while len(self._templates) > MAX_CODEC_SHAPES:
             self._templates.popitem(last=False)
 
-    def _answer_lazily(self, offer: CheckedOffer, template: AnswerTemplate, key: _TemplateKey,
+    def _answer_lazily(self, offer_sdp: str, template: AnswerTemplate, key: _TemplateKey,
                        feed: CapturePipeline, audio: AudioFeed | None
                        ) -> tuple[WhepSession, str]:
         """Answer from ``template`` and keep a pending session of a few fields: its aiortc
@@ -767,7 +775,7 @@ class Engine:
         answer = template.render(ufrag, password, identities)
         session = WhepSession(None, None, None, ufrag, self._release)
         session.feed = feed
-        self._lazy[session.id] = _LazyOffer(offer.sdp, key[0], audio, password, identities,
+        self._lazy[session.id] = _LazyOffer(offer_sdp, key[0], audio, password, identities,
                                             answer, key)
         self._mux.register_pending(ufrag, password, lambda: self._first_check(session))
         self._sessions[session.id] = session

@@ -496,3 +496,55 @@ async def test_a_lazy_session_closed_before_its_build_builds_nothing(
     await asyncio.sleep(0.2)
     assert counts == [0, 0] and session.end_reason == "delete"
     assert engine.mux.stats()["pending"] == 0 and not engine.mux.is_live(session.ufrag)
+
+
+# Per-offer values (left out of the shape) broken: (old, new) in the offer.
+BROKEN_VALUES = [
+    ("a=ice-ufrag:5f3a9c1e", "a=ice-ufrag:"),
+    ("a=ice-pwd:8b1f0e6c7a2d4f3e9c5b6a7d8e9f0a1b", "a=ice-pwd:"),
+    ("a=fingerprint:sha-256 ", "a=fingerprint:sha-256"),
+    ("a=fingerprint:sha-256 ", "a=fingerprint:sha 256 "),
+    ("a=ssrc:2245484342 cname:", "a=ssrc:22454x4342 cname:"),
+    ("a=ssrc:2245484342 cname:", "a=ssrc:2245484342 cname"),
+    ("c=IN IP4 0.0.0.0", "c=IN IP9 0.0.0.0"),
+    ("m=video 9 ", "m=video 9x "),
+    ("m=video 9 ", "m=video \uff19 "),
+]
+
+
+@pytest.mark.parametrize(("old", "new"), BROKEN_VALUES)
+async def test_an_offer_of_a_known_shape_with_broken_values_is_refused_with_a_reason(
+        old: str, new: str, engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ruseon_appliance.engine import MalformedOffer
+    from ruseon_appliance.engine.offer import check_offer
+
+    await engine.offer(FIREFOX_AV_OFFER)
+    assert engine.stats()["lazy"]["templates"] == 1
+    counts = count_builds(engine, monkeypatch)
+    broken = FIREFOX_AV_OFFER.replace(old, new, 1)
+    # The template's shape: only a value differs.
+    assert broken != FIREFOX_AV_OFFER and offer_shape(broken) == offer_shape(FIREFOX_AV_OFFER)
+    with pytest.raises(MalformedOffer) as eager:
+        check_offer(broken, max_bytes=65536, stream_profile_level_id="42e01f")
+    with pytest.raises(MalformedOffer) as refused:
+        await engine.offer(broken)
+    assert refused.value.reason == eager.value.reason
+    assert counts[0] == 0 and engine.stats()["lazy"]["answered"] == 0
+    # The same offer, unbroken, is answered from the template.
+    session, _ = await engine.offer(another_offerer(FIREFOX_AV_OFFER))
+    assert not session.built and engine.stats()["lazy"]["answered"] == 1
+
+
+async def test_rtcp_and_connection_lines_of_a_gathered_offer_are_per_offer(
+        engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ruseon_appliance.engine import MalformedOffer
+
+    await engine.offer(CHROMIUM_AV_OFFER)
+    for old, new in (("a=rtcp:9 IN IP4 0.0.0.0", "a=rtcp:nine IN IP4 0.0.0.0"),
+                     ("a=rtcp:9 IN IP4 0.0.0.0", "a=rtcp:9 IN IP4"),
+                     ("c=IN IP4 192.0.2.10", "c=IN IP4")):
+        with pytest.raises(MalformedOffer):
+            await engine.offer(CHROMIUM_AV_OFFER.replace(old, new, 1))
+    # Another address and port (another viewer's gathered offer): the same shape.
+    session, _ = await engine.offer(another_offerer(CHROMIUM_AV_OFFER))
+    assert not session.built
