@@ -183,6 +183,9 @@ class Engine:
         self._sessions: dict[str, WhepSession] = {}
         # Offers being answered (not sessions yet), in all and by source address key.
         self._pending = 0
+        # Offers being answered and lazy sessions being built: while there are any, the burst
+        # holds datagrams and the collector (offer_burst.py).
+        self._burst_work = 0
         self._answering: Counter[str] = Counter()
         self._listeners: list[SessionListener] = []
         self._advertise: list[str] = []
@@ -494,8 +497,7 @@ class Engine:
                     session.remote_key = key
                     return session, answer
         self._pending += 1
-        if self._pending == 1:
-            self._burst.begin()
+        self._work_begins()
         if key is not None:
             self._answering[key] += 1
         try:
@@ -521,8 +523,7 @@ class Engine:
             return session, answer
         finally:
             self._pending -= 1
-            if not self._pending:
-                self._burst.end()
+            self._work_ends()
             if key is not None:
                 self._answering[key] -= 1
                 if not self._answering[key]:
@@ -552,7 +553,17 @@ class Engine:
 
     def _answering_offers(self) -> bool:
         """Whether offers are being answered now (the pools wait until they are done)."""
-        return self._pending > 0
+        return self._burst_work > 0
+
+    def _work_begins(self) -> None:
+        self._burst_work += 1
+        if self._burst_work == 1:
+            self._burst.begin()
+
+    def _work_ends(self) -> None:
+        self._burst_work -= 1
+        if not self._burst_work:
+            self._burst.end()
 
     def _build_fanout_peer_connection(
             self) -> tuple[RTCPeerConnection, RTCRtpTransceiver, FanoutTrack]:
@@ -793,6 +804,11 @@ class Engine:
 
     async def _build_lazy(self, session: WhepSession) -> None:
         promised = self._lazy.get(session.id)
+        # A build is held like an offer (offer_burst.py): while builds wait and run, the mux
+        # reads nothing and the collector waits (bounded), so a burst of viewers is built one
+        # after another before their DTLS handshakes start, as their offers used to be, and
+        # its allocations cost one collection afterwards instead of several on the way.
+        self._work_begins()
         try:
             if promised is None:
                 return
@@ -816,6 +832,7 @@ class Engine:
             session.close_soon("build-failed")
         finally:
             session.building = None
+            self._work_ends()
 
     def _choose_srtp_profiles(self) -> None:
         """Pick the SRTP profiles to offer from the configuration and the CPU."""

@@ -548,3 +548,25 @@ async def test_rtcp_and_connection_lines_of_a_gathered_offer_are_per_offer(
     # Another address and port (another viewer's gathered offer): the same shape.
     session, _ = await engine.offer(another_offerer(CHROMIUM_AV_OFFER))
     assert not session.built
+
+
+async def test_a_lazy_build_holds_datagrams_and_the_collector_like_an_offer(
+        engine: Engine, client_socket: socket.socket) -> None:
+    import gc
+
+    pc, offer = await make_offer()
+    await pc.close()
+    await engine.offer(offer)  # teaches the shape
+    await wait_for(lambda: not engine._burst.holding)
+    session, answer = await engine.offer(offer)
+    assert not engine._burst.holding  # answered from the template: nothing held
+    holds = engine.stats()["offer_bursts"]["holds"]
+    async with engine._answer_lock:  # the build waits behind another offer's
+        client_socket.sendto(binding_request(answer, offer), ("127.0.0.1", engine.udp_port))
+        await wait_for(lambda: session.building is not None)
+        await asyncio.sleep(0.05)
+        assert engine._burst.holding and not gc.isenabled()
+        assert engine.stats()["offer_bursts"]["holds"] == holds + 1
+    response = await stun_response(client_socket)  # built: the check is answered
+    assert response.message_class == stun.Class.RESPONSE and session.built
+    await wait_for(lambda: not engine._burst.holding and gc.isenabled())
