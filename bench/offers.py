@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import json
 import statistics
 import sys
 import tempfile
@@ -117,6 +118,11 @@ async def run(args: argparse.Namespace) -> None:
         print(f"{variant:6} " + "; ".join(
             f"{phase} ms per offer {' '.join(f'{x:.3f}' for x in values)} "
             f"(median {statistics.median(values):.3f})" for phase, values in phases.items()))
+    print(json.dumps({"figure": "engine_cpu_per_offer_ms", "offers": args.offers,
+                      "rounds": args.rounds, **{
+                          f"{variant}_{phase}": round(statistics.median(values), 4)
+                          for variant, phases in figures.items()
+                          for phase, values in phases.items()}}))
     if profiler is not None:
         profiler.dump_stats(args.profile)
         print(f"wrote {args.profile}")
