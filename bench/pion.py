@@ -53,7 +53,9 @@ variant with the ratio appliance / Pion: below 1, the appliance spends less (or 
 ``--appliance`` names appliance variants, each one more server in every round: ``default`` is
 ``ruseon serve`` as it is; ``hold-off`` has the engine's offer-burst hold disabled
 (``engine/offer_burst.py``: the UDP mux is never paused and the collector never held while
-offers are answered). Every variant, ``default`` too, runs through the same small wrapper
+offers are answered); ``eager`` has no lazy sessions (``engine/answer_template.py``: every
+offer's aiortc objects are built when it is answered, not on the viewer's first STUN check).
+Every variant, ``default`` too, runs through the same small wrapper
 (``pion.py serve-appliance VARIANT serve ...``: the patch, then ``ruseon_appliance.cli.main``),
 so the A/B differs by the patch alone; :data:`VARIANTS` maps a name to its patch.
 
@@ -144,6 +146,15 @@ def _dtls_per_connection() -> None:
     aiortc_internals.share_ssl_contexts = lambda certificate: (lambda: 0)  # type: ignore[assignment]
 
 
+def _eager() -> None:
+    """No lazy sessions: every offer is answered by aiortc, its objects built at once (the
+    engine answers offers of a known shape from a template and builds them on the viewer's
+    first STUN check)."""
+    from ruseon_appliance.engine import engine
+
+    engine.LAZY_SESSIONS = False
+
+
 # Appliance variants: name -> the patch applied in the server process before ``serve`` starts
 # (None: none). Add one here to A/B another engine internal in the same run.
 VARIANTS: dict[str, Callable[[], None] | None] = {
@@ -151,6 +162,7 @@ VARIANTS: dict[str, Callable[[], None] | None] = {
     "hold-off": _hold_off,
     "no-catch-up": _no_catch_up,
     "dtls-per-connection": _dtls_per_connection,
+    "eager": _eager,
 }
 
 

@@ -73,6 +73,8 @@ from aiortc.rtcrtpparameters import (
 from aiortc.sdp import SessionDescription
 from OpenSSL import SSL
 
+from ruseon_appliance.engine.answer_template import Identities, SenderIdentity
+
 AIORTC_VERSION = "1.16.0"
 AIOICE_VERSION = "0.13.0"
 
@@ -750,6 +752,40 @@ def share_ssl_contexts(certificate: RTCCertificate) -> Callable[[], int]:
 
     certificate._create_ssl_context = create_ssl_context  # type: ignore[method-assign]
     return lambda: len(built)
+
+
+def identities_of(pc: RTCPeerConnection) -> Identities:
+    """The values a peer connection's answer carries beside its ICE credentials: its CNAME
+    and stream id and each transceiver's sender SSRCs and track id (``answer_template``).
+    aiortc gives every sender of a connection its one stream id (the first one's is taken:
+    a template learned from other ones would not render its answer, and is not kept)."""
+    transceivers = pc.getTransceivers()
+    return Identities(
+        pc._RTCPeerConnection__cname,  # type: ignore[attr-defined]
+        transceivers[0].sender._stream_id if transceivers else "",
+        tuple(SenderIdentity(t.sender._ssrc, t.sender._rtx_ssrc, t.sender._track_id)
+              for t in transceivers))
+
+
+def impose_identities(pc: RTCPeerConnection, identities: Identities) -> None:
+    """Give a new peer connection (transceivers added, no description set yet) the CNAME,
+    SSRCs, stream and track ids of an answer already sent (``answer_template``).
+
+    aiortc 1.16 draws them once: ``RTCPeerConnection.__init__`` the CNAME,
+    ``RTCRtpSender.__init__`` the SSRCs, ``__createTransceiver`` the stream id (and tells the
+    receiver the sender's SSRC for its RTCP), ``replaceTrack`` the track id; everything after
+    (``createAnswer``, ``__localRtp``, the sender's RTCP) reads these attributes."""
+    transceivers = pc.getTransceivers()
+    if len(transceivers) != len(identities.senders):
+        raise ValueError("identities for another number of transceivers")
+    pc._RTCPeerConnection__cname = identities.cname  # type: ignore[attr-defined]
+    for transceiver, identity in zip(transceivers, identities.senders, strict=True):
+        sender = transceiver.sender
+        sender._ssrc = identity.ssrc
+        sender._rtx_ssrc = identity.rtx_ssrc
+        sender._stream_id = identities.stream_id
+        sender._track_id = identity.track_id
+        transceiver.receiver._set_rtcp_ssrc(identity.ssrc)
 
 
 def cache_fingerprints(certificate: RTCCertificate) -> None:

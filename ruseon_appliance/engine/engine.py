@@ -12,8 +12,9 @@ import logging
 import secrets
 import socket
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -32,6 +33,13 @@ from aiortc.rtcconfiguration import RTCBundlePolicy
 from ruseon_appliance.capture.pipeline import CapturePipeline
 from ruseon_appliance.config import WebRtcConfig
 from ruseon_appliance.engine import aiortc_internals, srtp_profiles
+from ruseon_appliance.engine.answer_template import (
+    AnswerTemplate,
+    Identities,
+    offer_shape,
+    quick_offer,
+    same_answer,
+)
 from ruseon_appliance.engine.audio import (
     AudioFanout,
     AudioFeed,
@@ -50,7 +58,12 @@ from ruseon_appliance.engine.errors import (
     UnsupportedOffer,
 )
 from ruseon_appliance.engine.fanout import FanoutTrack, FanoutViewer
-from ruseon_appliance.engine.offer import CheckedOffer, OfferParser, check_offer
+from ruseon_appliance.engine.offer import (
+    MAX_CODEC_SHAPES,
+    CheckedOffer,
+    OfferParser,
+    check_offer,
+)
 from ruseon_appliance.engine.offer_burst import OfferBurst
 from ruseon_appliance.engine.prebuilt import PrebuiltPool
 from ruseon_appliance.engine.session import WhepSession
@@ -79,8 +92,29 @@ GOP_CATCH_UP_MAX_S = 2.5
 # Peer connections built ahead for fan-out viewers (engine/prebuilt.py): enough for a burst of
 # this many offers at once (about 35 KB each), at most max_viewers.
 PREBUILT_PEER_CONNECTIONS = 32
+# Whether an Engine answers offers of a shape it has answered before from the shape's template,
+# building their aiortc objects only on the viewer's first valid STUN check (answer_template.py;
+# bench/pion.py's ``eager`` variant turns it off).
+LAZY_SESSIONS = True
 
 SessionListener = Callable[[str, WhepSession], None]
+# An answer template's key: the stream's profile-level-id, whether the engine has sound for
+# the feed, and the offer's shape (answer_template.offer_shape).
+_TemplateKey = tuple[str, bool, str]
+
+
+@dataclass(frozen=True, slots=True)
+class _LazyOffer:
+    """What a lazy session keeps until its first valid STUN check: the offer's text and what
+    its answer promised (a few fields; no aiortc object)."""
+
+    sdp: str
+    profile_level_id: str
+    audio: AudioFeed | None
+    password: str
+    identities: Identities
+    answer: str
+    key: _TemplateKey
 
 
 def keyframes_on_demand(feed: object) -> bool:
@@ -91,6 +125,10 @@ def keyframes_on_demand(feed: object) -> bool:
 
 class StreamNotReady(TooManyViewers):
     """No video yet (camera starting): like a full engine, the web layer answers 503."""
+
+
+class AnswerMismatch(Exception):
+    """aiortc answered a lazy session's offer otherwise than the template that was sent."""
 
 
 def _ice_string(length: int) -> str:
@@ -117,6 +155,7 @@ class Engine:
         *,
         udp_socket: socket.socket | None = None,
         max_offer_bytes: int = DEFAULT_MAX_OFFER_BYTES,
+        lazy_sessions: bool | None = None,
     ) -> None:
         self.config = webrtc
         self._state_dir = Path(state_dir)
@@ -126,6 +165,13 @@ class Engine:
         self._certificate: DtlsCertificate | None = None
         self._codecs = CodecRegistry()
         self._offer_parser = OfferParser()
+        # Offers of a shape already answered once are answered from its template, and their
+        # aiortc objects are built on the viewer's first valid STUN check (answer_template.py).
+        self.lazy_sessions = LAZY_SESSIONS if lazy_sessions is None else lazy_sessions
+        # None: a shape whose template failed once (answered eagerly from then on).
+        self._templates: OrderedDict[_TemplateKey, AnswerTemplate | None] = OrderedDict()
+        self._lazy: dict[str, _LazyOffer] = {}
+        self.lazy_counts: Counter[str] = Counter()
         self._mux = UdpMux(webrtc.listen, sockets=[udp_socket] if udp_socket else [])
         # While offers are pending, datagrams and the garbage collector wait (bounded).
         self._burst = OfferBurst(self._mux)
@@ -137,6 +183,9 @@ class Engine:
         self._sessions: dict[str, WhepSession] = {}
         # Offers being answered (not sessions yet), in all and by source address key.
         self._pending = 0
+        # Offers being answered and lazy sessions being built: while there are any, the burst
+        # holds datagrams and the collector (offer_burst.py).
+        self._burst_work = 0
         self._answering: Counter[str] = Counter()
         self._listeners: list[SessionListener] = []
         self._advertise: list[str] = []
@@ -364,6 +413,13 @@ class Engine:
             # OpenSSL contexts the DTLS connections share (one per SRTP profile list).
             "dtls_contexts": self._dtls_contexts(),
             "offer_bursts": self._burst.stats(),
+            # Answers from a template; their sessions built on a STUN check, still waiting for
+            # one, failed to build; answers aiortc wrote otherwise than the template (each
+            # closes its session and drops the template); templates kept.
+            "lazy": {**{k: self.lazy_counts[k] for k in (
+                "answered", "built", "build_failed", "answer_mismatch", "learned")},
+                "pending": len(self._lazy),
+                "templates": sum(t is not None for t in self._templates.values())},
         }
 
     # -- offer handling --------------------------------------------------------------------------
@@ -425,9 +481,23 @@ class Engine:
         if not self._started or self._stopping:
             raise StreamNotReady("the engine is not running", retry_after=5)
         self._take_place(key)
+        info = feed.stream_info
+        if info is not None and self.lazy_sessions and self._templates:
+            # An offer of a shape answered before, its per-offer values plainly valid (what
+            # check_offer would accept: answer_template.quick_offer), is answered from the
+            # shape's template at once: no await, nothing built, nothing to hold back.
+            quick = quick_offer(sdp, self._max_offer_bytes)
+            if quick is not None:
+                template_key = (info.profile_level_id, self._serves_audio(audio), quick.shape)
+                template = self._templates.get(template_key)
+                if template is not None:
+                    self._templates.move_to_end(template_key)
+                    session, answer = self._answer_lazily(quick.sdp, template, template_key,
+                                                          feed, audio)
+                    session.remote_key = key
+                    return session, answer
         self._pending += 1
-        if self._pending == 1:
-            self._burst.begin()
+        self._work_begins()
         if key is not None:
             self._answering[key] += 1
         try:
@@ -437,22 +507,23 @@ class Engine:
                 info = feed.stream_info
             if info is None:
                 raise StreamNotReady("the camera has not produced video yet", retry_after=2)
+            serves_audio = self._serves_audio(audio)
             checked = check_offer(sdp, max_bytes=self._max_offer_bytes,
                                   stream_profile_level_id=info.profile_level_id,
                                   parse=self._offer_parser.parse)
+            template_key = (info.profile_level_id, serves_audio, offer_shape(checked.sdp))
             # One offer at a time, in arrival order: each answer leaves the moment it is ready
             # instead of all together at the end of a burst (aiortc's awaits would otherwise
             # interleave them in lockstep), so viewers get and apply their answers while later
             # ones are made; what would run between them waits (offer_burst.py).
             async with self._answer_lock:
-                session, answer = await self._build_session(checked, info.profile_level_id,
-                                                            feed, audio)
+                session, answer = await self._build_session(
+                    checked, info.profile_level_id, feed, audio, template_key=template_key)
             session.remote_key = key
             return session, answer
         finally:
             self._pending -= 1
-            if not self._pending:
-                self._burst.end()
+            self._work_ends()
             if key is not None:
                 self._answering[key] -= 1
                 if not self._answering[key]:
@@ -482,7 +553,17 @@ class Engine:
 
     def _answering_offers(self) -> bool:
         """Whether offers are being answered now (the pools wait until they are done)."""
-        return self._pending > 0
+        return self._burst_work > 0
+
+    def _work_begins(self) -> None:
+        self._burst_work += 1
+        if self._burst_work == 1:
+            self._burst.begin()
+
+    def _work_ends(self) -> None:
+        self._burst_work -= 1
+        if not self._burst_work:
+            self._burst.end()
 
     def _build_fanout_peer_connection(
             self) -> tuple[RTCPeerConnection, RTCRtpTransceiver, FanoutTrack]:
@@ -522,9 +603,14 @@ class Engine:
         return FanoutViewer(fanout, cursor, on_keyframe_request=lambda reason: None,
                             on_nack=lambda seq: None)
 
+    def _serves_audio(self, audio: AudioFeed | None) -> bool:
+        """Whether an offer receiving Opus gets ``audio`` (sound on the fan-out path only)."""
+        return audio is not None and self.config.send_path == "fanout"
+
     async def _build_session(
         self, offer: CheckedOffer, profile_level_id: str, feed: CapturePipeline,
-        audio: AudioFeed | None = None
+        audio: AudioFeed | None = None, *, template_key: _TemplateKey | None = None,
+        lazy: WhepSession | None = None
     ) -> tuple[WhepSession, str]:
         assert self._certificate is not None
         preferences = self._codecs.select(profile_level_id)
@@ -532,7 +618,8 @@ class Engine:
         with aiortc_internals.lean_offer(offer.sdp, offer.description,
                                          self._codecs.local_codecs(profile_level_id)):
             return await self._build_lean_session(
-                offer.sdp, preferences, feed, audio if wants_audio else None)
+                offer.sdp, preferences, feed, audio if wants_audio else None,
+                template_key=template_key, lazy=lazy)
 
     def audio_fanout_for(self, audio: AudioFeed) -> AudioFanout:
         """The audio send loop of ``audio`` (started on first use)."""
@@ -544,8 +631,16 @@ class Engine:
 
     async def _build_lean_session(
         self, offer_sdp: str, preferences: list[RTCRtpCodecCapability], feed: CapturePipeline,
-        audio: AudioFeed | None = None
+        audio: AudioFeed | None = None, *, template_key: _TemplateKey | None = None,
+        lazy: WhepSession | None = None
     ) -> tuple[WhepSession, str]:
+        """Build a viewer's aiortc objects and answer its offer: a new session (the eager
+        path: the first offer of a shape, which teaches ``template_key``'s template), or
+        ``lazy``, a session answered from a template, built now with the values its answer
+        gave (ufrag, password, SSRCs...)."""
+        promised = self._lazy.get(lazy.id) if lazy is not None else None
+        if lazy is not None and promised is None:
+            raise RuntimeError("a lazy session without its offer")
         fanout = self.fanout_for(feed)
         pc, transceiver, track = self._new_peer_connection(feed, fanout)
         viewer = self._new_fanout_viewer(fanout, feed) if fanout is not None else None
@@ -561,6 +656,8 @@ class Engine:
             audio_viewer = AudioViewer(self.audio_fanout_for(audio))
         ufrag: str | None = None
         try:
+            if promised is not None:
+                aiortc_internals.impose_identities(pc, promised.identities)
             try:
                 await pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
             except ValueError as exc:
@@ -571,9 +668,14 @@ class Engine:
             if len(connections) != 1:
                 raise UnsupportedOffer("the offer needs more than one transport; BUNDLE it")
             connection = connections[0]
-            ufrag = self._new_ufrag()
-            aiortc_internals.set_local_credentials(connection, ufrag, _ice_string(24))
-            endpoint = self._mux.register(connection, self._advertise)
+            if lazy is not None and promised is not None:
+                aiortc_internals.set_local_credentials(connection, lazy.ufrag, promised.password)
+                endpoint = self._mux.register(connection, self._advertise)
+                ufrag = lazy.ufrag
+            else:
+                ufrag = self._new_ufrag()
+                aiortc_internals.set_local_credentials(connection, ufrag, _ice_string(24))
+                endpoint = self._mux.register(connection, self._advertise)
             if not endpoint.candidates:
                 raise StreamNotReady("the engine has no address to advertise", retry_after=30)
             aiortc_internals.install_local_candidates(
@@ -607,6 +709,14 @@ class Engine:
                 else:  # the offer's audio section matched another way: video alone
                     audio_viewer.stop()
                     audio_viewer = None
+            if promised is not None and not same_answer(answer_sdp, promised.answer):
+                self.lazy_counts["answer_mismatch"] += 1
+                self._templates[promised.key] = None  # this shape is answered eagerly
+                logger.warning("session %s: aiortc's answer differs from the template's that "
+                               "was sent; the template is dropped (its shape is answered "
+                               "eagerly again)\nsent:\n%s\naiortc:\n%s",
+                               lazy.id[:8] if lazy else "", promised.answer, answer_sdp)
+                raise AnswerMismatch("the answer sent does not match the connection")
         except BaseException:
             if ufrag is not None:
                 self._mux.unregister(ufrag)
@@ -618,15 +728,22 @@ class Engine:
             await pc.close()
             raise
 
-        if viewer is not None:
+        if template_key is not None and lazy is None:
+            self._learn(template_key, answer_sdp, ufrag, connection, pc)
+        if lazy is not None:
+            session = lazy
+            session.materialize(pc, transceiver.sender, viewer if viewer is not None else track)
+        elif viewer is not None:
             session = WhepSession(pc, transceiver.sender, viewer, ufrag, self._release)
+        else:
+            session = WhepSession(pc, transceiver.sender, track, ufrag, self._release)
+        if viewer is not None:
             viewer.cursor.request = lambda reason: self._request_keyframe(session, reason)
             viewer.on_keyframe_request = (
                 lambda reason: self._viewer_keyframe_request(session, viewer.refresh, reason))
             viewer.on_nack = session.on_nack
         else:
             assert isinstance(track, ViewerTrack)
-            session = WhepSession(pc, transceiver.sender, track, ufrag, self._release)
             track._request = lambda reason: self._request_keyframe(session, reason)
             aiortc_internals.forward_keyframe_requests(
                 transceiver.sender,
@@ -634,11 +751,88 @@ class Engine:
             aiortc_internals.count_retransmissions(transceiver.sender, session.on_nack)
         session.feed = feed
         session.audio = audio_viewer
+        if lazy is not None:
+            self._lazy.pop(session.id, None)
+            self.lazy_counts["built"] += 1
+            # The checks that came meanwhile now reach the connection (routes open as usual).
+            self._mux.replay(self._mux.take_pending(session.ufrag))
+            return session, answer_sdp
         self._sessions[session.id] = session
         session.attach(self.config.connect_timeout_s)
         self.offers_accepted += 1
         self._notify("session-started", session)
         return session, answer_sdp
+
+    def _learn(self, key: _TemplateKey, answer: str, ufrag: str, connection: Any,
+               pc: RTCPeerConnection) -> None:
+        """Keep the template of an eager session's answer for later offers of its shape."""
+        if not self.lazy_sessions or key in self._templates:
+            return
+        template = AnswerTemplate.learn(answer, ufrag, connection.local_password,
+                                        aiortc_internals.identities_of(pc))
+        self._templates[key] = template  # None: this shape stays eager
+        self.lazy_counts["learned" if template is not None else "not_learned"] += 1
+        while len(self._templates) > MAX_CODEC_SHAPES:
+            self._templates.popitem(last=False)
+
+    def _answer_lazily(self, offer_sdp: str, template: AnswerTemplate, key: _TemplateKey,
+                       feed: CapturePipeline, audio: AudioFeed | None
+                       ) -> tuple[WhepSession, str]:
+        """Answer from ``template`` and keep a pending session of a few fields: its aiortc
+        objects are built on the viewer's first valid STUN check (:meth:`_build_lazy`)."""
+        ufrag = self._new_ufrag()
+        password = _ice_string(24)
+        identities = Identities.fresh(template.senders)
+        answer = template.render(ufrag, password, identities)
+        session = WhepSession(None, None, None, ufrag, self._release)
+        session.feed = feed
+        self._lazy[session.id] = _LazyOffer(offer_sdp, key[0], audio, password, identities,
+                                            answer, key)
+        self._mux.register_pending(ufrag, password, lambda: self._first_check(session))
+        self._sessions[session.id] = session
+        session.attach(self.config.connect_timeout_s)
+        self.offers_accepted += 1
+        self.lazy_counts["answered"] += 1
+        self._notify("session-started", session)
+        return session, answer
+
+    def _first_check(self, session: WhepSession) -> None:
+        """The mux got a lazy session's first valid STUN check: build it."""
+        if session.closing or session.building is not None or session.built:
+            return
+        session.building = asyncio.ensure_future(self._build_lazy(session))
+
+    async def _build_lazy(self, session: WhepSession) -> None:
+        promised = self._lazy.get(session.id)
+        # A build is held like an offer (offer_burst.py): while builds wait and run, the mux
+        # reads nothing and the collector waits (bounded), so a burst of viewers is built one
+        # after another before their DTLS handshakes start, as their offers used to be, and
+        # its allocations cost one collection afterwards instead of several on the way.
+        self._work_begins()
+        try:
+            if promised is None:
+                return
+            async with self._answer_lock:
+                if session.closing:
+                    return
+                checked = check_offer(promised.sdp, max_bytes=self._max_offer_bytes,
+                                      stream_profile_level_id=promised.profile_level_id,
+                                      parse=self._offer_parser.parse)
+                await self._build_session(checked, promised.profile_level_id, session.feed,
+                                          promised.audio, lazy=session)
+        except asyncio.CancelledError:
+            if not session.closing:
+                raise
+        except AnswerMismatch:
+            session.close_soon("answer-mismatch")
+        except Exception as exc:
+            self.lazy_counts["build_failed"] += 1
+            logger.warning("session %s could not be built on its first check (%s: %s)",
+                           session.id[:8], type(exc).__name__, exc)
+            session.close_soon("build-failed")
+        finally:
+            session.building = None
+            self._work_ends()
 
     def _choose_srtp_profiles(self) -> None:
         """Pick the SRTP profiles to offer from the configuration and the CPU."""
@@ -707,6 +901,7 @@ class Engine:
             session.keyframes_forced += 1
 
     async def _release(self, session: WhepSession) -> None:
+        self._lazy.pop(session.id, None)
         self._mux.unregister(session.ufrag)
         if self._sessions.pop(session.id, None) is not None:
             self.sessions_ended[session.end_reason] += 1

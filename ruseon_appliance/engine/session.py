@@ -26,13 +26,17 @@ class WhepSession:
     """A viewer's session. ``state`` is one of ``new``, ``connecting``, ``connected``,
     ``closed``; ``end_reason`` says why it closed (``delete``, ``ice-failed``,
     ``consent-expired``, ``peer-closed``, ``connect-timeout``, ``reclaimed`` (a pending session
-    closed to make room for a new offer), ``shutdown``...)."""
+    closed to make room for a new offer), ``shutdown``...).
+
+    A *lazy* session (answered from a template, engine.py) starts without ``pc``, ``sender``
+    and ``track`` (None): no aiortc object exists for it until the viewer's first valid STUN
+    check, when the engine builds them and calls :meth:`materialize`."""
 
     def __init__(
         self,
-        pc: RTCPeerConnection,
-        sender: RTCRtpSender,
-        track: ViewerTrack | FanoutViewer,
+        pc: RTCPeerConnection | None,
+        sender: RTCRtpSender | None,
+        track: ViewerTrack | FanoutViewer | None,
         ufrag: str,
         release: Callable[[WhepSession], Awaitable[None]],
     ) -> None:
@@ -70,21 +74,37 @@ class WhepSession:
         self.srtp_profile: str | None = None
         # The engine's DTLS role ("server" for browsers' actpass offers), once connected.
         self.dtls_role: str | None = None
+        # A lazy session's connection being built (engine), until it is done.
+        self.building: asyncio.Task[None] | None = None
+
+    @property
+    def built(self) -> bool:
+        """Whether the session's aiortc objects exist (False: a lazy session, pending)."""
+        return self.pc is not None
 
     # -- wiring ------------------------------------------------------------------------------------
 
     def attach(self, connect_timeout_s: float) -> None:
         """Follow the connection's state, and reap it if it is not connected in time."""
         self.state = "connecting"
-        self.pc.on("connectionstatechange", self._on_state)
+        if self.pc is not None:
+            self.pc.on("connectionstatechange", self._on_state)
         loop = asyncio.get_running_loop()
         self._reaper = loop.call_later(connect_timeout_s, self._on_connect_timeout)
+
+    def materialize(self, pc: RTCPeerConnection, sender: RTCRtpSender,
+                    track: ViewerTrack | FanoutViewer) -> None:
+        """A lazy session's aiortc objects, built (its connect timeout keeps running)."""
+        self.pc, self.sender, self.track = pc, sender, track
+        pc.on("connectionstatechange", self._on_state)
 
     def on_nack(self, sequence_number: int) -> None:
         """The viewer asked for a packet again."""
         self.nacks += 1
 
     def _on_state(self) -> None:
+        if self.pc is None:
+            return
         state = self.pc.connectionState
         if state == "connected" and self.state == "connecting":
             self.state = "connected"
@@ -106,7 +126,7 @@ class WhepSession:
     def _why_ended(self, pc_state: str) -> str:
         # The DTLS transport may notice first (and close the connection) when ICE dies, so ask
         # the ICE connection itself whether consent expired.
-        if self.state == "connected" and any(
+        if self.pc is not None and self.state == "connected" and any(
                 aiortc_internals.consent_expired(c)
                 for c in aiortc_internals.ice_connection_of(self.pc)):
             return "consent-expired"
@@ -143,20 +163,29 @@ class WhepSession:
         if self._reaper is not None:
             self._reaper.cancel()
             self._reaper = None
-        self.track.stop()
+        building = self.building
+        if building is not None and building is not asyncio.current_task():
+            # Being built: the build is cancelled and closes what it made, before this returns
+            # (the engine stops once every session's close has).
+            building.cancel()
+            await asyncio.wait([building])
+        if self.track is not None:
+            self.track.stop()
         if self.audio is not None:
             self.audio.stop()
-        try:
-            async with asyncio.timeout(CLOSE_TIMEOUT_S):
-                await self.pc.close()
-        except Exception:
-            logger.exception("session %s: closing the peer connection failed", self.id[:8])
-        else:
-            aiortc_internals.release_native_state(self.pc)
-            aiortc_internals.break_reference_cycles(self.pc)
+        if self.pc is not None:
+            try:
+                async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                    await self.pc.close()
+            except Exception:
+                logger.exception("session %s: closing the peer connection failed", self.id[:8])
+            else:
+                aiortc_internals.release_native_state(self.pc)
+                aiortc_internals.break_reference_cycles(self.pc)
         await self._release(self)
         logger.info("session %s ended (%s) after %.1f s, %d frames sent", self.id[:8], reason,
-                    time.monotonic() - self.created_monotonic, self.track.frames_sent)
+                    time.monotonic() - self.created_monotonic,
+                    self.track.frames_sent if self.track is not None else 0)
 
     # -- stats -----------------------------------------------------------------------------------
 
@@ -166,9 +195,12 @@ class WhepSession:
         if isinstance(track, FanoutViewer):
             packets, octets, rtt = track.counters()
             send_path: dict[str, Any] = {"send_path": "fanout", **track.stats()}
-        else:
+        elif self.sender is not None:
             packets, octets, rtt = aiortc_internals.sender_counters(self.sender)
             send_path = {"send_path": "aiortc"}
+        else:  # a lazy session, not built yet
+            packets, octets, rtt = 0, 0, None
+            send_path = {"send_path": None}
         return {
             "id": self.id,
             "state": self.state,
@@ -177,10 +209,11 @@ class WhepSession:
             "connected_at": self.connected_at,
             "closed_at": self.closed_at,
             "remote_addresses": [f"{h}:{p}" for h, p in self.remote_addresses],
-            "join_mode": self.track.join_mode,
-            "frames_sent": self.track.frames_sent,
-            "keyframes_sent": self.track.keyframes_sent,
-            "frames_skipped": self.track.frames_skipped,
+            "built": track is not None,
+            "join_mode": track.join_mode if track is not None else "",
+            "frames_sent": track.frames_sent if track is not None else 0,
+            "keyframes_sent": track.keyframes_sent if track is not None else 0,
+            "frames_skipped": track.frames_skipped if track is not None else 0,
             "packets_sent": packets,
             "bytes_sent": octets,
             "keyframes_requested": self.keyframes_requested,

@@ -20,7 +20,7 @@ import socket
 import struct
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from aioice import Candidate, Connection, stun
@@ -66,6 +66,7 @@ DROP_REASONS = (
     "dtls_unknown_source",  # DTLS from an address that has not authenticated
     "rtp_unknown_source",  # RTP/RTCP from an address that has not authenticated
     "route_limit",  # a connection already has MAX_ROUTES_PER_CONNECTION addresses
+    "pending_queue_full",  # a pending session already holds PENDING_QUEUE checks
     "no_family_socket",  # should not happen: a route for a family with no protocol
     # From a routed address (spoofable on a LAN): what does not fit the route is not passed on.
     "stun_not_binding",  # a STUN request of another method
@@ -101,6 +102,24 @@ class IceEndpoint:
     protocols: dict[int, MuxStunProtocol]
     candidates: list[Candidate]
     routes: set[tuple[str, int]] = field(default_factory=set)
+
+
+# Valid checks a pending session keeps while its connection is being built (a browser sends
+# one per candidate pair, and retransmits each: more would only be retransmissions).
+PENDING_QUEUE = 16
+
+
+@dataclass(eq=False, slots=True)
+class PendingEndpoint:
+    """A session answered but not built (engine: a lazy session): its ufrag and password, and
+    the valid checks received for it while its connection is built. ``on_check`` is called
+    once, on the first one."""
+
+    ufrag: str
+    password: bytes
+    on_check: Callable[[], None]
+    queued: list[tuple[bytes, tuple[str, int]]] = field(default_factory=list)
+    checked: bool = False
 
 
 _HOST_PRIORITY = candidate_priority(1, "host")
@@ -147,6 +166,7 @@ class UdpMux:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._reading_paused = False
         self._by_ufrag: dict[str, IceEndpoint] = {}
+        self._pending: dict[str, PendingEndpoint] = {}
         # Advertised address -> (host, family, foundation), see _host_candidate_fields.
         self._candidate_fields: dict[str, tuple[str, int, str]] = {}
         self._routes: dict[tuple[str, int], MuxStunProtocol] = {}
@@ -243,6 +263,9 @@ class UdpMux:
         ufrag = connection.local_username
         if ufrag in self._by_ufrag:
             raise ValueError(f"ICE ufrag {ufrag!r} is already registered")
+        pending = self._pending.get(ufrag)
+        if pending is not None and pending.password != connection.local_password.encode():
+            raise ValueError(f"ICE ufrag {ufrag!r} is pending with another password")
         protocols: dict[int, MuxStunProtocol] = {}
         candidates: list[Candidate] = []
         for address in advertise:
@@ -283,8 +306,40 @@ class UdpMux:
                 self._candidate_fields[address] = fields
         return fields
 
+    def register_pending(self, ufrag: str, password: str, on_check: Callable[[], None]) -> None:
+        """Accept checks for ``ufrag`` before its connection exists: the first Binding request
+        that authenticates with ``password`` calls ``on_check()`` (once); it and every later
+        valid one (up to :data:`PENDING_QUEUE`) wait until :meth:`register` is called for a
+        connection with these credentials and :meth:`replay` delivers them. Nothing is ever
+        answered for a pending ufrag."""
+        if ufrag in self._by_ufrag or ufrag in self._pending:
+            raise ValueError(f"ICE ufrag {ufrag!r} is already registered")
+        self._pending[ufrag] = PendingEndpoint(ufrag, password.encode(), on_check)
+
+    def take_pending(self, ufrag: str) -> list[tuple[bytes, tuple[str, int]]]:
+        """The checks kept for a pending ufrag, which is then forgotten (call once its
+        connection is registered; :meth:`replay` them)."""
+        pending = self._pending.pop(ufrag, None)
+        return pending.queued if pending is not None else []
+
+    def replay(self, datagrams: list[tuple[bytes, tuple[str, int]]]) -> None:
+        """Dispatch kept datagrams as if they had just arrived (their route now opens as any
+        other: their integrity is checked again against the registered connection)."""
+        for data, addr in datagrams:
+            try:
+                self._dispatch(data, addr)
+            except Exception:
+                logger.exception("UDP mux: error handling a datagram")
+                self.counters["dispatch_errors"] += 1
+
+    @property
+    def pending_count(self) -> int:
+        """Pending ufrags (sessions answered whose connection is not built)."""
+        return len(self._pending)
+
     def unregister(self, ufrag: str) -> None:
         """Forget a connection: its ufrag and every route to it (idempotent)."""
+        self._pending.pop(ufrag, None)
         endpoint = self._by_ufrag.pop(ufrag, None)
         if endpoint is None:
             return
@@ -306,8 +361,8 @@ class UdpMux:
         return len(self._routes)
 
     def is_live(self, ufrag: str) -> bool:
-        """Whether ``ufrag`` belongs to a registered connection."""
-        return ufrag in self._by_ufrag
+        """Whether ``ufrag`` belongs to a registered connection or a pending one."""
+        return ufrag in self._by_ufrag or ufrag in self._pending
 
     def socket_for(self, family: int) -> socket.socket | None:
         """The mux socket of an address family (the fan-out sends media on it directly)."""
@@ -431,7 +486,11 @@ class UdpMux:
             return
         endpoint = self._by_ufrag.get(username.partition(":")[0])
         if endpoint is None:
-            self.dropped["stun_unknown_ufrag"] += 1
+            pending = self._pending.get(username.partition(":")[0])
+            if pending is None:
+                self.dropped["stun_unknown_ufrag"] += 1
+            else:
+                self._pending_check(pending, message, data, addr)
             return
         if not message.check_message_integrity(endpoint.password):
             self.dropped["stun_bad_integrity"] += 1
@@ -453,6 +512,24 @@ class UdpMux:
         endpoint.routes.add(addr)
         self.counters["routes_opened"] += 1
         target.datagram_received(data, addr)
+
+    def _pending_check(self, pending: PendingEndpoint, message: stun.Message, data: bytes,
+                       addr: tuple[str, int]) -> None:
+        if not message.check_message_integrity(pending.password):
+            self.dropped["stun_bad_integrity"] += 1
+            return
+        family = socket.AF_INET6 if ":" in addr[0] else socket.AF_INET
+        if family not in self._sockets:
+            self.dropped["no_family_socket"] += 1
+            return
+        if len(pending.queued) >= PENDING_QUEUE:
+            self.dropped["pending_queue_full"] += 1
+            return
+        pending.queued.append((data, addr))
+        self.counters["pending_checks"] += 1
+        if not pending.checked:
+            pending.checked = True
+            pending.on_check()
 
     def _check_routed_stun(self, message: stun.Message,
                            protocol: MuxStunProtocol) -> str | None:
@@ -505,7 +582,9 @@ class UdpMux:
         """Counters: datagrams in/out, drops per reason, live ufrags and routes, buffer sizes."""
         return {
             "port": self.port,
-            "sessions": len(self._by_ufrag),
+            # Registered ufrags: connections built, and pending ones (not built yet).
+            "sessions": len(self._by_ufrag) + len(self._pending),
+            "pending": len(self._pending),
             "routes": len(self._routes),
             "tracked_sources": len(self._source_buckets),
             "dropped": dict(self.dropped),

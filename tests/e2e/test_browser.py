@@ -332,7 +332,14 @@ def test_three_pages_play_at_once(request: pytest.FixtureRequest, tmp_path: Path
         status = server.status()
         for page in pages:
             assert_plays_the_source(page, status)
-        assert server.status()["viewers"]["count"] == 3
+        status = server.status()
+        assert status["viewers"]["count"] == 3
+        # The pages' offers have one shape: the first answered by aiortc, at least one other
+        # from its template (the pages may offer at once, before the first is answered), each
+        # built on its first STUN check, as the answer promised.
+        lazy = status["webrtc"]["stats"]["lazy"]
+        assert lazy["answered"] >= 1 and lazy["built"] == lazy["answered"], lazy
+        assert (lazy["answer_mismatch"], lazy["build_failed"], lazy["pending"]) == (0, 0, 0)
 
 
 def test_page_reconnects_by_itself_after_a_server_restart(

@@ -77,9 +77,19 @@ class StampedViewer:
             self.task.cancel()
 
 
-async def connect(engine: Engine) -> StampedViewer:
+async def offering_peer() -> RTCPeerConnection:
+    """A client peer with its recvonly offer made (an engine's first offer adds its camera's
+    H.264 profile to aiortc's codec list, which this process's client peers offer too: peers
+    made before it offer the same shape)."""
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
     pc.addTransceiver("video", direction="recvonly")
+    await pc.setLocalDescription(await pc.createOffer())
+    return pc
+
+
+async def connect(engine: Engine, pc: RTCPeerConnection | None = None) -> StampedViewer:
+    if pc is None:
+        pc = await offering_peer()
     viewer = StampedViewer(pc)
 
     def on_track(track: Any) -> None:
@@ -87,7 +97,6 @@ async def connect(engine: Engine) -> StampedViewer:
 
     pc.on("track", on_track)
 
-    await pc.setLocalDescription(await pc.createOffer())
     session, answer = await engine.offer(pc.localDescription.sdp)
     viewer.session_id, viewer.answer = session.id, answer
     await pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
@@ -496,11 +505,21 @@ async def test_stock_sender_path_still_selectable(
     engine = Engine(webrtc_config(send_path="aiortc"), tmp_path / "state", feed)
     await engine.start()
     try:
-        v = await connect(engine)
+        peers = [await offering_peer() for _ in range(2)]
+        v = await connect(engine, peers[0])
         await wait_for(lambda: len(v.frames) >= 20)
         assert engine.sessions[v.session_id].stats()["send_path"] == "aiortc"
         assert engine.stats()["fanout"] is None
         assert gaps(v, camera, start=5) == []
+        # A second viewer of the same shape: answered from the first one's template, its
+        # stock sender built on its first STUN check.
+        second = await connect(engine, peers[1])
+        await wait_for(lambda: len(second.frames) >= 20)
+        assert engine.sessions[second.session_id].stats()["send_path"] == "aiortc"
+        lazy = engine.stats()["lazy"]
+        assert (lazy["answered"], lazy["built"], lazy["answer_mismatch"]) == (1, 1, 0), lazy
+        assert gaps(second, camera, start=5) == []
+        await second.close()
         await v.close()
     finally:
         await engine.stop()
