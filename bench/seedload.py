@@ -171,6 +171,7 @@ class Board:
     """The ``ruseon serve`` child process."""
 
     def __init__(self, cameras: int, state: Path) -> None:
+        self.state = state
         self.http_port = free_port()
         self.figures = state / "figures.json"
         lines = ["[http]", f'listen = "127.0.0.1:{self.http_port}"',
@@ -206,6 +207,13 @@ class Board:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def admin(self) -> dict[str, str]:
+        """The admin credential ``/api/status`` and ``/metrics`` ask for (the secret the board
+        generated in its state directory)."""
+        secret = (self.state / "admin-secret").read_text().strip()
+        return {"Authorization": f"Bearer {secret}"}
 
     def cpu_s(self) -> float:
         fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -323,7 +331,8 @@ class Viewers:
 # --- HLS clients and REST polling (this process) ---------------------------------------------
 
 
-async def hls_and_rest(url: str, cameras: list[str], clients: int, seconds: float
+async def hls_and_rest(url: str, cameras: list[str], clients: int, seconds: float,
+                       admin: dict[str, str]
                        ) -> dict[str, Any]:
     import aiohttp
 
@@ -337,7 +346,7 @@ async def hls_and_rest(url: str, cameras: list[str], clients: int, seconds: floa
             for path in ("/api/status", "/api/cameras", "/metrics"):
                 began = time.perf_counter()
                 try:
-                    async with session.get(url + path) as response:
+                    async with session.get(url + path, headers=admin) as response:
                         await response.read()
                         rest["errors"] += response.status != 200
                 except aiohttp.ClientError:
@@ -361,11 +370,12 @@ async def hls_and_rest(url: str, cameras: list[str], clients: int, seconds: floa
             "rest_latency": percentiles(rest["latency_s"])}
 
 
-def sent_totals(url: str) -> tuple[float, float]:
+def sent_totals(url: str, admin: dict[str, str]) -> tuple[float, float]:
     """``ruseon_sent_packets_total`` and ``ruseon_sent_bytes_total`` from ``/metrics``."""
     import urllib.request
 
-    with urllib.request.urlopen(url + "/metrics", timeout=30) as response:
+    request = urllib.request.Request(url + "/metrics", headers=admin)
+    with urllib.request.urlopen(request, timeout=30) as response:
         text = response.read().decode()
     values = {}
     for line in text.splitlines():
@@ -389,11 +399,11 @@ def run(cameras: int, viewers: int, hls: int, seconds: float, idle_s: float) -> 
 
             watchers = Viewers(board.url, [names[i % cameras] for i in range(viewers)])
             gc0 = board.gc_figures()
-            packets0, bytes0 = sent_totals(board.url)
+            packets0, bytes0 = sent_totals(board.url, board.admin)
             cpu0, t0 = board.cpu_s(), time.monotonic()
-            mixed = asyncio.run(hls_and_rest(board.url, names, hls, seconds))
+            mixed = asyncio.run(hls_and_rest(board.url, names, hls, seconds, board.admin))
             cpu1, t1 = board.cpu_s(), time.monotonic()
-            packets1, bytes1 = sent_totals(board.url)
+            packets1, bytes1 = sent_totals(board.url, board.admin)
             gc1 = board.gc_figures()
             rss_kib = board.status("VmRSS")
             threads = board.status("Threads")
