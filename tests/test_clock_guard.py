@@ -84,6 +84,9 @@ WALL_TIME_USES: dict[tuple[str, str], str] = {
         "an access unit's capture_time_us is the wall-clock time of the picture",
     ("capture/sources/rpicam.py", "RpicamSource._emit"):
         "an access unit's capture_time_us is the wall-clock time of the picture",
+    ("engine/answer_template.py", "origin_line"):
+        "the SDP origin's session id and version are NTP seconds now, as aiortc writes them "
+        "(RFC 8866 5.2 suggests an NTP timestamp); an identifier, never compared",
     ("clock.py", "wall_us"):
         "the one reading of the wall clock the recorder's clock model starts from",
     ("clock.py", "WallClock.offset_us"):
@@ -104,6 +107,9 @@ NOT_DURATIONS: dict[tuple[str, str], str] = {
         "falls back to the monotonic send time",
     ("audio/sources/alsa.py", "AlsaSource.read"):
         "arrival minus the chunk's length is when its first sample was captured: a timestamp",
+    ("capture/sources/synthetic.py", "SyntheticSource._run"):
+        "now less the thread's lateness behind its slot (measured on the monotonic clock) is "
+        "the slot's moment on the wall clock, the picture's capture time: a timestamp",
     ("motion/store.py", "EventStore.prune"):
         "the age cutoff is a wall time compared with wall-dated events, and only taken while "
         "the clock is trusted",
