@@ -23,6 +23,11 @@ each stand-in found in a loaded module's globals (``from av import VideoFrame``,
 is av.VideoFrame``. A stand-in still held elsewhere (a function's annotations) keeps the real
 object and hands every use over to it.
 
+What a stand-in cannot do: ``type()`` and ``is`` see the stand-in, not the real object, until
+its package is resolved (after that, module globals hold the real object). Code that only
+*uses* them (calls, attributes, isinstance, operators) cannot tell the difference; aiortc and
+aioice only use them.
+
 The finder handles only top-level ``aiortc``/``aioice`` once, and submodules of a package whose
 stand-in is still in ``sys.modules``; it removes itself when there is nothing left to do.
 ``EAGER_IMPORTS=1`` in the environment disables all of it (A/B measurements, debugging).
