@@ -1,6 +1,8 @@
 """Issue 19 (memory): a serve without ``[mqtt]`` never imports the Home Assistant integration
-(paho-mqtt and aiomqtt, about 1 MiB of RSS). Not an RSS assertion: which modules load, in a
-fresh process that starts the whole appliance on a file source."""
+(paho-mqtt and aiomqtt, about 1 MiB of RSS). Issue 31, goal 5: nor, with motion detection off,
+PyAV, numpy and dnspython (``deferred_imports.py``: a stand-in is not the package). Not an RSS
+assertion: which modules load, in a fresh process that starts the whole appliance on a file
+source."""
 
 from __future__ import annotations
 
@@ -13,11 +15,14 @@ from tests.tooling import free_port
 
 DATA = Path(__file__).resolve().parent / "capture" / "data" / "cam_320x240_baseline.h264"
 WATCHED = ("ruseon_appliance.mqtt", "paho", "aiomqtt")
+MEDIA = ("av", "numpy", "dns")
 
 
-def modules_loaded_by_serve(state_dir: Path, mqtt_url: str) -> list[str]:
-    """Which of :data:`WATCHED` a process has loaded once the appliance has started (first
-    frame in the ring, HTTP listening, integrations started) on the file source."""
+def modules_loaded_by_serve(state_dir: Path, mqtt_url: str, *, motion: bool = True,
+                            watched: tuple[str, ...] = WATCHED) -> list[str]:
+    """Which of ``watched`` a process has loaded for real (a stand-in module has no
+    ``__file__``) once the appliance has started (first frame in the ring, HTTP listening,
+    integrations started) on the file source."""
     script = textwrap.dedent(f"""
         import asyncio, sys
         from ruseon_appliance.app import Appliance
@@ -26,7 +31,8 @@ def modules_loaded_by_serve(state_dir: Path, mqtt_url: str) -> list[str]:
 
         async def main():
             config = Config(
-                cameras=(CameraConfig(source={f"file:{DATA}"!r}, width=320, height=240),),
+                cameras=(CameraConfig(source={f"file:{DATA}"!r}, width=320, height=240,
+                                      motion={motion!r}),),
                 http=HttpConfig(listen=HostPort("127.0.0.1", {free_port()})),
                 webrtc=WebRtcConfig(listen=HostPort("127.0.0.1", 0), advertise=("127.0.0.1",)),
                 state=StateConfig(dir={str(state_dir)!r}),
@@ -34,7 +40,8 @@ def modules_loaded_by_serve(state_dir: Path, mqtt_url: str) -> list[str]:
             )
             app = Appliance(config)
             await app.start()
-            loaded = [m for m in {WATCHED!r} if m in sys.modules]
+            loaded = [m for m in {watched!r}
+                      if getattr(sys.modules.get(m), "__file__", None)]
             await app.stop()
             print("loaded:" + ",".join(loaded))
 
@@ -57,3 +64,14 @@ def test_a_serve_with_mqtt_loads_it(tmp_path: Path) -> None:
     # on the port; a broker being down does not stop start-up).
     loaded = modules_loaded_by_serve(tmp_path / "state", f"mqtt://127.0.0.1:{free_port()}")
     assert set(loaded) == set(WATCHED)
+
+
+def test_a_serve_with_motion_off_loads_no_pyav_numpy_or_dnspython(tmp_path: Path) -> None:
+    assert modules_loaded_by_serve(tmp_path / "state", "", motion=False, watched=MEDIA) == []
+
+
+def test_motion_detection_loads_pyav_and_numpy(tmp_path: Path) -> None:
+    # The other side, and the default config: the motion analyser decodes with PyAV into numpy
+    # at start, by design; dnspython still waits for an mDNS candidate.
+    loaded = modules_loaded_by_serve(tmp_path / "state", "", motion=True, watched=MEDIA)
+    assert set(loaded) == {"av", "numpy"}

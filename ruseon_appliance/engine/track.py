@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import fractions
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-import av
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from ruseon_appliance.capture.ring import FrameView
 from ruseon_appliance.stream.cursor import VideoFeed, ViewerCursor
+
+if TYPE_CHECKING:
+    import av
 
 TIME_BASE = fractions.Fraction(1, 90_000)
 
@@ -88,6 +91,8 @@ class ViewerTrack(MediaStreamTrack):  # type: ignore[misc]
                 raise MediaStreamError from None
             cursor.accept(view)
         data, pts, keyframe, capture_us = cursor.queue.popleft()
+        import av  # PyAV loads with the first viewer on this path, not at start
+
         packet = av.Packet(data)
         packet.pts = pts
         packet.dts = pts

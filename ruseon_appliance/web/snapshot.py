@@ -15,8 +15,6 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import av
-
 if TYPE_CHECKING:
     from ruseon_appliance.capture.pipeline import CapturePipeline
 
@@ -44,6 +42,8 @@ class Snapshot:
 
 def keyframe_to_jpeg(annexb: bytes) -> tuple[bytes, int, int]:
     """Decode one self-contained H.264 keyframe and encode it as JPEG: (jpeg, width, height)."""
+    import av  # PyAV loads with the first snapshot, not at start
+
     decoder = av.CodecContext.create("h264", "r")
     try:
         frames = list(decoder.decode(av.Packet(annexb))) + list(decoder.decode(None))
