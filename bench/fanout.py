@@ -32,6 +32,7 @@ import contextlib
 import ctypes
 import gc
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -291,7 +292,6 @@ class Server:
     def __init__(self, send_path: str, *, max_viewers: int = 200, loop: str = "asyncio",
                  record_dir: str = "", tree: Path = ROOT, aes_mask: bool = False,
                  motion: bool = False) -> None:
-        import os
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -424,6 +424,20 @@ def main() -> None:
                         help="another checkout: its fan-out measured beside ours")
     parser.add_argument("--aes-mask", choices=["off", "on", "both"], default="off")
     args = parser.parse_args()
+    if args.role == "serve" and os.environ.get("BENCH_PROFILE"):
+        # The server under cProfile (BENCH_PROFILE=FILE): its stats written when terminated.
+        import cProfile
+        import signal
+
+        profiler = cProfile.Profile()
+
+        def dump(signum: int, frame: Any) -> None:
+            profiler.disable()
+            profiler.dump_stats(os.environ["BENCH_PROFILE"])
+            raise SystemExit(0)
+
+        signal.signal(signal.SIGTERM, dump)
+        profiler.enable()
     if args.role == "serve":
         if args.loop == "uvloop":
             import uvloop  # type: ignore[import-not-found,unused-ignore]
