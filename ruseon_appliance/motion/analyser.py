@@ -8,19 +8,23 @@
 
 Both are synchronous and know nothing of threads or the event loop (:mod:`.monitor` runs them
 in a worker thread); tests feed them directly.
+
+PyAV (about 21 MiB of RSS) is imported by the decode path when it starts, and by the lores path
+only for an event's snapshot: a Pi camera detecting motion on its lores stream does not load it
+at start (picamera2 itself imports PyAV only for its software encoders).
 """
 
 from __future__ import annotations
 
 import fractions
 from collections.abc import Callable
-from typing import Any
-
-import av
-from av.video.reformatter import VideoReformatter
+from typing import TYPE_CHECKING, Any
 
 from .detector import PLANE_WIDTH, Analysis, MotionDetector, MotionSettings
 from .tracker import MotionTracker, Transition
+
+if TYPE_CHECKING:
+    import av
 
 # mjpeg quantiser range for event snapshots (as web/snapshot.py's).
 JPEG_QMIN, JPEG_QMAX = 3, 5
@@ -28,6 +32,8 @@ JPEG_QMIN, JPEG_QMAX = 3, 5
 
 def frame_to_jpeg(frame: av.VideoFrame) -> bytes:
     """One decoded picture as JPEG."""
+    import av
+
     encoder = av.CodecContext.create("mjpeg", "w")
     encoder.width, encoder.height = frame.width, frame.height
     encoder.pix_fmt = "yuvj420p"
@@ -40,6 +46,8 @@ def frame_to_jpeg(frame: av.VideoFrame) -> bytes:
 
 def luma_to_jpeg(luma: Any) -> bytes:
     """A grey picture (``uint8`` Y plane, even sizes) as JPEG (the lores path's snapshot)."""
+    import av
+
     frame = av.VideoFrame.from_ndarray(luma, format="gray")
     return frame_to_jpeg(frame)
 
@@ -120,9 +128,14 @@ class DecodeAnalyser(_Analyser):
         # One scaler for every picture: VideoFrame.reformat makes a new one per frame, and with
         # it a new swscale context (its filter set up anew: 0.1-0.8 ms of the ~0.2-1 ms that
         # scaling a 720p picture took here, at analysis_fps per camera).
-        self._scaler = VideoReformatter()
+        self._scaler: Any = None  # made with the first decoder (PyAV loads then)
 
     def _open(self) -> Any:
+        import av
+        from av.video.reformatter import VideoReformatter
+
+        if self._scaler is None:
+            self._scaler = VideoReformatter()
         decoder = av.CodecContext.create("h264", "r")
         decoder.thread_count = 1
         decoder.options = {"skip_loop_filter": "all"}
@@ -138,6 +151,8 @@ class DecodeAnalyser(_Analyser):
             if not keyframe:
                 return None
             self._decoder = self._open()
+        import av  # loaded by _open (a dict lookup from here on)
+
         try:
             frames = self._decoder.decode(av.Packet(data))
         except av.FFmpegError:
