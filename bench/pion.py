@@ -53,7 +53,9 @@ variant with the ratio appliance / Pion: below 1, the appliance spends less (or 
 ``--appliance`` names appliance variants, each one more server in every round: ``default`` is
 ``ruseon serve`` as it is; ``hold-off`` has the engine's offer-burst hold disabled
 (``engine/offer_burst.py``: the UDP mux is never paused and the collector never held while
-offers are answered); ``eager`` has no lazy sessions (``engine/answer_template.py``: every
+offers are answered); ``hold-all`` holds as the engine did before the hold became selective
+(the mux reads nothing at all during the hold, connected viewers' datagrams neither);
+``eager`` has no lazy sessions (``engine/answer_template.py``: every
 offer's aiortc objects are built when it is answered, not on the viewer's first STUN check).
 Every variant, ``default`` too, runs through the same small wrapper
 (``pion.py serve-appliance VARIANT serve ...``: the patch, then ``ruseon_appliance.cli.main``),
@@ -146,6 +148,29 @@ def _dtls_per_connection() -> None:
     aiortc_internals.share_ssl_contexts = lambda certificate: (lambda: 0)  # type: ignore[assignment]
 
 
+def _hold_all() -> None:
+    """The hold as it was before the selective one: while offers are answered and sessions
+    built the mux reads nothing at all (connected viewers' RTCP and consent checks wait in the
+    socket's buffer too), instead of keeping only what comes from addresses no viewer has
+    validated."""
+    from ruseon_appliance.engine.udp_mux import UdpMux
+
+    def pause(self: UdpMux) -> None:
+        if self._reading_paused or self._loop is None:
+            return
+        self._reading_paused = True
+        for sock in self._sockets.values():
+            self._loop.remove_reader(sock.fileno())
+
+    def resume(self: UdpMux) -> None:
+        if not self._reading_paused or self._loop is None:
+            return
+        self._add_readers()
+
+    UdpMux.pause_reading = pause  # type: ignore[method-assign]
+    UdpMux.resume_reading = resume  # type: ignore[method-assign]
+
+
 def _eager() -> None:
     """No lazy sessions: every offer is answered by aiortc, its objects built at once (the
     engine answers offers of a known shape from a template and builds them on the viewer's
@@ -160,6 +185,7 @@ def _eager() -> None:
 VARIANTS: dict[str, Callable[[], None] | None] = {
     "default": None,
     "hold-off": _hold_off,
+    "hold-all": _hold_all,
     "no-catch-up": _no_catch_up,
     "dtls-per-connection": _dtls_per_connection,
     "eager": _eager,

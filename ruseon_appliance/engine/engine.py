@@ -805,9 +805,9 @@ class Engine:
     async def _build_lazy(self, session: WhepSession) -> None:
         promised = self._lazy.get(session.id)
         # A build is held like an offer (offer_burst.py): while builds wait and run, the mux
-        # reads nothing and the collector waits (bounded), so a burst of viewers is built one
-        # after another before their DTLS handshakes start, as their offers used to be, and
-        # its allocations cost one collection afterwards instead of several on the way.
+        # keeps new viewers' datagrams and the collector waits (bounded), so a burst of viewers
+        # is built one after another, and its allocations cost one collection afterwards
+        # instead of several on the way; viewers already past ICE (routed) go on meanwhile.
         self._work_begins()
         try:
             if promised is None:

@@ -5,11 +5,13 @@ answered one offer at a time, in arrival order (the engine's answer lock), so an
 loop does meanwhile delays every answer still to come. Two kinds of work can wait a few
 milliseconds without harm:
 
-- **Datagrams on the shared UDP port.** Viewers answered first start ICE checks and DTLS
-  handshakes (a handshake is a millisecond or more of Python and OpenSSL per viewer) while later
-  offers are still being answered. While offers are pending the mux stops reading; the datagrams
-  wait in the socket's receive buffer (not lost: nothing to retransmit) and are read the moment
-  the last pending offer is answered.
+- **New viewers' datagrams on the shared UDP port.** Viewers answered first start ICE checks
+  (and, built, DTLS handshakes: a millisecond or more of Python and OpenSSL per viewer) while
+  later offers are still being answered. While offers are pending the mux keeps what comes from
+  addresses no viewer has validated yet (``UdpMux.pause_reading``: not lost, nothing to
+  retransmit) and handles it, in arrival order, the moment the last pending offer is answered.
+  Datagrams from validated addresses are never held: connected viewers' RTCP (NACKs, keyframe
+  requests), consent checks and the DTLS of viewers already past ICE are handled at once.
 - **The cyclic garbage collector.** Answering one offer allocates a few thousand objects, so a
   burst of 30 triggers about seven young collections and, every few bursts, an older one that
   walks the whole heap (tens of ms; measured 2-3.5 ms of CPU per 30-offer burst,
@@ -44,7 +46,7 @@ class PausableReader(Protocol):
 
 
 class OfferBurst:
-    """Holds the mux's reading and the garbage collector while offers are being answered.
+    """Holds new viewers' datagrams and the garbage collector while offers are being answered.
 
     The engine calls :meth:`begin` when it starts answering an offer with none pending and
     :meth:`end` when the last pending offer is done (answered or refused)."""

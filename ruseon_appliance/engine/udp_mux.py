@@ -19,7 +19,7 @@ import logging
 import socket
 import struct
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -36,6 +36,11 @@ logger = logging.getLogger(__name__)
 SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
 # Datagrams read per readiness callback before yielding to the loop.
 READ_BATCH = 64
+# STUN from addresses no viewer has validated, kept while the engine holds (offer_burst.py):
+# more than this many (or bytes) and the mux stops reading, the rest waiting in the socket's
+# buffer (a flood of checks cannot grow the queue past them; a real check is ~100 bytes).
+HELD_MAX = 4096
+HELD_MAX_BYTES = 1 << 20
 RECV_SIZE = 65536
 # Remote addresses one connection may have routed (a client with several interfaces).
 MAX_ROUTES_PER_CONNECTION = 8
@@ -164,7 +169,12 @@ class UdpMux:
         self._buffer_bytes = buffer_bytes
         self._sockets: dict[int, socket.socket] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._reading_paused = False
+        # While the engine answers offers (offer_burst.py): datagrams from addresses no viewer
+        # has validated wait in _held; routed ones (viewers connected or connecting) do not.
+        self._holding = False
+        self._held: deque[tuple[bytes, tuple[str, int]]] = deque()
+        self._held_bytes = 0
+        self._reading_paused = False  # the readers removed: _held was full
         self._by_ufrag: dict[str, IceEndpoint] = {}
         self._pending: dict[str, PendingEndpoint] = {}
         # Advertised address -> (host, family, foundation), see _host_candidate_fields.
@@ -201,21 +211,45 @@ class UdpMux:
                     ", ".join(str(s.getsockname()[0]) for s in self._sockets.values()))
 
     def pause_reading(self) -> None:
-        """Stop reading the sockets (datagrams wait in their receive buffers) until
-        :meth:`resume_reading` (the engine does this while it answers offers: offer_burst.py)."""
-        if self._reading_paused or self._loop is None:
+        """Hold what can wait until :meth:`resume_reading` (the engine does this while it
+        answers offers and builds sessions: offer_burst.py): STUN from addresses no viewer has
+        validated (new viewers' ICE checks) is kept, in arrival order; datagrams from routed
+        addresses (connected viewers' RTCP, consent checks, DTLS) are still handled at once,
+        and anything else from elsewhere is dropped at once, as always. More than
+        :data:`HELD_MAX` (or :data:`HELD_MAX_BYTES`) kept and the mux stops reading (the rest
+        waits in the socket's buffer)."""
+        if self._holding or self._loop is None:
             return
-        self._reading_paused = True
-        for sock in self._sockets.values():
-            self._loop.remove_reader(sock.fileno())
+        self._holding = True
 
     def resume_reading(self) -> None:
-        """Read the sockets again (what waited is read on the next loop iteration)."""
-        if not self._reading_paused or self._loop is None:
+        """Handle what was kept (on the next loop iteration) and read everything again."""
+        if not self._holding or self._loop is None:
             return
+        self._holding = False
+        if self._held:
+            self._loop.call_soon(self._handle_held)
+        elif self._reading_paused:
+            self._add_readers()
+
+    def _handle_held(self) -> None:
+        held = self._held
+        while held and not self._holding:
+            data, addr = held.popleft()
+            self._held_bytes -= len(data)
+            try:
+                self._dispatch(data, addr)
+            except Exception:
+                logger.exception("UDP mux: error handling a datagram")
+                self.counters["dispatch_errors"] += 1
+        if not held and not self._holding and self._reading_paused:
+            self._add_readers()  # after what was kept: arrival order
+
+    def _add_readers(self) -> None:
         self._reading_paused = False
-        for sock in self._sockets.values():
-            self._loop.add_reader(sock.fileno(), self._on_readable, sock)
+        if self._loop is not None:
+            for sock in self._sockets.values():
+                self._loop.add_reader(sock.fileno(), self._on_readable, sock)
 
     def _open_sockets(self) -> list[socket.socket]:
         port = self._listen.port
@@ -248,7 +282,9 @@ class UdpMux:
                 self._loop.remove_reader(sock.fileno())
             sock.close()
         self._sockets.clear()
-        self._reading_paused = False
+        self._reading_paused = self._holding = False
+        self._held.clear()
+        self._held_bytes = 0
 
     @property
     def families(self) -> list[int]:
@@ -414,11 +450,29 @@ class UdpMux:
                 return
             self.counters["datagrams_in"] += 1
             self.counters["bytes_in"] += len(data)
+            addr = _normalize(raw_addr)
+            if (self._holding or self._held) and data and data[0] < 4 and addr not in self._routes:
+                self._hold(data, addr)
+                if self._reading_paused:
+                    return
+                continue
             try:
-                self._dispatch(data, _normalize(raw_addr))
+                self._dispatch(data, addr)
             except Exception:  # one bad datagram must never stop the reader
                 logger.exception("UDP mux: error handling a datagram")
                 self.counters["dispatch_errors"] += 1
+
+    def _hold(self, data: bytes, addr: tuple[str, int]) -> None:
+        """Keep a datagram until the hold ends; stop reading when the queue is full."""
+        self._held.append((data, addr))
+        self._held_bytes += len(data)
+        self.counters["held"] += 1
+        full = len(self._held) >= HELD_MAX or self._held_bytes >= HELD_MAX_BYTES
+        if full and not self._reading_paused and self._loop is not None:
+            self._reading_paused = True
+            self.counters["held_full"] += 1
+            for sock in self._sockets.values():
+                self._loop.remove_reader(sock.fileno())
 
     def _dispatch(self, data: bytes, addr: tuple[str, int]) -> None:
         if not data:
@@ -587,6 +641,7 @@ class UdpMux:
             "pending": len(self._pending),
             "routes": len(self._routes),
             "tracked_sources": len(self._source_buckets),
+            "held_now": len(self._held),
             "dropped": dict(self.dropped),
             **dict(self.counters),
             **self.buffer_sizes,
