@@ -151,8 +151,7 @@ def _dtls_per_connection() -> None:
 def _hold_all() -> None:
     """The hold as it was before the selective one: while offers are answered and sessions
     built the mux reads nothing at all (connected viewers' RTCP and consent checks wait in the
-    socket's buffer too), instead of keeping only what comes from addresses no viewer has
-    validated."""
+    socket's buffer too), instead of keeping only what viewers not connected yet send."""
     from ruseon_appliance.engine.udp_mux import UdpMux
 
     def pause(self: UdpMux) -> None:

@@ -734,9 +734,11 @@ class Engine:
             session = lazy
             session.materialize(pc, transceiver.sender, viewer if viewer is not None else track)
         elif viewer is not None:
-            session = WhepSession(pc, transceiver.sender, viewer, ufrag, self._release)
+            session = WhepSession(pc, transceiver.sender, viewer, ufrag, self._release,
+                                  self._mux.mark_established)
         else:
-            session = WhepSession(pc, transceiver.sender, track, ufrag, self._release)
+            session = WhepSession(pc, transceiver.sender, track, ufrag, self._release,
+                                  self._mux.mark_established)
         if viewer is not None:
             viewer.cursor.request = lambda reason: self._request_keyframe(session, reason)
             viewer.on_keyframe_request = (
@@ -784,7 +786,8 @@ class Engine:
         password = _ice_string(24)
         identities = Identities.fresh(template.senders)
         answer = template.render(ufrag, password, identities)
-        session = WhepSession(None, None, None, ufrag, self._release)
+        session = WhepSession(None, None, None, ufrag, self._release,
+                              self._mux.mark_established)
         session.feed = feed
         self._lazy[session.id] = _LazyOffer(offer_sdp, key[0], audio, password, identities,
                                             answer, key)

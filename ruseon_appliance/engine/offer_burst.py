@@ -7,11 +7,12 @@ milliseconds without harm:
 
 - **New viewers' datagrams on the shared UDP port.** Viewers answered first start ICE checks
   (and, built, DTLS handshakes: a millisecond or more of Python and OpenSSL per viewer) while
-  later offers are still being answered. While offers are pending the mux keeps what comes from
-  addresses no viewer has validated yet (``UdpMux.pause_reading``: not lost, nothing to
-  retransmit) and handles it, in arrival order, the moment the last pending offer is answered.
-  Datagrams from validated addresses are never held: connected viewers' RTCP (NACKs, keyframe
-  requests), consent checks and the DTLS of viewers already past ICE are handled at once.
+  later offers are still being answered. While offers are pending the mux keeps what viewers
+  not connected yet send (``UdpMux.pause_reading``: not lost, nothing to retransmit) and
+  handles it, in arrival order, the moment the last pending offer is answered. Connected
+  viewers' datagrams are never held: their RTCP (NACKs, keyframe requests) and consent checks
+  are handled at once (issue 31; ``bench/pion.py --appliance default hold-all`` compares the
+  hold that read nothing at all: the same join figures).
 - **The cyclic garbage collector.** Answering one offer allocates a few thousand objects, so a
   burst of 30 triggers about seven young collections and, every few bursts, an older one that
   walks the whole heap (tens of ms; measured 2-3.5 ms of CPU per 30-offer burst,

@@ -39,6 +39,7 @@ class WhepSession:
         track: ViewerTrack | FanoutViewer | None,
         ufrag: str,
         release: Callable[[WhepSession], Awaitable[None]],
+        on_connected: Callable[[str], None] | None = None,
     ) -> None:
         self.id = secrets.token_urlsafe(24)
         self.etag = '"' + secrets.token_urlsafe(12) + '"'
@@ -67,6 +68,9 @@ class WhepSession:
         # The session's audio stream (set by the engine), None when it has no sound.
         self.audio: AudioViewer | None = None
         self._release = release
+        # Called with the ufrag once connected (the engine: the mux stops holding this
+        # viewer's datagrams during offer bursts, offer_burst.py).
+        self._on_connected = on_connected
         self._closing: asyncio.Task[None] | None = None
         self._reaper: asyncio.TimerHandle | None = None
         self.remote_addresses: list[tuple[str, int]] = []
@@ -117,6 +121,8 @@ class WhepSession:
                 self.remote_addresses = [r for _, r in aiortc_internals.nominated_addresses(conn)]
             self.srtp_profile = aiortc_internals.selected_srtp_profile(self.pc)
             self.dtls_role = aiortc_internals.dtls_role(self.pc)
+            if self._on_connected is not None:
+                self._on_connected(self.ufrag)
             logger.info("session %s connected from %s in %.0f ms", self.id[:8],
                         ",".join(f"{h}:{p}" for h, p in self.remote_addresses),
                         (time.monotonic() - self.created_monotonic) * 1000)

@@ -107,6 +107,8 @@ class IceEndpoint:
     protocols: dict[int, MuxStunProtocol]
     candidates: list[Candidate]
     routes: set[tuple[str, int]] = field(default_factory=set)
+    # Connected (ICE and DTLS): its datagrams are never held (UdpMux.pause_reading).
+    established: bool = False
 
 
 # Valid checks a pending session keeps while its connection is being built (a browser sends
@@ -169,8 +171,8 @@ class UdpMux:
         self._buffer_bytes = buffer_bytes
         self._sockets: dict[int, socket.socket] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
-        # While the engine answers offers (offer_burst.py): datagrams from addresses no viewer
-        # has validated wait in _held; routed ones (viewers connected or connecting) do not.
+        # While the engine answers offers (offer_burst.py): new viewers' datagrams wait in
+        # _held; connected viewers' do not (pause_reading).
         self._holding = False
         self._held: deque[tuple[bytes, tuple[str, int]]] = deque()
         self._held_bytes = 0
@@ -212,10 +214,11 @@ class UdpMux:
 
     def pause_reading(self) -> None:
         """Hold what can wait until :meth:`resume_reading` (the engine does this while it
-        answers offers and builds sessions: offer_burst.py): STUN from addresses no viewer has
-        validated (new viewers' ICE checks) is kept, in arrival order; datagrams from routed
-        addresses (connected viewers' RTCP, consent checks, DTLS) are still handled at once,
-        and anything else from elsewhere is dropped at once, as always. More than
+        answers offers and builds sessions: offer_burst.py): what new viewers send is kept, in
+        arrival order: STUN from addresses no viewer has validated (ICE checks) and anything
+        from the addresses of viewers not connected yet (:meth:`mark_established`: their
+        DTLS handshakes). Datagrams of connected viewers (RTCP, consent checks) are handled at
+        once, and anything else from unknown addresses is dropped at once, as always. More than
         :data:`HELD_MAX` (or :data:`HELD_MAX_BYTES`) kept and the mux stops reading (the rest
         waits in the socket's buffer)."""
         if self._holding or self._loop is None:
@@ -386,6 +389,13 @@ class UdpMux:
         for protocol in endpoint.protocols.values():
             self._endpoint_of.pop(protocol, None)
 
+    def mark_established(self, ufrag: str) -> None:
+        """The viewer with ``ufrag`` is connected (ICE and DTLS): from now on its datagrams are
+        handled at once, also while the engine holds (:meth:`pause_reading`)."""
+        endpoint = self._by_ufrag.get(ufrag)
+        if endpoint is not None:
+            endpoint.established = True
+
     def routes_for(self, ufrag: str) -> set[tuple[str, int]]:
         """Remote addresses currently routed to the connection with ``ufrag``."""
         endpoint = self._by_ufrag.get(ufrag)
@@ -451,7 +461,7 @@ class UdpMux:
             self.counters["datagrams_in"] += 1
             self.counters["bytes_in"] += len(data)
             addr = _normalize(raw_addr)
-            if (self._holding or self._held) and data and data[0] < 4 and addr not in self._routes:
+            if (self._holding or self._held) and self._waits(data, addr):
                 self._hold(data, addr)
                 if self._reading_paused:
                     return
@@ -461,6 +471,14 @@ class UdpMux:
             except Exception:  # one bad datagram must never stop the reader
                 logger.exception("UDP mux: error handling a datagram")
                 self.counters["dispatch_errors"] += 1
+
+    def _waits(self, data: bytes, addr: tuple[str, int]) -> bool:
+        """Whether a datagram waits for the hold to end (see :meth:`pause_reading`)."""
+        protocol = self._routes.get(addr)
+        if protocol is None:
+            return bool(data) and data[0] < 4  # STUN: a new viewer's check; the rest drops
+        endpoint = self._endpoint_of.get(protocol)
+        return endpoint is None or not endpoint.established
 
     def _hold(self, data: bytes, addr: tuple[str, int]) -> None:
         """Keep a datagram until the hold ends; stop reading when the queue is full."""

@@ -6,8 +6,10 @@ mux stops reading and the socket's buffer keeps the rest, nothing lost."""
 from __future__ import annotations
 
 import socket
+import struct
 
 import pytest
+from aioice import Connection
 
 from ruseon_appliance.config import HostPort
 from ruseon_appliance.engine import udp_mux
@@ -63,3 +65,35 @@ async def test_a_full_queue_stops_reading_and_loses_nothing(
                    timeout=10)
     assert mux.counters["datagrams_in"] == 10 and mux.stats()["held_now"] == 0
     stranger.close()
+
+
+async def test_a_viewer_past_ice_waits_until_connected_then_never(mux: UdpMux) -> None:
+    # A registered viewer whose address ICE validated (a route), DTLS not done: its datagrams
+    # wait like a new viewer's; once the engine marks it connected they pass during a hold.
+    connection = Connection(ice_controlling=False)
+    endpoint = mux.register(connection, ["127.0.0.1"])
+    viewer = client()
+    addr = viewer.getsockname()
+    protocol = endpoint.protocols[socket.AF_INET]
+    mux._routes[addr] = protocol  # what a valid check from it does (test_bad_input: real ones)
+    endpoint.routes.add(addr)
+    got: list[bytes] = []
+    protocol.datagram_received = lambda data, a: got.append(data)  # type: ignore[method-assign]
+    def dtls(n: int) -> bytes:  # a DTLS handshake record (epoch 0, sequence n)
+        body = bytes(40)
+        return struct.pack("!BHH6sH", 22, 0xFEFD, 0, n.to_bytes(6, "big"), len(body)) + body
+
+    target = ("127.0.0.1", mux.port)
+    mux.pause_reading()
+    viewer.sendto(dtls(1), target)
+    await wait_for(lambda: mux.counters["datagrams_in"] == 1, timeout=10)
+    assert got == [] and mux.stats()["held_now"] == 1
+    mux.mark_established(connection.local_username)
+    viewer.sendto(dtls(2), target)
+    await wait_for(lambda: len(got) == 1, timeout=10)
+    assert got == [dtls(2)] and mux.stats()["held_now"] == 1
+    mux.resume_reading()
+    await wait_for(lambda: len(got) == 2, timeout=10)
+    assert got[1] == dtls(1) and mux.stats()["held_now"] == 0
+    viewer.close()
+    mux.unregister(connection.local_username)
