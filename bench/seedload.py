@@ -136,17 +136,24 @@ def percentiles(values: list[float]) -> dict[str, float]:
 
 def board_main(config: str, figures: str) -> int:
     """``ruseon serve --config CONFIG``, writing GC/thread/task figures to FIGURES on exit."""
-    pauses = {"total_s": 0.0, "collections": 0, "started": 0.0}
+    pauses: dict[str, Any] = {"total_s": 0.0, "collections": 0, "started": 0.0,
+                              "by_generation_s": [0.0, 0.0, 0.0], "by_generation": [0, 0, 0]}
     peak = {"tasks": 0, "threads": 0}
 
     def on_gc(phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
             pauses["started"] = time.perf_counter()
         else:
-            pauses["total_s"] += time.perf_counter() - pauses["started"]
+            took = time.perf_counter() - pauses["started"]
+            pauses["total_s"] += took
             pauses["collections"] += 1
+            generation = min(2, int(info.get("generation", 0)))
+            pauses["by_generation_s"][generation] += took
+            pauses["by_generation"][generation] += 1
 
     gc.callbacks.append(on_gc)
+    if os.environ.get("SEEDLOAD_GC_THRESHOLD"):  # an experiment: other collector thresholds
+        gc.set_threshold(*(int(x) for x in os.environ["SEEDLOAD_GC_THRESHOLD"].split(",")))
     from ruseon_appliance import app
     from ruseon_appliance.cli import main
 
@@ -431,6 +438,14 @@ def run(cameras: int, viewers: int, hls: int, seconds: float, idle_s: float,
         "rss_mib": rss_kib / 1024,
         "gc_pause_ms": 1000 * (gc1.get("total_s", 0.0) - gc0.get("total_s", 0.0)),
         "gc_collections": gc1.get("collections", 0) - gc0.get("collections", 0),
+        # Per generation (0, 1, 2): collections and their pause total in the window.
+        "gc_by_generation": [b - a for a, b in zip(gc0.get("by_generation", [0, 0, 0]),
+                                                   gc1.get("by_generation", [0, 0, 0]),
+                                                   strict=True)],
+        "gc_pause_ms_by_generation": [
+            round(1000 * (b - a), 2) for a, b in zip(gc0.get("by_generation_s", [0.0] * 3),
+                                                     gc1.get("by_generation_s", [0.0] * 3),
+                                                     strict=True)],
         "threads": threads, "tasks_peak": gc1.get("tasks", 0),
         **mixed,
     }
@@ -466,7 +481,8 @@ def main() -> None:
           f"packets")
     print(f"  board CPU {r['board_cpu_percent']:.0f} % of a core (idle with {r['cameras']} "
           f"cameras and HLS segmenting: {r['board_idle_cpu_percent']:.0f} %), "
-          f"GC collections {r['gc_collections']}")
+          f"GC collections {r['gc_collections']} (by generation {r['gc_by_generation']}, "
+          f"pauses {r['gc_pause_ms_by_generation']} ms)")
     print(f"  HLS: {r['hls_requests']:,} requests ({r['hls_errors']} errors), LL latency p50 "
           f"{r['hls_latency']['p50']:.2f} s p95 {r['hls_latency']['p95']:.2f} s; REST: "
           f"{r['rest_requests']} requests ({r['rest_errors']} errors), p50 "

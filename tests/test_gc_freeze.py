@@ -1,7 +1,8 @@
 """Issue 31 (GC pauses): once started, the appliance moves what start-up made (modules,
 classes, configuration) out of the collector's generations (``gc.freeze``), so a full
 collection walks only what came after. In a fresh process that starts the whole appliance on a
-file source: what a full collection has to walk then, against what start-up froze."""
+file source: what a full collection has to walk then, against what start-up froze, and the
+collector's thresholds then in force."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+from ruseon_appliance.app import GC_THRESHOLDS
 from tests.tooling import free_port
 
 DATA = Path(__file__).resolve().parent / "capture" / "data" / "cam_320x240_baseline.h264"
@@ -33,8 +35,10 @@ def test_a_started_appliance_has_frozen_what_start_up_made(tmp_path: Path) -> No
             await app.start()
             await asyncio.sleep(1.0)  # frames, HLS parts: what a running service makes
             frozen, walked = gc.get_freeze_count(), len(gc.get_objects())
+            threshold = gc.get_threshold()
             await app.stop()
             print(f"frozen:{{frozen}} walked:{{walked}}")
+            print("threshold:" + ",".join(map(str, threshold)))
 
         asyncio.run(main())
     """)
@@ -46,3 +50,8 @@ def test_a_started_appliance_has_frozen_what_start_up_made(tmp_path: Path) -> No
     # Tens of thousands of start-up objects out of every full collection; what is left to
     # walk is a small part of it.
     assert frozen > 20_000 and walked < frozen / 4, (frozen, walked)
+    # And the young generation collected far less often than CPython's default (700): most of
+    # a running appliance's allocations die young by reference counting (app.GC_THRESHOLDS).
+    threshold = next(x for x in result.stdout.splitlines() if x.startswith("threshold:"))
+    assert tuple(int(t) for t in threshold.split(":")[1].split(",")) == GC_THRESHOLDS
+    assert GC_THRESHOLDS[0] >= 10_000
