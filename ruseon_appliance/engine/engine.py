@@ -417,7 +417,8 @@ class Engine:
             # one, failed to build; answers aiortc wrote otherwise than the template (each
             # closes its session and drops the template); templates kept.
             "lazy": {**{k: self.lazy_counts[k] for k in (
-                "answered", "built", "build_failed", "answer_mismatch", "learned")},
+                "answered", "answered_after_learning", "built", "build_failed",
+                "answer_mismatch", "learned")},
                 "pending": len(self._lazy),
                 "templates": sum(t is not None for t in self._templates.values())},
         }
@@ -482,20 +483,15 @@ class Engine:
             raise StreamNotReady("the engine is not running", retry_after=5)
         self._take_place(key)
         info = feed.stream_info
-        if info is not None and self.lazy_sessions and self._templates:
+        if info is not None:
             # An offer of a shape answered before, its per-offer values plainly valid (what
             # check_offer would accept: answer_template.quick_offer), is answered from the
             # shape's template at once: no await, nothing built, nothing to hold back.
-            quick = quick_offer(sdp, self._max_offer_bytes)
-            if quick is not None:
-                template_key = (info.profile_level_id, self._serves_audio(audio), quick.shape)
-                template = self._templates.get(template_key)
-                if template is not None:
-                    self._templates.move_to_end(template_key)
-                    session, answer = self._answer_lazily(quick.sdp, template, template_key,
-                                                          feed, audio)
-                    session.remote_key = key
-                    return session, answer
+            lazily = self._template_answer(sdp, info.profile_level_id,
+                                           self._serves_audio(audio), feed, audio)
+            if lazily is not None:
+                lazily[0].remote_key = key
+                return lazily
         self._pending += 1
         self._work_begins()
         if key is not None:
@@ -517,8 +513,16 @@ class Engine:
             # interleave them in lockstep), so viewers get and apply their answers while later
             # ones are made; what would run between them waits (offer_burst.py).
             async with self._answer_lock:
-                session, answer = await self._build_session(
-                    checked, info.profile_level_id, feed, audio, template_key=template_key)
+                # A burst of one new shape (the first viewers after boot, a browser update):
+                # the offer answered before this one made its template; answered from it too.
+                lazily = self._template_answer(sdp, info.profile_level_id, serves_audio, feed,
+                                               audio)
+                if lazily is not None:
+                    self.lazy_counts["answered_after_learning"] += 1
+                    session, answer = lazily
+                else:
+                    session, answer = await self._build_session(
+                        checked, info.profile_level_id, feed, audio, template_key=template_key)
             session.remote_key = key
             return session, answer
         finally:
@@ -528,6 +532,23 @@ class Engine:
                 self._answering[key] -= 1
                 if not self._answering[key]:
                     del self._answering[key]
+
+    def _template_answer(self, sdp: str, profile_level_id: str, serves_audio: bool,
+                         feed: CapturePipeline, audio: AudioFeed | None
+                         ) -> tuple[WhepSession, str] | None:
+        """The answer from the template of this offer's shape, if there is one (None: the
+        offer is answered by aiortc)."""
+        if not self.lazy_sessions or not self._templates:
+            return None
+        quick = quick_offer(sdp, self._max_offer_bytes)
+        if quick is None:
+            return None
+        template_key = (profile_level_id, serves_audio, quick.shape)
+        template = self._templates.get(template_key)
+        if template is None:
+            return None
+        self._templates.move_to_end(template_key)
+        return self._answer_lazily(quick.sdp, template, template_key, feed, audio)
 
     def _ice_servers(self) -> list[RTCIceServer]:
         return [RTCIceServer(urls=url) for url in self.config.ice_servers]

@@ -570,3 +570,32 @@ async def test_a_lazy_build_holds_datagrams_and_the_collector_like_an_offer(
     response = await stun_response(client_socket)  # built: the check is answered
     assert response.message_class == stun.Class.RESPONSE and session.built
     await wait_for(lambda: not engine._burst.holding and gc.isenabled())
+
+
+async def test_a_burst_of_a_new_shape_builds_one_session_and_answers_the_rest_lazily(
+        feed: CapturePipeline, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The first viewers after boot offer at once, before any template exists: the first offer
+    # is answered by aiortc (its template learned), the ones that waited behind it for the
+    # answer lock from that template; all of them connect and decode.
+    engine = Engine(webrtc_config(), tmp_path / "state", feed)
+    await engine.start()
+    viewers: list[Viewer] = []
+    try:
+        made = [await make_offer() for _ in range(4)]
+        counts = count_builds(engine, monkeypatch)
+        answers = await asyncio.gather(*(engine.offer(offer) for _, offer in made))
+        assert counts[1] == 1  # aiortc was given one offer to answer, not four
+        lazy = engine.stats()["lazy"]
+        assert (lazy["learned"], lazy["answered"], lazy["answered_after_learning"]) == (1, 3, 3)
+        assert [s.built for s, _ in answers] == [True, False, False, False]
+        for (pc, _), (_session, answer) in zip(made, answers, strict=True):
+            viewer = Viewer(pc)
+            viewers.append(viewer)
+            pc.on("track", lambda track, v=viewer: setattr(
+                v, "task", asyncio.ensure_future(v.consume(track))))
+            await pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
+        await wait_for(lambda: all(v.frames >= 3 for v in viewers), timeout=40)
+        assert engine.stats()["lazy"]["built"] == 3
+    finally:
+        await asyncio.gather(*(v.close() for v in viewers))
+        await engine.stop()

@@ -169,7 +169,10 @@ async def test_concurrent_offers_all_connect_and_decode(engine: Engine) -> None:
 
 async def test_concurrent_offers_are_answered_one_at_a_time_in_order(engine: Engine) -> None:
     """Each offer's answer is back with its caller before the next offer's session is built
-    (not all together at the end of the burst, as aiortc's awaits would interleave them)."""
+    (not all together at the end of the burst, as aiortc's awaits would interleave them).
+    Every offer built at once here (lazy sessions off): with them, the burst's later offers are
+    answered from the first one's template, at once (test_lazy_sessions.py)."""
+    engine.lazy_sessions = False
     made = [await make_offer() for _ in range(6)]
     tasks: list[asyncio.Task[tuple[WhepSession, str]]] = []
     # Callers that had their answer (done callbacks run on a later loop iteration than the
