@@ -36,8 +36,8 @@ logger = logging.getLogger(__name__)
 SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
 # Datagrams read per readiness callback before yielding to the loop.
 READ_BATCH = 64
-# STUN from addresses no viewer has validated, kept while the engine holds (offer_burst.py):
-# more than this many (or bytes) and the mux stops reading, the rest waiting in the socket's
+# What viewers not connected yet send, kept while the engine holds (offer_burst.py): more than
+# this many datagrams (or bytes) and the mux stops reading, the rest waiting in the socket's
 # buffer (a flood of checks cannot grow the queue past them; a real check is ~100 bytes).
 HELD_MAX = 4096
 HELD_MAX_BYTES = 1 << 20
