@@ -831,7 +831,7 @@ class Engine:
         # A build is held like an offer (offer_burst.py): while builds wait and run, the mux
         # keeps new viewers' datagrams and the collector waits (bounded), so a burst of viewers
         # is built one after another, and its allocations cost one collection afterwards
-        # instead of several on the way; viewers already past ICE (routed) go on meanwhile.
+        # instead of several on the way; connected viewers' datagrams go on meanwhile.
         self._work_begins()
         try:
             if promised is None:
