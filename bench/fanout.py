@@ -292,7 +292,6 @@ class Server:
     def __init__(self, send_path: str, *, max_viewers: int = 200, loop: str = "asyncio",
                  record_dir: str = "", tree: Path = ROOT, aes_mask: bool = False,
                  motion: bool = False) -> None:
-
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = dict(os.environ)

@@ -152,9 +152,12 @@ def board_main(config: str, figures: str) -> int:
             pauses["by_generation"][generation] += 1
 
     gc.callbacks.append(on_gc)
-    if os.environ.get("SEEDLOAD_GC_THRESHOLD"):  # an experiment: other collector thresholds
-        gc.set_threshold(*(int(x) for x in os.environ["SEEDLOAD_GC_THRESHOLD"].split(",")))
     from ruseon_appliance import app
+
+    if os.environ.get("SEEDLOAD_GC_THRESHOLD"):  # an experiment: other collector thresholds
+        # What the appliance sets once started (app.GC_THRESHOLDS), replaced.
+        app.GC_THRESHOLDS = tuple(  # type: ignore[assignment]
+            int(x) for x in os.environ["SEEDLOAD_GC_THRESHOLD"].split(","))
     from ruseon_appliance.cli import main
 
     serve = app.serve

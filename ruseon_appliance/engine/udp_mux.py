@@ -240,11 +240,7 @@ class UdpMux:
         while held and not self._holding:
             data, addr = held.popleft()
             self._held_bytes -= len(data)
-            try:
-                self._dispatch(data, addr)
-            except Exception:
-                logger.exception("UDP mux: error handling a datagram")
-                self.counters["dispatch_errors"] += 1
+            self._dispatch_logged(data, addr)
         if not held and not self._holding and self._reading_paused:
             self._add_readers()  # after what was kept: arrival order
 
@@ -365,11 +361,15 @@ class UdpMux:
         """Dispatch kept datagrams as if they had just arrived (their route now opens as any
         other: their integrity is checked again against the registered connection)."""
         for data, addr in datagrams:
-            try:
-                self._dispatch(data, addr)
-            except Exception:
-                logger.exception("UDP mux: error handling a datagram")
-                self.counters["dispatch_errors"] += 1
+            self._dispatch_logged(data, addr)
+
+    def _dispatch_logged(self, data: bytes, addr: tuple[str, int]) -> None:
+        """:meth:`_dispatch` a datagram that was kept (one bad datagram stops nothing)."""
+        try:
+            self._dispatch(data, addr)
+        except Exception:
+            logger.exception("UDP mux: error handling a datagram")
+            self.counters["dispatch_errors"] += 1
 
     @property
     def pending_count(self) -> int:

@@ -129,6 +129,7 @@ class DecodeAnalyser(_Analyser):
         # it a new swscale context (its filter set up anew: 0.1-0.8 ms of the ~0.2-1 ms that
         # scaling a 720p picture took here, at analysis_fps per camera).
         self._scaler: Any = None  # made with the first decoder (PyAV loads then)
+        self._av: Any = None  # the PyAV module, once the first decoder is opened
 
     def _open(self) -> Any:
         import av
@@ -136,6 +137,7 @@ class DecodeAnalyser(_Analyser):
 
         if self._scaler is None:
             self._scaler = VideoReformatter()
+            self._av = av
         decoder = av.CodecContext.create("h264", "r")
         decoder.thread_count = 1
         decoder.options = {"skip_loop_filter": "all"}
@@ -151,8 +153,7 @@ class DecodeAnalyser(_Analyser):
             if not keyframe:
                 return None
             self._decoder = self._open()
-        import av  # loaded by _open (a dict lookup from here on)
-
+        av = self._av
         try:
             frames = self._decoder.decode(av.Packet(data))
         except av.FFmpegError:
